@@ -1,0 +1,3 @@
+"""tufproxy: a verifying, caching proxy and mirror for Python package indexes (PEP 458)."""
+
+__version__ = "0.1.0"

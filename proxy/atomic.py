@@ -1,0 +1,53 @@
+"""Crash-safe file publication: a reader sees the old file or the new one, never half.
+
+Every write of trusted or served state in tufproxy goes through here:
+write a temp file in the same directory, fsync it, ``os.replace`` it over
+the target, fsync the directory so the rename itself survives power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (and durably, unless the caller
+    batches many files and calls :func:`os.sync` once before its commit point)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def atomic_link(source: Path, path: Path) -> None:
+    """Make ``path`` a hard link to ``source``, replacing what was there atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.link(source, tmp)
+    os.replace(tmp, path)

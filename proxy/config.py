@@ -1,0 +1,175 @@
+"""Settings for ``tufproxy serve``: one table, read from flags, env vars and TOML.
+
+Each option is declared once in :data:`OPTIONS`; the argparse flags, the
+``TUFPROXY_<NAME>`` environment variables and the keys of the TOML file
+given with ``--config`` all come from that table.  Precedence: flags, then
+environment, then file, then the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "TUFPROXY_"
+
+
+class ConfigError(ValueError):
+    """A setting has a value we cannot use."""
+
+
+def parse_size(value: str | int) -> int:
+    """``10G``, ``512M``, ``1.5T`` or a plain byte count."""
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"not a size: {value!r} (try 512M, 10G)")
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
+    m = re.fullmatch(r"\[?([^\]]*)\]?:(\d{1,5})", value.strip())
+    if not m or not 0 <= int(m.group(2)) <= 65535:
+        raise ConfigError(f"--listen wants HOST:PORT, not {value!r}")
+    return m.group(1) or "127.0.0.1", int(m.group(2))
+
+
+def _positive_float(value: str | float) -> float:
+    f = float(value)
+    if f <= 0:
+        raise ConfigError(f"must be more than 0: {value!r}")
+    return f
+
+
+def _url_list(value: str | list[str]) -> list[str]:
+    items = value if isinstance(value, list) else re.split(r"[\s,]+", value.strip())
+    urls = [u if u.endswith("/") else f"{u}/" for u in items if u]
+    for u in urls:
+        if not re.match(r"https?://", u):
+            raise ConfigError(f"upstream must be an http(s) URL: {u!r}")
+    return urls
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, its env var, its TOML key, its parser."""
+
+    name: str
+    help: str
+    default: Any = None
+    parse: Callable[[Any], Any] = str
+    repeat: bool = False
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("upstream", "base URL of an untrusted mirror serving the signed tree; repeat for fallbacks, tried in order",
+           [], _url_list, repeat=True, metavar="URL"),
+    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL",
+           "metadata/", metavar="PATH"),
+    Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
+           None, Path, metavar="DIR"),
+    Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
+           None, Path, metavar="FILE"),
+    Option("cache_dir", "where verified blobs, pages and trusted metadata are kept",
+           Path("tufproxy-cache"), Path, metavar="DIR"),
+    Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
+    Option("refresh_interval", "seconds between checks for a new timestamp", 60.0, _positive_float, metavar="SECONDS"),
+    Option("cache_size", "size limit of the blob cache (LRU eviction beyond it)", "10G", parse_size, metavar="SIZE"),
+    Option("max_file_size", "largest distribution file accepted", "4G", parse_size, metavar="SIZE"),
+    Option("connect_timeout", "seconds to connect to an upstream", 10.0, _positive_float, metavar="SECONDS"),
+    Option("read_timeout", "seconds an upstream may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
+    Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
+)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The resolved settings of one proxy process."""
+
+    upstream: list[str] = field(default_factory=list)
+    metadata_path: str = "metadata/"
+    repository: Path | None = None
+    root: Path | None = None
+    cache_dir: Path = Path("tufproxy-cache")
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    refresh_interval: float = 60.0
+    cache_size: int = 10 * 2**30
+    max_file_size: int = 4 * 2**30
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    log_level: str = "info"
+
+    def metadata_url(self, upstream: str) -> str:
+        path = self.metadata_path if self.metadata_path.endswith("/") else f"{self.metadata_path}/"
+        return path if re.match(r"https?://", path) else f"{upstream}{path}"
+
+    @property
+    def root_file(self) -> Path:
+        if self.root is not None:
+            return self.root
+        if self.repository is not None:
+            return self.repository / "metadata" / "1.root.json"
+        raise ConfigError("--root is required with --upstream (the pinned root.json)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every option as a flag (defaults stay None so we can tell what was given)."""
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
+    for opt in OPTIONS:
+        default = opt.default if not isinstance(opt.default, Path) else str(opt.default)
+        help_text = f"{opt.help} [env {opt.env}; default: {default if default not in (None, []) else 'none'}]"
+        parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar, help=help_text)
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
+    """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
+    file_values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            file_values = tomllib.loads(Path(args.config).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {args.config}: {e}") from e
+        unknown = set(file_values) - {o.name for o in OPTIONS}
+        if unknown:
+            raise ConfigError(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        given = getattr(args, opt.name, None)
+        if given is not None:
+            raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
+        elif opt.env in environ:
+            raw = environ[opt.env]
+        elif opt.name in file_values:
+            raw = file_values[opt.name]
+        else:
+            raw = opt.default
+        try:
+            values[opt.name] = opt.parse(raw) if raw is not None else None
+        except (ConfigError, ValueError, TypeError) as e:
+            raise ConfigError(f"{opt.flag}: {e}") from e
+    config = ServeConfig(**values)
+    if not config.upstream and config.repository is None:
+        raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
+    if config.upstream and config.repository is not None:
+        raise ConfigError("--upstream and --repository exclude each other")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"--log-level: {config.log_level!r} is not debug, info, warning or error")
+    return config

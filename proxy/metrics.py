@@ -1,0 +1,53 @@
+"""Prometheus metrics of one proxy process, on a registry of its own.
+
+Label values are bounded: routes, status codes, reason slugs, mirror
+indexes, never project names or paths, so cardinality stays fixed however
+many packages pass through.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """Every metric tufproxy exports."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "tufproxy_request_duration_seconds", "Client request latency", ["route"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.cache_hits = Counter("tufproxy_cache_hits_total", "Requests answered from the verified cache", ["kind"], registry=r)
+        self.cache_misses = Counter("tufproxy_cache_misses_total", "Requests that needed an upstream fetch", ["kind"], registry=r)
+        self.cache_evictions = Gauge("tufproxy_cache_evictions", "Blobs evicted from the cache since start", registry=r)
+        self.cache_bytes = Gauge("tufproxy_cache_bytes", "Bytes of verified blobs on disk", registry=r)
+        self.upstream_fetches = Counter(
+            "tufproxy_upstream_fetches_total", "Upstream fetches by mirror index and outcome", ["mirror", "outcome"], registry=r
+        )
+        self.upstream_seconds = Histogram(
+            "tufproxy_upstream_fetch_duration_seconds", "Upstream fetch latency", ["mirror"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.upstream_bytes = Counter("tufproxy_upstream_bytes_total", "Bytes received from upstreams", ["mirror"], registry=r)
+        self.verification_failures = Counter(
+            "tufproxy_verification_failures_total", "Artifacts or metadata refused, by reason", ["reason"], registry=r
+        )
+        self.singleflight_joins = Counter(
+            "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
+        )
+        self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r)
+        self.role_expiry = Gauge(
+            "tufproxy_role_expiry_seconds", "Seconds until each top-level role's trusted metadata expires", ["role"], registry=r
+        )
+        self.last_refresh = Gauge(
+            "tufproxy_last_successful_refresh_timestamp_seconds", "Unix time of the last successful metadata refresh", registry=r
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

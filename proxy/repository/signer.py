@@ -1,0 +1,635 @@
+"""A PEP 458 repository on disk: keys, signed metadata, targets, pages.
+
+``Repository`` owns one directory::
+
+    <dir>/repository.json   settings (bin count, thresholds, expiry)
+    <dir>/keys/             private keys, mode 0600 (never served)
+    <dir>/public/           the static tree any HTTP server can serve
+        metadata/           1.root.json ... N.root.json, root.json,
+                            timestamp.json, V.snapshot.json, V.targets.json,
+                            V.bins.json, V.bin-XXXX.json
+        simple/...          index pages (targets), also under HASH.index.html
+        packages/...        distribution and .metadata files, also HASH.NAME
+
+Roles follow PEP 458: root, targets and bins are offline, signed with their
+own keys; timestamp, snapshot and every bin-n share one online key.
+*targets* delegates everything to *bins*, which delegates by TAP 15
+succinct hash delegation to ``bin-0000`` ... (``bins`` must be a power of
+two; PEP 458's 16,384 is the default).
+
+Every change is a transaction: inputs are checked first, new files are
+written under names no client reads yet (content and versioned metadata),
+and ``timestamp.json`` is replaced last, atomically: until then clients see
+the previous state, and a failure leaves only unreferenced files behind.
+Version numbers move only when a change lands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from securesystemslib.signer import Signer
+from tuf.api.metadata import (
+    DelegatedRole,
+    Delegations,
+    Metadata,
+    MetaFile,
+    Root,
+    Snapshot,
+    SuccinctRoles,
+    TargetFile,
+    Targets,
+    Timestamp,
+)
+from tuf.api.serialization.json import JSONSerializer
+
+from proxy import index
+from proxy.atomic import atomic_link, atomic_write
+from proxy.layout import (
+    METADATA_DIR,
+    PageFormat,
+    consistent_name,
+    core_metadata_target,
+    file_target,
+    metadata_filename,
+    page_file_href,
+    project_page_target,
+    root_page_target,
+)
+from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
+from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
+
+HASH_ALGORITHMS = ("sha256", "sha512")
+BIN_PREFIX = "bin"
+BINS_ROLE = "bins"
+# Paths *bins* is trusted for: the root list, project pages, files.
+BINS_PATHS = ["simple/*", "simple/*/*", "packages/*/*"]
+_SERIALIZER = JSONSerializer(compact=True)
+
+
+class RepositoryError(Exception):
+    """A signer operation was refused; the repository is left as it was."""
+
+
+class DuplicateFile(RepositoryError):
+    """A file of that name is already a target, with other bytes."""
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """How long each role's metadata stays valid (PEP 458's recommendations)."""
+
+    root: timedelta = timedelta(days=365)
+    targets: timedelta = timedelta(days=365)
+    bins: timedelta = timedelta(days=365)
+    timestamp: timedelta = timedelta(days=1)
+    snapshot: timedelta = timedelta(days=1)
+    bin_n: timedelta = timedelta(days=1)
+
+    def for_role(self, role: str) -> timedelta:
+        if role.startswith(f"{BIN_PREFIX}-"):
+            return self.bin_n
+        return getattr(self, role)
+
+    def to_json(self) -> dict[str, float]:
+        return {k: v.total_seconds() for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, float]) -> Expiry:
+        return cls(**{k: timedelta(seconds=v) for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``repository.json`` holds."""
+
+    bins: int = 16384
+    expiry: Expiry = field(default_factory=Expiry)
+    layout: str = "tufproxy"
+
+    @property
+    def bit_length(self) -> int:
+        return int(math.log2(self.bins))
+
+
+@dataclass
+class ChangeReport:
+    """What one operation did, for the CLI to print."""
+
+    added: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    yanked: list[str] = field(default_factory=list)
+    signed: dict[str, int] = field(default_factory=dict)  # role -> new version
+
+
+def _now(now: datetime | None) -> datetime:
+    return (now or datetime.now(timezone.utc)).replace(microsecond=0)
+
+
+def _is_bin(role: str) -> bool:
+    return role.startswith(f"{BIN_PREFIX}-")
+
+
+class _Change:
+    """One transaction: metadata edited in memory, files staged, then committed."""
+
+    def __init__(self, repo: Repository, now: datetime) -> None:
+        self.repo = repo
+        self.now = now
+        self.timestamp = repo._load("timestamp")
+        self.snapshot = repo._load("snapshot", self.timestamp.signed.snapshot_meta.version)
+        self._roles: dict[str, Metadata] = {}
+        self.dirty: set[str] = set()
+        self.content: dict[str, bytes | Path] = {}  # target path -> bytes or a local file
+        self.root_dirty = False
+        self.online: Signer | None = None  # a new online key, published with this change
+        self.root: Metadata[Root] = repo._load("root", repo.root_version())
+        self.report = ChangeReport()
+
+    def role(self, name: str) -> Metadata:
+        if name not in self._roles:
+            meta = self.snapshot.signed.meta[f"{name}.json"]
+            self._roles[name] = self.repo._load(name, meta.version)
+        return self._roles[name]
+
+    def bin_for(self, target_path: str) -> str:
+        delegations = self.role(BINS_ROLE).signed.delegations
+        assert delegations is not None and delegations.succinct_roles is not None
+        return delegations.succinct_roles.get_role_for_target(target_path)
+
+    def get_target(self, target_path: str) -> TargetFile | None:
+        return self.role(self.bin_for(target_path)).signed.targets.get(target_path)
+
+    def put_target(self, target_path: str, data: bytes | Path) -> TargetFile:
+        if isinstance(data, Path):
+            info = TargetFile.from_file(target_path, str(data), list(HASH_ALGORITHMS))
+        else:
+            info = TargetFile.from_data(target_path, data, list(HASH_ALGORITHMS))
+        name = self.bin_for(target_path)
+        self.role(name).signed.targets[target_path] = info
+        self.dirty.add(name)
+        self.content[target_path] = data
+        return info
+
+    def delete_target(self, target_path: str) -> None:
+        name = self.bin_for(target_path)
+        if self.role(name).signed.targets.pop(target_path, None) is not None:
+            self.dirty.add(name)
+            self.content.pop(target_path, None)
+
+    def target_bytes(self, target_path: str) -> bytes | None:
+        """Current bytes of a target: staged in this change, or on disk."""
+        staged = self.content.get(target_path)
+        if isinstance(staged, bytes):
+            return staged
+        info = self.get_target(target_path)
+        if info is None:
+            return None
+        return (self.repo.public_dir / consistent_name(target_path, info.hashes["sha256"])).read_bytes()
+
+    def _sign(self, role_name: str, md: Metadata) -> None:
+        md.signed.version += 1
+        md.signed.expires = self.now + self.repo.settings.expiry.for_role(role_name)
+        md.signatures.clear()
+        for signer in self.repo._signers_for(role_name, self.online):
+            md.sign(signer, append=True)
+        self.report.signed[role_name] = md.signed.version
+
+    def commit(self) -> ChangeReport:
+        """Sign everything that changed and publish it, timestamp last."""
+        repo = self.repo
+        staged: list[tuple[Path, bytes]] = []
+        if self.root_dirty:
+            self._sign_root()
+            staged.append((repo.metadata_dir / metadata_filename("root", self.root.signed.version), self.root.to_bytes(_SERIALIZER)))
+        # Delegated roles first (bin-n, then bins, then targets), so snapshot lists their new versions.
+        for name in sorted(self.dirty, key=lambda r: (not _is_bin(r), r != BINS_ROLE, r)):
+            md = self.role(name)
+            self._sign(name, md)
+            data = md.to_bytes(_SERIALIZER)
+            staged.append((repo.metadata_dir / metadata_filename(name, md.signed.version), data))
+            self.snapshot.signed.meta[f"{name}.json"] = MetaFile(version=md.signed.version)
+        self._sign("snapshot", self.snapshot)
+        staged.append(
+            (repo.metadata_dir / metadata_filename("snapshot", self.snapshot.signed.version), self.snapshot.to_bytes(_SERIALIZER))
+        )
+        self.timestamp.signed.snapshot_meta = MetaFile(version=self.snapshot.signed.version)
+        self._sign("timestamp", self.timestamp)
+
+        plain_links: list[tuple[Path, Path]] = []
+        for target_path, data in self.content.items():
+            info = self.get_target(target_path)
+            assert info is not None
+            first = repo.public_dir / consistent_name(target_path, info.hashes[HASH_ALGORITHMS[0]])
+            if isinstance(data, Path):
+                _copy_file(data, first)
+            else:
+                atomic_write(first, data, durable=False)
+            for algo in HASH_ALGORITHMS[1:]:
+                atomic_link(first, repo.public_dir / consistent_name(target_path, info.hashes[algo]))
+            plain_links.append((first, repo.public_dir / target_path))
+        for path, data in staged:
+            atomic_write(path, data, durable=False)
+        # Everything the new timestamp reaches must be on disk before it is.
+        os.sync()
+        # The commit point: from here on clients see the new state.
+        atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
+        # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
+        if self.root_dirty:
+            atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
+        for first, plain in plain_links:
+            atomic_link(first, plain)
+        return self.report
+
+    def _sign_root(self) -> None:
+        """Sign a new root with the old root's keys and its own (TUF spec 5.3.4)."""
+        old = self.repo._load("root", self.repo.root_version())
+        md = self.root
+        md.signed.version += 1
+        md.signed.expires = self.now + self.repo.settings.expiry.root
+        md.signatures.clear()
+        keyids = list(dict.fromkeys(old.signed.roles["root"].keyids + md.signed.roles["root"].keyids))
+        signers = self.repo.keys.root_signers(keyids)
+        for signer in signers:
+            md.sign(signer, append=True)
+        for delegator in (old.signed, md.signed):
+            try:
+                delegator.verify_delegate("root", md.signed_bytes, md.signatures)
+            except Exception as e:  # tuf raises UnsignedMetadataError; say which keys are missing
+                raise MissingKey(f"cannot reach the root threshold: {e}") from e
+        self.report.signed["root"] = md.signed.version
+
+
+def _copy_file(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        with open(source, "rb") as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class Repository:
+    """A PEP 458 repository in a directory; see the module docstring."""
+
+    def __init__(self, path: Path, settings: Settings) -> None:
+        self.path = Path(path)
+        self.settings = settings
+        self.keys = KeyStore(self.path / "keys")
+        self.public_dir = self.path / "public"
+        self.metadata_dir = self.public_dir / METADATA_DIR
+
+    # -- opening -------------------------------------------------------
+    @classmethod
+    def init(
+        cls,
+        path: Path,
+        *,
+        bins: int = 16384,
+        root_keys: int = 1,
+        root_threshold: int = 1,
+        expiry: Expiry | None = None,
+        now: datetime | None = None,
+    ) -> Repository:
+        """Create keys and the first signed metadata (empty targets) in ``path``."""
+        path = Path(path)
+        if bins < 2 or bins & (bins - 1) or bins > 2**16:
+            raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
+        if not 1 <= root_threshold <= root_keys:
+            raise RepositoryError(f"root threshold {root_threshold} needs 1..{root_keys} root keys")
+        if (path / "repository.json").exists():
+            raise RepositoryError(f"{path} already holds a repository")
+        settings = Settings(bins=bins, expiry=expiry or Expiry())
+        repo = cls(path, settings)
+        when = _now(now)
+        repo.keys.create_dir()
+        roots = [repo.keys.generate_root() for _ in range(root_keys)]
+        targets_key = repo.keys.generate(TARGETS)
+        bins_key = repo.keys.generate(BINS)
+        online = repo.keys.generate(ONLINE)
+
+        root = Root(consistent_snapshot=True, expires=when + settings.expiry.root)
+        for s in roots:
+            root.add_key(s.public_key, "root")
+        root.roles["root"].threshold = root_threshold
+        root.add_key(targets_key.public_key, "targets")
+        for role in ("snapshot", "timestamp"):
+            root.add_key(online.public_key, role)
+
+        targets = Targets(expires=when + settings.expiry.targets)
+        targets.delegations = Delegations(
+            keys={bins_key.public_key.keyid: bins_key.public_key},
+            roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True, paths=BINS_PATHS)},
+        )
+        bins_md = Targets(expires=when + settings.expiry.bins)
+        succinct = SuccinctRoles([online.public_key.keyid], 1, settings.bit_length, BIN_PREFIX)
+        bins_md.delegations = Delegations(keys={online.public_key.keyid: online.public_key}, succinct_roles=succinct)
+
+        files: list[tuple[str, Metadata]] = [("root", Metadata(root)), ("targets", Metadata(targets)), (BINS_ROLE, Metadata(bins_md))]
+        files += [(name, Metadata(Targets(expires=when + settings.expiry.bin_n))) for name in succinct.get_roles()]
+        snapshot = Snapshot(expires=when + settings.expiry.snapshot)
+        signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
+        repo.metadata_dir.mkdir(parents=True, exist_ok=True)
+        for name, md in files:
+            for s in signers.get(name, [online]):
+                md.sign(s, append=True)
+            atomic_write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER), durable=False)
+            if name != "root":
+                snapshot.meta[f"{name}.json"] = MetaFile(version=1)
+        snap_md = Metadata(snapshot)
+        snap_md.sign(online)
+        atomic_write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER), durable=False)
+        os.sync()
+        ts = Metadata(Timestamp(expires=when + settings.expiry.timestamp, snapshot_meta=MetaFile(version=1)))
+        ts.sign(online)
+        atomic_write(repo.metadata_dir / "timestamp.json", ts.to_bytes(_SERIALIZER))
+        atomic_write(repo.metadata_dir / "root.json", files[0][1].to_bytes(_SERIALIZER))
+        # repository.json last: its presence means "a complete repository".
+        atomic_write(
+            path / "repository.json",
+            json.dumps({"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout}, indent=2).encode(),
+        )
+        # An empty index, so pip pointed at a new repository sees no projects rather than 404.
+        with repo._locked():
+            change = _Change(repo, when)
+            repo._write_root_list(change, [])
+            change.commit()
+        return repo
+
+    @classmethod
+    def open(cls, path: Path) -> Repository:
+        """Open an existing repository, or raise :class:`RepositoryError`."""
+        path = Path(path)
+        try:
+            raw = json.loads((path / "repository.json").read_bytes())
+            settings = Settings(bins=int(raw["bins"]), expiry=Expiry.from_json(raw["expiry"]), layout=raw.get("layout", "tufproxy"))
+        except FileNotFoundError:
+            raise RepositoryError(f"{path} is not a repository (no repository.json; run 'tufproxy repo init {path}')") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise RepositoryError(f"{path}/repository.json is unreadable: {e}") from e
+        return cls(path, settings)
+
+    # -- reading -------------------------------------------------------
+    def _load(self, role: str, version: int | None = None) -> Metadata:
+        name = metadata_filename(role, None if role == "timestamp" else version)
+        try:
+            return Metadata.from_bytes((self.metadata_dir / name).read_bytes())
+        except FileNotFoundError:
+            raise RepositoryError(f"metadata file {name} is missing from {self.metadata_dir}") from None
+
+    def root_version(self) -> int:
+        return Metadata.from_bytes((self.metadata_dir / "root.json").read_bytes()).signed.version
+
+    def _signers_for(self, role: str, online: Signer | None = None) -> list[Signer]:
+        if role in ("timestamp", "snapshot") or _is_bin(role):
+            return [online or self.keys.load(ONLINE)]
+        if role in (TARGETS, BINS):
+            return [self.keys.load(role)]
+        raise ValueError(role)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One writer at a time (a cron refresh and an add may overlap)."""
+        with open(self.path / ".lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    # -- pages ---------------------------------------------------------
+    def _current_page(self, change: _Change, project: str) -> index.ProjectPage:
+        data = change.target_bytes(project_page_target(project, PageFormat.JSON))
+        if data is None:
+            return index.ProjectPage(name=project, files=())
+        return index.parse_project_json(data, project)
+
+    def _write_page(self, change: _Change, page: index.ProjectPage) -> None:
+        change.put_target(project_page_target(page.name, PageFormat.HTML), index.render_project_html(page))
+        change.put_target(project_page_target(page.name, PageFormat.JSON), index.render_project_json(page))
+
+    def _write_root_list(self, change: _Change, projects: Sequence[str]) -> None:
+        plist = index.ProjectList(projects=tuple(sorted(set(projects))))
+        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist))
+        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist))
+
+    def _projects(self, change: _Change) -> list[str]:
+        data = change.target_bytes(root_page_target(PageFormat.JSON))
+        return list(index.parse_project_list_json(data).projects) if data else []
+
+    # -- operations ----------------------------------------------------
+    def add(self, files: Sequence[Path], now: datetime | None = None) -> ChangeReport:
+        """Add distributions; re-sign their bins, pages, snapshot and timestamp."""
+        try:
+            dists = [inspect_distribution(Path(f)) for f in files]
+        except NotADistribution as e:
+            raise RepositoryError(str(e)) from e
+        names = [d.filename for d in dists]
+        if len(set(names)) != len(names):
+            raise RepositoryError("the same file name is given twice")
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            by_project: dict[str, list[Distribution]] = {}
+            for dist in dists:
+                target = file_target(dist.project, dist.filename)
+                existing = change.get_target(target)
+                if existing is not None:
+                    if existing.hashes["sha256"] != _sha256_file(dist.path):
+                        raise DuplicateFile(f"{dist.filename} is already in the repository with other contents")
+                    change.report.unchanged.append(dist.filename)
+                    continue
+                by_project.setdefault(dist.project, []).append(dist)
+            if not by_project:
+                return change.report
+            for project, new in by_project.items():
+                page = self._current_page(change, project)
+                entries = list(page.files)
+                versions = list(page.versions)
+                for dist in new:
+                    info = change.put_target(file_target(project, dist.filename), dist.path)
+                    core: dict[str, str] | bool = False
+                    if dist.core_metadata is not None:
+                        meta_info = change.put_target(core_metadata_target(project, dist.filename), dist.core_metadata)
+                        core = {"sha256": meta_info.hashes["sha256"]}
+                    entries.append(
+                        index.DistFile(
+                            filename=dist.filename,
+                            url=page_file_href(project, dist.filename),
+                            hashes={"sha256": info.hashes["sha256"]},
+                            requires_python=dist.requires_python,
+                            core_metadata=core,
+                            size=info.length,
+                            upload_time=when.strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+                        )
+                    )
+                    if dist.version not in versions:
+                        versions.append(dist.version)
+                    change.report.added.append(dist.filename)
+                entries.sort(key=lambda f: f.filename)
+                self._write_page(change, index.ProjectPage(name=project, files=tuple(entries), versions=tuple(versions)))
+            known = self._projects(change)
+            if set(by_project) - set(known):
+                self._write_root_list(change, known + list(by_project))
+            return change.commit()
+
+    def remove(self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None) -> ChangeReport:
+        """Yank a file (PEP 592: stays installable when pinned) or delete it outright."""
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            for project in self._projects(change):
+                page = self._current_page(change, project)
+                match = [f for f in page.files if f.filename == filename]
+                if not match:
+                    continue
+                if delete:
+                    rest = tuple(f for f in page.files if f.filename != filename)
+                    change.delete_target(file_target(project, filename))
+                    change.delete_target(core_metadata_target(project, filename))
+                    change.report.removed.append(filename)
+                else:
+                    rest = tuple(
+                        f if f.filename != filename else dataclasses.replace(f, yanked=reason or True) for f in page.files
+                    )
+                    change.report.yanked.append(filename)
+                self._write_page(change, index.ProjectPage(name=page.name, files=rest, versions=page.versions))
+                return change.commit()
+            raise RepositoryError(f"{filename} is not in the repository")
+
+    def refresh(self, now: datetime | None = None, force: bool = False) -> ChangeReport:
+        """Re-sign roles that pass half their lifetime (all online ones with ``force``).
+
+        Offline roles (targets, bins) are re-signed too when due and their
+        keys are present here (``force`` does not touch them); root is never
+        re-signed implicitly: use ``rotate_root``.
+        """
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+
+            def due(role: str, md: Metadata, forced: bool = force) -> bool:
+                return forced or md.signed.expires - when < self.settings.expiry.for_role(role) / 2
+
+            for role in (TARGETS, BINS_ROLE):
+                if due(role, change.role(role), forced=False):
+                    try:
+                        self.keys.load(role)
+                    except MissingKey:
+                        continue
+                    change.dirty.add(role)
+            for name in _bin_names(change):
+                if due(name, change.role(name)):
+                    change.dirty.add(name)
+            if not change.dirty and not due("snapshot", change.snapshot) and not due("timestamp", change.timestamp):
+                return change.report
+            return change.commit()
+
+    def rotate_root(
+        self,
+        *,
+        new_keys: int | None = None,
+        threshold: int | None = None,
+        rotate_online: bool = False,
+        now: datetime | None = None,
+    ) -> ChangeReport:
+        """Publish root N+1, signed by a threshold of root N's keys and its own."""
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            root = change.root.signed
+            old_root_keyids = list(root.roles["root"].keyids)
+            if new_keys is not None:
+                if new_keys < 1:
+                    raise RepositoryError("a root needs at least one key")
+                for _ in range(new_keys):
+                    root.add_key(self.keys.generate_root().public_key, "root")
+                for keyid in old_root_keyids:
+                    root.revoke_key(keyid, "root")
+            count = len(root.roles["root"].keyids)
+            if threshold is not None:
+                if not 1 <= threshold <= count:
+                    raise RepositoryError(f"threshold {threshold} needs 1..{count} root keys")
+                root.roles["root"].threshold = threshold
+            if rotate_online:
+                self._rotate_online(change)
+            change.root_dirty = True
+            report = change.commit()
+            if rotate_online:
+                self.keys.promote(ONLINE)
+            if new_keys is not None:
+                for keyid in old_root_keyids:
+                    self.keys.retire_root(keyid)
+            return report
+
+    def _rotate_online(self, change: _Change) -> None:
+        """New online key: root lists it for timestamp/snapshot, bins for every bin-n."""
+        old = self.keys.load(ONLINE)
+        new = change.online = self.keys.stage(ONLINE)
+        root = change.root.signed
+        for role in ("timestamp", "snapshot"):
+            root.revoke_key(old.public_key.keyid, role)
+            root.add_key(new.public_key, role)
+        bins = change.role(BINS_ROLE).signed
+        assert bins.delegations is not None and bins.delegations.succinct_roles is not None
+        bins.delegations.keys = {new.public_key.keyid: new.public_key}
+        bins.delegations.succinct_roles.keyids = [new.public_key.keyid]
+        change.dirty.add(BINS_ROLE)
+        change.dirty.update(_bin_names(change))
+
+    def status(self, now: datetime | None = None) -> dict[str, object]:
+        """Versions and expiries of every top-level role, bin expiry range, counts."""
+        when = _now(now)
+        change = _Change(self, when)
+        roles: dict[str, object] = {}
+        for name, md in (
+            ("root", change.root),
+            ("timestamp", change.timestamp),
+            ("snapshot", change.snapshot),
+            (TARGETS, change.role(TARGETS)),
+            (BINS_ROLE, change.role(BINS_ROLE)),
+        ):
+            roles[name] = {"version": md.signed.version, "expires": md.signed.expires.isoformat(), "expired": md.signed.is_expired(when)}
+        bin_versions = {k[:-5]: v.version for k, v in change.snapshot.signed.meta.items() if _is_bin(k)}
+        targets = 0
+        earliest: datetime | None = None
+        for name, version in bin_versions.items():
+            md = self._load(name, version)
+            targets += len(md.signed.targets)
+            earliest = md.signed.expires if earliest is None else min(earliest, md.signed.expires)
+        projects = self._projects(change)
+        return {
+            "path": str(self.path),
+            "served_tree": str(self.public_dir),
+            "roles": roles,
+            "bins": {"count": len(bin_versions), "earliest_expiry": earliest.isoformat() if earliest else None},
+            "targets": targets,
+            "projects": len(projects),
+        }
+
+
+def _bin_names(change: _Change) -> Iterator[str]:
+    delegations = change.role(BINS_ROLE).signed.delegations
+    assert delegations is not None and delegations.succinct_roles is not None
+    return delegations.succinct_roles.get_roles()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,48 @@
+"""Shared fixtures: a small signed repository of real distributions, served on 127.0.0.1."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from proxy.repository import Repository
+from proxy.repository.sample import build_sdist, build_wheel
+from tests.support.upstream import Upstream
+
+
+@dataclass
+class SampleRepo:
+    repo: Repository
+    dists: list[Path]
+
+    @property
+    def root_bytes(self) -> bytes:
+        return (self.repo.metadata_dir / "1.root.json").read_bytes()
+
+
+def make_sample_dists(dest: Path) -> list[Path]:
+    """A dependency chain (app → lib → base), an sdist, and a Requires-Python'd wheel."""
+    return [
+        build_wheel(dest, "app", "1.0", requires=["lib>=1.0"]),
+        build_wheel(dest, "lib", "1.0", requires=["base"]),
+        build_wheel(dest, "lib", "1.1", requires=["base"]),
+        build_wheel(dest, "base", "2.0"),
+        build_sdist(dest, "base", "2.0"),
+        build_wheel(dest, "future-only", "1.0", requires_python=">=4"),
+    ]
+
+
+@pytest.fixture
+def sample_repo(tmp_path: Path) -> SampleRepo:
+    repo = Repository.init(tmp_path / "repo", bins=16)
+    dists = make_sample_dists(tmp_path / "dists")
+    repo.add(dists)
+    return SampleRepo(repo, dists)
+
+
+@pytest.fixture
+def upstream(sample_repo: SampleRepo):
+    with Upstream(sample_repo.repo.public_dir) as up:
+        yield up

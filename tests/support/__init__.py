@@ -1,0 +1,1 @@
+"""Test fixtures made for real: distributions, HTTP upstreams, client runs."""

@@ -1,0 +1,161 @@
+"""The signer writes a PEP 458 repository that python-tuf's own client accepts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from tuf.api import exceptions as tuf_exc
+from tuf.api.metadata import Metadata, MetaFile, Timestamp
+
+from proxy import index
+from proxy.layout import consistent_name, core_metadata_target, file_target, project_page_target, PageFormat
+from proxy.repository import DuplicateFile, Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from tests.conftest import SampleRepo, make_sample_dists
+from proxy.repository.sample import build_wheel
+from tests.support.net import free_port, wait_for_port
+from tests.support.tufclient import reference_updater
+from tests.support.upstream import Upstream
+
+
+def all_targets(repo: Repository) -> dict[str, dict]:
+    """Every target in every bin, read straight from the served metadata."""
+    snapshot_version = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes()).signed.snapshot_meta.version
+    snapshot = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes()).signed
+    found = {}
+    for name, meta in snapshot.meta.items():
+        if name.startswith("bin-"):
+            md = Metadata.from_bytes((repo.metadata_dir / f"{meta.version}.{name}").read_bytes())
+            for path, info in md.signed.targets.items():
+                found[path] = {"bin": name[:-5], "hashes": info.hashes, "length": info.length}
+    return found
+
+
+def expected_targets(dists: list[Path]) -> set[str]:
+    paths = {"simple/index.html", "simple/index.json"}
+    for d in dists:
+        project = d.name.split("-")[0].replace("_", "-")
+        paths.add(file_target(project, d.name))
+        paths |= {project_page_target(project, f) for f in PageFormat}
+        if d.name.endswith(".whl"):
+            paths.add(core_metadata_target(project, d.name))
+    return paths
+
+
+def test_reference_client_accepts_every_target(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    updater = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
+    updater.refresh()
+    targets = all_targets(sample_repo.repo)
+    assert set(targets) == expected_targets(sample_repo.dists)
+    for path in targets:
+        info = updater.get_targetinfo(path)
+        assert info is not None, path
+        local = updater.download_target(info)
+        assert Path(local).read_bytes() == (sample_repo.repo.public_dir / path).read_bytes()
+    # Consistent snapshots: the reference client asked only for versioned metadata and hash-named targets.
+    for p in upstream.requests:
+        name = p.rsplit("/", 1)[1]
+        assert name == "timestamp.json" or name.split(".", 1)[0].isdigit() or len(name.split(".", 1)[0]) == 64, p
+
+
+def test_targets_carry_sha256_and_sha512_and_every_hash_name_exists(sample_repo: SampleRepo) -> None:
+    for path, info in all_targets(sample_repo.repo).items():
+        assert list(info["hashes"]) == ["sha256", "sha512"]
+        data = (sample_repo.repo.public_dir / path).read_bytes()
+        assert info["hashes"]["sha256"] == hashlib.sha256(data).hexdigest()
+        for digest in info["hashes"].values():
+            assert (sample_repo.repo.public_dir / consistent_name(path, digest)).read_bytes() == data
+
+
+def test_bin_assignment_follows_tap15(sample_repo: SampleRepo) -> None:
+    bits = int(math.log2(sample_repo.repo.settings.bins))
+    width = math.ceil(bits / 4)
+    for path, info in all_targets(sample_repo.repo).items():
+        prefix = int.from_bytes(hashlib.sha256(path.encode()).digest()[:4], "big") >> (32 - bits)
+        assert info["bin"] == f"bin-{prefix:0{width}x}", path
+
+
+def test_pages_list_files_with_hashes_requires_python_and_core_metadata(sample_repo: SampleRepo) -> None:
+    public = sample_repo.repo.public_dir
+    page = index.parse_project_json((public / "simple/future-only/index.json").read_bytes(), "future-only")
+    (f,) = page.files
+    wheel = next(d for d in sample_repo.dists if d.name.startswith("future_only"))
+    assert f.hashes["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert f.requires_python == ">=4"
+    assert f.size == wheel.stat().st_size
+    meta = (public / core_metadata_target("future-only", wheel.name)).read_bytes()
+    assert f.core_metadata == {"sha256": hashlib.sha256(meta).hexdigest()}
+    assert b"Requires-Python: >=4" in meta
+    html = (public / "simple/future-only/index.html").read_bytes()
+    assert b'data-requires-python="&gt;=4"' in html
+    assert f'href="../../packages/future-only/{wheel.name}#sha256='.encode() in html
+    assert index.parse_project_list_json((public / "simple/index.json").read_bytes()).projects == (
+        "app", "base", "future-only", "lib")
+    assert index.parse_project_json((public / "simple/lib/index.json").read_bytes(), "lib").versions == ("1.0", "1.1")
+
+
+def test_tampered_target_is_refused_by_reference_client(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    target = file_target("base", "base-2.0-py3-none-any.whl")
+    updater = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
+    info = updater.get_targetinfo(target)
+    assert info is not None
+    good = (sample_repo.repo.public_dir / target).read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF  # same length: only the hash check catches it
+    upstream.replace(".*/[0-9a-f]{64}\\.base-2\\.0-py3-none-any\\.whl", bytes(bad))
+    with pytest.raises(tuf_exc.LengthOrHashMismatchError):
+        updater.download_target(info)
+
+
+def _resign_timestamp(repo: Repository, snapshot_version: int, version_bump: int = 1) -> bytes:
+    """A timestamp signed with the real online key that points where we say."""
+    current = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
+    ts = Metadata(Timestamp(version=current.signed.version + version_bump, expires=current.signed.expires,
+                            snapshot_meta=MetaFile(version=snapshot_version)))
+    ts.sign(repo.keys.load(ONLINE))
+    return ts.to_bytes()
+
+
+def test_rolled_back_snapshot_is_refused_by_reference_client(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    updater = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
+    updater.refresh()
+    current = Metadata.from_bytes((sample_repo.repo.metadata_dir / "timestamp.json").read_bytes()).signed.snapshot_meta.version
+    upstream.replace("/metadata/timestamp.json", _resign_timestamp(sample_repo.repo, current - 1))
+    again = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
+    with pytest.raises(tuf_exc.BadVersionNumberError):
+        again.refresh()
+
+
+def test_expired_timestamp_is_refused_by_reference_client(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "repo", bins=4, now=datetime.now(timezone.utc) - timedelta(days=2))
+    with Upstream(repo.public_dir) as up:
+        updater = reference_updater(tmp_path / "client", up.url, (repo.metadata_dir / "1.root.json").read_bytes())
+        with pytest.raises(tuf_exc.ExpiredMetadataError, match="timestamp"):
+            updater.refresh()
+
+
+def test_plain_http_server_serves_a_tree_the_reference_client_accepts(sample_repo: SampleRepo, tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(sample_repo.repo.public_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_for_port(port, server)
+        updater = reference_updater(tmp_path / "client", url, sample_repo.root_bytes)
+        updater.refresh()
+        info = updater.get_targetinfo("simple/app/index.html")
+        assert info is not None
+        assert Path(updater.download_target(info)).read_bytes() == (sample_repo.repo.public_dir / "simple/app/index.html").read_bytes()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
