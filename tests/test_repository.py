@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -13,30 +11,16 @@ from pathlib import Path
 
 import pytest
 from tuf.api import exceptions as tuf_exc
-from tuf.api.metadata import Metadata, MetaFile, Timestamp
+from tuf.api.metadata import Metadata
 
 from proxy import index
 from proxy.layout import consistent_name, core_metadata_target, file_target, project_page_target, PageFormat
-from proxy.repository import DuplicateFile, Repository, RepositoryError
-from proxy.repository.keys import ONLINE
-from tests.conftest import SampleRepo, make_sample_dists
-from proxy.repository.sample import build_wheel
+from proxy.repository import Repository
+from tests.conftest import SampleRepo
 from tests.support.net import free_port, wait_for_port
 from tests.support.tufclient import reference_updater
+from tests.support.tree import all_targets, signed_timestamp
 from tests.support.upstream import Upstream
-
-
-def all_targets(repo: Repository) -> dict[str, dict]:
-    """Every target in every bin, read straight from the served metadata."""
-    snapshot_version = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes()).signed.snapshot_meta.version
-    snapshot = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes()).signed
-    found = {}
-    for name, meta in snapshot.meta.items():
-        if name.startswith("bin-"):
-            md = Metadata.from_bytes((repo.metadata_dir / f"{meta.version}.{name}").read_bytes())
-            for path, info in md.signed.targets.items():
-                found[path] = {"bin": name[:-5], "hashes": info.hashes, "length": info.length}
-    return found
 
 
 def expected_targets(dists: list[Path]) -> set[str]:
@@ -115,20 +99,11 @@ def test_tampered_target_is_refused_by_reference_client(sample_repo: SampleRepo,
         updater.download_target(info)
 
 
-def _resign_timestamp(repo: Repository, snapshot_version: int, version_bump: int = 1) -> bytes:
-    """A timestamp signed with the real online key that points where we say."""
-    current = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
-    ts = Metadata(Timestamp(version=current.signed.version + version_bump, expires=current.signed.expires,
-                            snapshot_meta=MetaFile(version=snapshot_version)))
-    ts.sign(repo.keys.load(ONLINE))
-    return ts.to_bytes()
-
-
 def test_rolled_back_snapshot_is_refused_by_reference_client(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     updater = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
     updater.refresh()
     current = Metadata.from_bytes((sample_repo.repo.metadata_dir / "timestamp.json").read_bytes()).signed.snapshot_meta.version
-    upstream.replace("/metadata/timestamp.json", _resign_timestamp(sample_repo.repo, current - 1))
+    upstream.replace("/metadata/timestamp.json", signed_timestamp(sample_repo.repo, snapshot_version=current - 1))
     again = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
     with pytest.raises(tuf_exc.BadVersionNumberError):
         again.refresh()
