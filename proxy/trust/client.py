@@ -1,0 +1,427 @@
+"""The async face of the trust core: fetching, persistence, refresh policy.
+
+:class:`TrustedClient` is what the proxy server holds for months.  It
+downloads metadata through a :class:`~proxy.upstream.Fetcher`, hands the
+bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
+:mod:`proxy.trust.verify` for delegated ones) and keeps the result:
+
+* Each refresh cycle builds a fresh trusted set in the background; only a
+  cycle that verified completely is swapped in, in one assignment, so a
+  lookup sees one consistent snapshot from start to end, and a refused
+  update leaves the live state as it was.
+* The timestamp is checked at most every ``refresh_interval`` seconds, one
+  cycle in flight however many requests wait on it (single-flight).  A
+  failed cycle keeps the previous state serving until it expires.
+* Every lookup checks the earliest expiry of every role it used against
+  the wall clock (fail closed: a long-lived set never notices expiry).
+* Delegated roles are loaded on demand into a bounded LRU, reused across
+  cycles while the snapshot lists the same version and the delegator is
+  byte-for-byte the one that verified them.
+* Trusted metadata is persisted (atomically, non-versioned names) when a
+  cycle completes, so a restart keeps rollback protection; a refused
+  cycle writes nothing.  Delegated roles are written when verified.
+* Mirrors are tried in order: transport failures move on; verification
+  failures are logged and move on too, and are never accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
+
+from proxy.trust import errors
+from proxy.trust._tufset import TopLevelSet
+from proxy.trust.metadir import MetadataStore
+from proxy.trust.model import (
+    Mirror,
+    TrustConfig,
+    VerifiedTarget,
+    consistent_target_urls,
+)
+from proxy.trust.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
+from proxy.upstream import (
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    Fetcher,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_TOP_LEVEL = ("timestamp", "snapshot", "targets")
+# After a failed cycle with nothing usable to serve, retry at most this often.
+_RETRY_FLOOR = 1.0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, eq=False)
+class _State:
+    """One verified, consistent set of top-level metadata."""
+
+    root: Root
+    timestamp: Timestamp
+    snapshot: Snapshot
+    targets: VerifiedRole
+    earliest: tuple[datetime, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        expiries = [
+            (self.root.expires, "root"),
+            (self.timestamp.expires, "timestamp"),
+            (self.snapshot.expires, "snapshot"),
+            (self.targets.expires, "targets"),
+        ]
+        object.__setattr__(self, "earliest", min(expiries))
+
+    def check_expiry(self, now: datetime, used: tuple[VerifiedRole, ...] = ()) -> None:
+        """Raise ExpiredMetadata naming the first role (of these) to expire."""
+        expires, role = min([self.earliest, *((r.expires, r.name) for r in used)])
+        if expires <= now:
+            raise errors.ExpiredMetadata(role, expires)
+
+
+_RoleKey = tuple[str, str, int, int | None, tuple[tuple[str, str], ...]]
+
+
+class TrustedClient:
+    """Verified target lookups for a long-running process; see module docstring."""
+
+    def __init__(
+        self,
+        metadata_dir: Path,
+        mirrors: list[Mirror],
+        fetcher: Fetcher,
+        config: TrustConfig = TrustConfig(),  # noqa: B008 (frozen: shared safely)
+    ) -> None:
+        if not mirrors:
+            raise ValueError("at least one mirror is needed")
+        self.mirrors = list(mirrors)
+        self.config = config
+        self._fetcher = fetcher
+        self._store = MetadataStore(Path(metadata_dir))
+        self._store.lock()
+        root = self._store.read("root")
+        if root is None:
+            self._store.unlock()
+            raise errors.NotInitialized(f"no trusted root in {metadata_dir}: initialize it first")
+        TopLevelSet(root, _utcnow())  # the trusted root must at least verify itself
+        self._root_bytes = root
+        # What the directory holds: previous cycles' trusted bytes.
+        self._local: dict[str, bytes] = {
+            role: data for role in _TOP_LEVEL if (data := self._store.read(role)) is not None
+        }
+        self._state: _State | None = self._offline_state()
+        self._roles: OrderedDict[_RoleKey, VerifiedRole] = OrderedDict()
+        self._loading: dict[_RoleKey, asyncio.Task[VerifiedRole]] = {}
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._last_attempt: float | None = None  # monotonic
+        self._last_success: float | None = None  # wall clock
+        self._last_error: errors.TrustError | None = None
+
+    # -- setup ---------------------------------------------------------
+    @staticmethod
+    def initialize(metadata_dir: Path, root_bytes: bytes) -> None:
+        """Trust ``root_bytes`` (it must verify itself) as ``metadata_dir``'s root."""
+        TopLevelSet(root_bytes, _utcnow())
+        store = MetadataStore(Path(metadata_dir))
+        try:
+            store.write("root", root_bytes)
+        finally:
+            store.unlock()
+
+    def close(self) -> None:
+        """Release the metadata directory (the fetcher belongs to the caller)."""
+        self._store.unlock()
+
+    def _offline_state(self) -> _State | None:
+        """The persisted metadata as a state, if it is complete and still valid."""
+        if set(self._local) != set(_TOP_LEVEL):
+            return None
+        top = TopLevelSet(self._root_bytes, _utcnow())
+        if not (
+            top.load_local_timestamp(self._local["timestamp"])
+            and top.load_local_snapshot(self._local["snapshot"])
+            and top.load_local_targets(self._local["targets"])
+        ):
+            return None
+        return _state_of(top, self._local["targets"])
+
+    # -- refresh -------------------------------------------------------
+    def _due(self) -> bool:
+        if self._last_attempt is None:
+            return True
+        elapsed = time.monotonic() - self._last_attempt
+        if elapsed >= self.config.refresh_interval:
+            return True
+        unusable = self._state is None or self._state.earliest[0] <= _utcnow()
+        return unusable and elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR)
+
+    async def refresh(self, force: bool = False) -> None:
+        """Run a refresh cycle if due (always with ``force``); join one in flight."""
+        task = self._refresh_task
+        if task is None or task.done():
+            if not force and not self._due():
+                return
+            task = self._refresh_task = asyncio.create_task(self._refresh())
+        # Shielded: a cancelled request must not cancel everyone's refresh.
+        await asyncio.shield(task)
+
+    async def _refresh(self) -> None:
+        self._last_attempt = time.monotonic()
+        accepted: dict[str, bytes] = {}
+        try:
+            state = await self._cycle(accepted)
+        except errors.TrustError as e:
+            self._last_error = e
+            logger.warning("refresh refused (%s): %s", e.reason, e)
+            raise
+        # The commit point: persist, then swap.  Root first, so a crash in
+        # between leaves older roles that the newer root merely re-checks.
+        for role in ("root", *_TOP_LEVEL):
+            if role in accepted:
+                self._store.write(role, accepted[role])
+                if role == "root":
+                    self._root_bytes = accepted[role]
+                else:
+                    self._local[role] = accepted[role]
+        self._state = state
+        self._last_success = time.time()
+        self._last_error = None
+
+    async def _cycle(self, accepted: dict[str, bytes]) -> _State:
+        """Spec 5.3-5.5 on a fresh set; fills ``accepted`` with new trusted bytes."""
+        top = TopLevelSet(self._root_bytes, _utcnow())
+        await self._update_root(top, accepted)
+
+        local_ts = self._local.get("timestamp")
+        if local_ts is not None:
+            top.load_local_timestamp(local_ts)
+        data, new_ts = await self._fetch_verified(
+            "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
+        )
+        if new_ts is not None:
+            accepted["timestamp"] = data
+        elif "root" not in accepted and self._state is not None and self._state.timestamp.version == top.timestamp.version:
+            # Nothing changed upstream: the live snapshot stays, if still valid.
+            self._state.check_expiry(_utcnow())
+            return self._state
+
+        local_snapshot = self._local.get("snapshot")
+        if local_snapshot is None or not top.load_local_snapshot(local_snapshot):
+            meta = top.timestamp.snapshot_meta
+            accepted["snapshot"], _ = await self._fetch_verified(
+                "snapshot",
+                self._metadata_name(top.root, "snapshot", meta.version),
+                meta.length or self.config.snapshot_max_length,
+                top.update_snapshot,
+            )
+
+        targets_bytes = self._local.get("targets")
+        if targets_bytes is None or not top.load_local_targets(targets_bytes):
+            meta = top.snapshot_meta("targets")
+            targets_bytes, _ = await self._fetch_verified(
+                "targets",
+                self._metadata_name(top.root, "targets", meta.version),
+                meta.length or self.config.targets_max_length,
+                top.update_targets,
+            )
+            accepted["targets"] = targets_bytes
+        return _state_of(top, targets_bytes)
+
+    async def _update_root(self, top: TopLevelSet, accepted: dict[str, bytes]) -> None:
+        """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps."""
+        first = top.root.version + 1
+        for version in range(first, first + self.config.max_root_rotations):
+            found = await self._fetch_verified(
+                "root", f"{version}.root.json", self.config.root_max_length, top.update_root, missing_ok=True
+            )
+            if found is None:
+                break
+            accepted["root"] = found[0]
+
+    @staticmethod
+    def _metadata_name(root: Root, role: str, version: int) -> str:
+        encoded = quote(role, safe="")
+        return f"{version}.{encoded}.json" if root.consistent_snapshot else f"{encoded}.json"
+
+    async def _fetch_verified(
+        self,
+        role: str,
+        filename: str,
+        max_length: int,
+        verify: Callable[[bytes], T],
+        missing_ok: bool = False,
+    ) -> tuple[bytes, T] | None:
+        """Bytes of ``filename`` that ``verify`` accepts, trying each mirror in order.
+
+        Returns None only with ``missing_ok`` when no mirror has the file.
+        """
+        refused: list[errors.RepositoryError] = []
+        failed: list[Exception] = []
+        missing = False
+        for mirror in self.mirrors:
+            url = mirror.metadata(filename)
+            try:
+                data = await self._fetcher.fetch_bytes(url, max_length)
+            except DownloadHTTPError as e:
+                if missing_ok and e.status in (403, 404):
+                    missing = True
+                else:
+                    failed.append(e)
+                continue
+            except DownloadLengthError as e:
+                # An endless or oversized answer is the upstream lying, not a network fault.
+                refused.append(
+                    errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}")
+                )
+                logger.warning("refusing %s from %s: %s", role, url, e)
+                continue
+            except DownloadError as e:
+                failed.append(e)
+                continue
+            try:
+                return data, verify(data)
+            except errors.RepositoryError as e:
+                refused.append(e)
+                logger.warning("refusing %s from %s (%s): %s", role, url, e.reason, e)
+        if refused:
+            raise refused[0]
+        if missing:
+            return None
+        raise errors.UpstreamUnreachable(filename, failed)
+
+    # -- lookups -------------------------------------------------------
+    async def _current(self) -> _State:
+        if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
+            try:
+                await self.refresh()
+            except errors.TrustError:
+                if self._state is None:
+                    raise
+                # Keep serving the previous state; lookups still check its expiry.
+        if self._state is None:
+            raise self._last_error or errors.UpstreamUnreachable("timestamp.json", [])
+        return self._state
+
+    async def get_target(self, target_path: str) -> VerifiedTarget:
+        """The signed description of ``target_path`` (refreshing first if due).
+
+        Raises UnknownTarget when no trusted role lists it, ExpiredMetadata
+        when any role the lookup used has expired, and the other
+        :mod:`proxy.trust.errors` when delegated metadata fails to verify.
+        """
+        state = await self._current()
+        walker = walk(target_path, state.targets, self.config.max_delegations)
+        try:
+            request = next(walker)
+            while True:
+                request = walker.send(await self._role(state, request))
+        except StopIteration as stop:
+            found: Found = stop.value
+        state.check_expiry(_utcnow(), found.used)
+        if found.target is None or found.role is None:
+            raise errors.UnknownTarget(target_path)
+        target = found.target
+        return VerifiedTarget(
+            path=target.path,
+            length=target.length,
+            hashes=dict(target.hashes),
+            role=found.role,
+            custom=dict(target.unrecognized_fields),
+        )
+
+    def target_urls(self, target: VerifiedTarget) -> list[str]:
+        """Where to download ``target``, one URL per mirror, in mirror order."""
+        consistent = self._state.root.consistent_snapshot if self._state is not None else True
+        return consistent_target_urls(target, self.mirrors, consistent)
+
+    async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
+        """A delegated role for this state: from the LRU, the directory, or a mirror."""
+        meta = state.snapshot.meta.get(f"{request.role}.json")
+        if meta is None:
+            raise errors.BadMetadata(f"{request.role} is delegated but not listed in snapshot", role=request.role)
+        key: _RoleKey = (
+            request.role,
+            request.delegator.fingerprint,
+            meta.version,
+            meta.length,
+            tuple(sorted((meta.hashes or {}).items())),
+        )
+        cached = self._roles.get(key)
+        if cached is not None:
+            self._roles.move_to_end(key)
+            return cached
+        task = self._loading.get(key)
+        if task is None:
+            task = self._loading[key] = asyncio.create_task(self._load_role(state, request, meta, key))
+            task.add_done_callback(lambda _t: self._loading.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _load_role(self, state: _State, request: RoleRequest, meta: MetaFile, key: _RoleKey) -> VerifiedRole:
+        name, delegator = request.role, request.delegator.signed
+        persist = self.config.persist_bins or not _is_hash_bin(request.delegator)
+        local = self._store.read(name) if persist else None
+        role: VerifiedRole | None = None
+        if local is not None:
+            try:
+                role = verify_delegated(local, name, delegator, meta, _utcnow())
+            except errors.RepositoryError as e:
+                logger.debug("local %s not usable: %s", name, e)
+        if role is None:
+            data, role = await self._fetch_verified(
+                name,
+                self._metadata_name(state.root, name, meta.version),
+                meta.length or self.config.targets_max_length,
+                lambda data: verify_delegated(data, name, delegator, meta, _utcnow()),
+            )
+            if persist:
+                self._store.write(name, data)
+        self._roles[key] = role
+        while len(self._roles) > self.config.bin_cache_size:
+            self._roles.popitem(last=False)
+        return role
+
+    # -- reporting -----------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Live top-level roles (version, expires as datetime), last refresh (epoch s), last error reason, cache size."""
+        state = self._state
+        roles: dict[str, dict[str, Any]] = {}
+        if state is not None:
+            for name, signed in (
+                ("root", state.root),
+                ("timestamp", state.timestamp),
+                ("snapshot", state.snapshot),
+                ("targets", state.targets.signed),
+            ):
+                roles[name] = {"version": signed.version, "expires": signed.expires}
+        return {
+            "ready": state is not None and state.earliest[0] > _utcnow(),
+            "roles": roles,
+            "last_refresh": self._last_success,
+            "last_error": None if self._last_error is None else self._last_error.reason,
+            "cached_roles": len(self._roles),
+        }
+
+
+def _state_of(top: TopLevelSet, targets_bytes: bytes) -> _State:
+    targets = VerifiedRole.of("targets", top.targets, targets_bytes)
+    return _State(top.root, top.timestamp, top.snapshot, targets)
+
+
+def _is_hash_bin(delegator: VerifiedRole) -> bool:
+    """True for roles reached through a hash-bin delegation (kept in memory only)."""
+    return delegator.index is not None and delegator.index.hashed

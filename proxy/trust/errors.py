@@ -1,0 +1,135 @@
+"""Why the trust core refused: one exception class per refusal.
+
+Two families.  :class:`RepositoryError` means the upstream served something
+its keys do not vouch for (or vouch for no longer): a lie, a replay, a
+freeze, or simply a target that does not exist.  :class:`UpstreamUnreachable`
+means no mirror answered usably.  Every class has a stable ``reason`` slug
+for metrics and audit labels, and carries what it knows (role, target,
+expected, actual) as attributes so callers never parse messages.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+
+class TrustError(Exception):
+    """Root of every refusal the trust core raises."""
+
+    reason: ClassVar[str] = "trust-error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        role: str | None = None,
+        target: str | None = None,
+        expected: Any = None,
+        actual: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.role = role
+        self.target = target
+        self.expected = expected
+        self.actual = actual
+
+
+class RepositoryError(TrustError):
+    """The upstream served metadata or data we must not trust."""
+
+    reason = "repository-error"
+
+
+class BadSignature(RepositoryError):
+    """Fewer valid signatures than the delegator's threshold."""
+
+    reason = "bad-signature"
+
+
+class Rollback(RepositoryError):
+    """An older version than one we already trust (or the snapshot lists)."""
+
+    reason = "rollback"
+
+    def __init__(self, role: str, trusted: int, offered: int | None) -> None:
+        super().__init__(
+            f"{role}: offered version {offered}, trusted version is {trusted}",
+            role=role,
+            expected=trusted,
+            actual=offered,
+        )
+        self.trusted_version = trusted
+        self.offered_version = offered
+
+
+class VersionMismatch(RepositoryError):
+    """A newer version than the one its parent metadata lists (mix and match)."""
+
+    reason = "version-mismatch"
+
+    def __init__(self, role: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"{role}: version {actual} served, version {expected} is listed",
+            role=role,
+            expected=expected,
+            actual=actual,
+        )
+
+
+class ExpiredMetadata(RepositoryError):
+    """Metadata past its expiry: a freeze attack or a stalled repository."""
+
+    reason = "expired"
+
+    def __init__(self, role: str, expires: datetime) -> None:
+        super().__init__(
+            f"{role} metadata expired at {expires.isoformat()}",
+            role=role,
+            expected=expires,
+        )
+        self.expires = expires
+
+
+class LengthMismatch(RepositoryError):
+    """Bytes of another length than signed (or more than the bound allows)."""
+
+    reason = "length-mismatch"
+
+
+class HashMismatch(RepositoryError):
+    """Bytes of the right length whose digest differs from the signed one."""
+
+    reason = "hash-mismatch"
+
+
+class BadMetadata(RepositoryError):
+    """Not well-formed metadata of the expected type."""
+
+    reason = "bad-metadata"
+
+
+class UnknownTarget(RepositoryError):
+    """No trusted role lists this target: a 404, not an attack."""
+
+    reason = "unknown-target"
+
+    def __init__(self, target: str) -> None:
+        super().__init__(f"no trusted metadata lists {target!r}", target=target)
+
+
+class NotInitialized(TrustError):
+    """The metadata directory holds no trusted root to start from."""
+
+    reason = "not-initialized"
+
+
+class UpstreamUnreachable(TrustError):
+    """Every mirror failed at the transport level (wraps their errors)."""
+
+    reason = "upstream-unreachable"
+
+    def __init__(self, what: str, errors: list[Exception]) -> None:
+        detail = "; ".join(str(e) for e in errors) or "no mirrors"
+        super().__init__(f"{what}: all mirrors failed: {detail}", role=what)
+        self.errors = errors

@@ -1,0 +1,66 @@
+"""The local directory of trusted metadata: locked, atomic, non-versioned.
+
+Files are named ``ROLE.json`` (role names URL-quoted, so a delegated role
+can never name a path outside the directory).  Writes go through
+:func:`proxy.atomic.atomic_write` (temp file, fsync, rename), so a crash
+leaves either the old or the new trusted bytes, never a mix.  An exclusive
+``flock`` on ``.lock``, held for the store's lifetime, keeps two processes
+from ever writing the same directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+from proxy.atomic import atomic_write
+from proxy.trust.errors import TrustError
+
+
+class MetadataDirLocked(TrustError):
+    """Another process holds this metadata directory."""
+
+    reason = "metadata-dir-locked"
+
+
+class MetadataStore:
+    """Trusted metadata bytes on disk."""
+
+    LOCK_NAME = ".lock"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the directory for this process (non-blocking: fail if held)."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.directory / self.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise MetadataDirLocked(f"{self.directory} is in use by another process") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def path(self, role: str) -> Path:
+        return self.directory / f"{quote(role, safe='')}.json"
+
+    def read(self, role: str) -> bytes | None:
+        try:
+            return self.path(role).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, role: str, data: bytes) -> None:
+        self.lock()
+        atomic_write(self.path(role), data)

@@ -1,0 +1,95 @@
+"""The trust core's public value types: mirrors, settings, verified targets."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.layout import consistent_name
+from proxy.trust.errors import HashMismatch, LengthMismatch
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """One copy of the repository: where its metadata and its targets live."""
+
+    metadata_url: str
+    targets_url: str
+
+    def metadata(self, filename: str) -> str:
+        return _join(self.metadata_url, filename)
+
+    def target(self, path: str) -> str:
+        return _join(self.targets_url, path)
+
+
+def _join(base: str, path: str) -> str:
+    return f"{base}{path}" if base.endswith("/") else f"{base}/{path}"
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """Bounds and refresh policy of a :class:`~proxy.trust.TrustedClient`."""
+
+    refresh_interval: float = 60.0
+    max_root_rotations: int = 256
+    max_delegations: int = 32
+    root_max_length: int = 512_000
+    timestamp_max_length: int = 16_384
+    # A 16384-bin snapshot is about 1 MB; tuf's 2 MB default leaves too little room.
+    snapshot_max_length: int = 16_000_000
+    targets_max_length: int = 16_000_000
+    bin_cache_size: int = 4096
+    # Also persist roles reached through hash-bin delegations (one file per
+    # bin); the server keeps those in memory only, ``tufproxy client`` stores all.
+    persist_bins: bool = False
+
+
+@dataclass(frozen=True)
+class VerifiedTarget:
+    """A target as the repository's keys describe it."""
+
+    path: str
+    length: int
+    hashes: dict[str, str]
+    role: str  # the role that listed it
+    custom: dict[str, Any] = field(default_factory=dict)
+
+    def verify(self, data: bytes) -> None:
+        """Raise unless ``data`` is exactly the signed target (small things only)."""
+        if len(data) != self.length:
+            raise LengthMismatch(
+                f"{self.path}: {len(data)} bytes, {self.length} signed",
+                target=self.path, role=self.role, expected=self.length, actual=len(data),
+            )
+        for algorithm, expected in self.hashes.items():
+            actual = digest(algorithm, data)
+            if actual != expected:
+                raise HashMismatch(
+                    f"{self.path}: {algorithm} {actual}, {expected} signed",
+                    target=self.path, role=self.role, expected=expected, actual=actual,
+                )
+
+
+def new_hash(algorithm: str) -> Any:
+    """A hashlib object for a TUF hash algorithm name (unknown → HashMismatch)."""
+    try:
+        return hashlib.new(algorithm)
+    except ValueError:
+        raise HashMismatch(f"unsupported hash algorithm {algorithm!r}") from None
+
+
+def digest(algorithm: str, data: bytes) -> str:
+    h = new_hash(algorithm)
+    h.update(data)
+    return h.hexdigest()
+
+
+def consistent_target_urls(target: VerifiedTarget, mirrors: list[Mirror], consistent: bool) -> list[str]:
+    """Download URLs of ``target`` in mirror order (``HASH.basename`` if consistent)."""
+    if consistent and target.hashes:
+        name = consistent_name(target.path, next(iter(target.hashes.values())))
+    else:
+        name = target.path
+    return [m.target(name) for m in mirrors]

@@ -1,0 +1,165 @@
+"""The fetcher seam: bounded HTTP downloads from the upstream repository.
+
+The trust core fetches metadata through :class:`Fetcher`, and the proxy
+server streams distribution files into its store through the same object,
+so both share one transport policy: a length bound on every body, a
+connect timeout, a per-chunk read timeout (a slow drip cannot hold a
+connection forever), a total timeout, and no redirects (a redirect to
+another host would let the upstream pick where our bytes come from).
+Every transport failure surfaces as one :class:`DownloadError` subclass.
+Nothing here verifies content: that is the trust core's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import aiohttp
+
+CHUNK_SIZE = 64 * 1024
+
+
+class DownloadError(Exception):
+    """A download failed at the transport level."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+
+
+class DownloadHTTPError(DownloadError):
+    """The upstream answered with a status other than 200 (redirects included)."""
+
+    def __init__(self, url: str, status: int) -> None:
+        super().__init__(url, f"HTTP {status}")
+        self.status = status
+
+
+class DownloadLengthError(DownloadError):
+    """The body is longer than the caller's bound."""
+
+    def __init__(self, url: str, max_length: int) -> None:
+        super().__init__(url, f"more than {max_length} bytes")
+        self.max_length = max_length
+
+
+class DownloadTimeout(DownloadError):
+    """Connecting, a chunk, or the whole download took too long."""
+
+
+class ByteStream:
+    """The body of one response, as chunks; ``content_length`` if announced."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], content_length: int | None) -> None:
+        self._chunks = chunks
+        self.content_length = content_length
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks
+
+
+class Fetcher(ABC):
+    """Where the trust core and the store get upstream bytes from."""
+
+    @abstractmethod
+    def stream(self, url: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
+        """``async with fetcher.stream(url, n) as body: async for chunk in body``.
+
+        Raises :class:`DownloadError` (on entry or while iterating) when the
+        transport fails or the body exceeds ``max_length`` bytes.
+        """
+
+    async def fetch_bytes(self, url: str, max_length: int) -> bytes:
+        """The whole body of ``url``, at most ``max_length`` bytes."""
+        parts: list[bytes] = []
+        async with self.stream(url, max_length) as body:
+            async for chunk in body:
+                parts.append(chunk)
+        return b"".join(parts)
+
+    async def close(self) -> None:
+        """Release connections this fetcher owns."""
+
+
+class AiohttpFetcher(Fetcher):
+    """:class:`Fetcher` over an ``aiohttp`` session (its own unless given one)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 30.0,
+        total_timeout: float = 600.0,
+    ) -> None:
+        self._session = session
+        self._owns_session = session is None
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.total_timeout = total_timeout
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+            self._owns_session = True
+        return self._session
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def stream(self, url: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
+        return self._stream(url, max_length)
+
+    @asynccontextmanager
+    async def _stream(self, url: str, max_length: int) -> AsyncIterator[ByteStream]:
+        timeout = aiohttp.ClientTimeout(
+            total=self.total_timeout,
+            sock_connect=self.connect_timeout,
+            sock_read=self.read_timeout,
+        )
+        try:
+            response = await self._get_session().get(
+                url, allow_redirects=False, timeout=timeout
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            raise DownloadError(url, f"{type(e).__name__}: {e}") from e
+        # Only the request above is translated here: whatever the caller's
+        # body raises must pass through unchanged.
+        try:
+            if response.status != 200:
+                raise DownloadHTTPError(url, response.status)
+            announced = response.content_length
+            if announced is not None and announced > max_length:
+                raise DownloadLengthError(url, max_length)
+            yield ByteStream(self._chunks(url, response, max_length), announced)
+        finally:
+            response.release()
+
+    async def _chunks(
+        self, url: str, response: aiohttp.ClientResponse, max_length: int
+    ) -> AsyncIterator[bytes]:
+        received = 0
+        try:
+            while True:
+                # aiohttp's sock_read resets on every byte; this bounds a whole chunk.
+                async with asyncio.timeout(self.read_timeout):
+                    chunk = await response.content.read(CHUNK_SIZE)
+                if not chunk:
+                    return
+                received += len(chunk)
+                if received > max_length:
+                    raise DownloadLengthError(url, max_length)
+                yield chunk
+        except DownloadError:
+            raise
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise DownloadTimeout(url, f"timed out reading ({type(e).__name__})") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise DownloadError(url, f"{type(e).__name__}: {e}") from e
