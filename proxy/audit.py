@@ -8,10 +8,13 @@ fails closed instead of succeeding unrecorded.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import threading
+from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
@@ -71,3 +74,72 @@ class AuditLog:
     def close(self) -> None:
         if self._stream is not sys.stdout:
             self._stream.close()
+
+
+def summarize(lines: Iterable[str]) -> dict[str, Any]:
+    """Counts of refusals by reason, role and target, and the time range covered.
+
+    Lines that are not audit records (other log output shares stdout by
+    default) are counted as skipped, never fatal.
+    """
+    by_reason: Counter[str] = Counter()
+    by_target: Counter[str] = Counter()
+    by_client: Counter[str] = Counter()
+    accepted = skipped = 0
+    first = last = None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if not isinstance(record, dict) or record.get("event") not in ("refused", "accepted"):
+            skipped += 1
+            continue
+        when = record.get("time")
+        first = when if first is None else min(first, when)
+        last = when if last is None else max(last, when)
+        if record["event"] == "accepted":
+            accepted += 1
+            continue
+        by_reason[str(record.get("reason"))] += 1
+        by_target[str(record.get("target"))] += 1
+        by_client[str(record.get("client"))] += 1
+    return {
+        "refused": sum(by_reason.values()),
+        "accepted": accepted,
+        "skipped_lines": skipped,
+        "first": first,
+        "last": last,
+        "by_reason": dict(by_reason.most_common()),
+        "top_targets": dict(by_target.most_common(10)),
+        "top_clients": dict(by_client.most_common(10)),
+    }
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    with (sys.stdin if args.log == "-" else open(args.log, errors="replace")) as f:
+        summary = summarize(f)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{summary['refused']} refused, {summary['accepted']} accepted, from {summary['first']} to {summary['last']}")
+    for title, key in (("by reason", "by_reason"), ("top targets", "top_targets"), ("top clients", "top_clients")):
+        if summary[key]:
+            print(f"{title}:")
+            for name, count in summary[key].items():
+                print(f"  {count:>6}  {name}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``tufproxy audit``."""
+    p = subparsers.add_parser(
+        "audit",
+        help="summarise an audit log: refusals by reason, target and client",
+        description="Read an audit log (JSON lines written by 'tufproxy serve') and print what was refused. "
+        "Other log lines mixed into the file are skipped.",
+    )
+    p.add_argument("log", metavar="LOG", help="audit log file, or - for standard input")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_audit)

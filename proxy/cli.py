@@ -17,7 +17,10 @@ from proxy import __version__
 
 # module path of each subcommand's ``register``; order is --help order.
 _SUBCOMMANDS = (
+    "proxy.serve",
     "proxy.repository.cli",
+    "proxy.audit",
+    "proxy.trust.cli",
 )
 
 

@@ -97,6 +97,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("connect_timeout", "seconds to connect to an upstream", 10.0, _positive_float, metavar="SECONDS"),
     Option("read_timeout", "seconds an upstream may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
+    Option("log_format", "text (key=value) or json, on stderr", "text", metavar="FORMAT"),
+    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, lambda v: str(v).lower() in ("1", "yes", "true", "on"),
+           metavar="YES|NO"),
 )
 
 
@@ -116,6 +120,9 @@ class ServeConfig:
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     log_level: str = "info"
+    log_format: str = "text"
+    audit_log: Path | None = None
+    audit_accepted: bool = False
 
     def metadata_url(self, upstream: str) -> str:
         path = self.metadata_path if self.metadata_path.endswith("/") else f"{self.metadata_path}/"
@@ -170,6 +177,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:
         raise ConfigError("--upstream and --repository exclude each other")
+    if config.log_format not in ("text", "json"):
+        raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level: {config.log_level!r} is not debug, info, warning or error")
     return config

@@ -128,6 +128,7 @@ class TargetRequest:
     project: str | None = None  # normalised
     filename: str | None = None
     requested_name: str | None = None  # project name as the client spelt it
+    trailing_slash: bool = True  # PEP 503 project URLs end in "/"
 
     def target_path(self, fmt: PageFormat = PageFormat.HTML) -> str:
         """The TUF target path that vouches for this request."""
@@ -142,9 +143,11 @@ class TargetRequest:
         return core_metadata_target(self.project, self.filename)
 
     @property
-    def needs_redirect(self) -> bool:
-        """A project page asked for under a non-normalised name (PEP 503)."""
-        return self.requested_name is not None and self.requested_name != self.project
+    def redirect_to(self) -> str | None:
+        """Relative URL of the canonical project page, if this is not it (PEP 503)."""
+        if self.requested_name is None or (self.requested_name == self.project and self.trailing_slash):
+            return None
+        return f"../{self.project}/" if self.trailing_slash else f"{self.project}/"
 
 
 class BadRequestPath(ValueError):
@@ -174,7 +177,7 @@ def parse_request_path(path: str) -> TargetRequest:
         name = parts[1]
         if not is_valid_project_name(name):
             raise BadRequestPath(f"not a valid project name: {name[:80]!r}")
-        return TargetRequest(TargetKind.PROJECT_INDEX, normalize(name), requested_name=name)
+        return TargetRequest(TargetKind.PROJECT_INDEX, normalize(name), requested_name=name, trailing_slash=len(parts) == 3)
     if len(parts) == 3 and parts[0] == "packages":
         project, filename = parts[1], parts[2]
         if not is_valid_project_name(project) or normalize(project) != project:

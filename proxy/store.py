@@ -170,6 +170,13 @@ class BlobStore:
                     shutil.rmtree(stale)
                 else:
                     stale.unlink()
+        except OSError as exc:
+            raise StoreUnwritable(f"cache directory {self.root} is not writable: {exc}") from exc
+        self.probe_writable()
+
+    def probe_writable(self) -> None:
+        """Write, fsync and remove a byte in ``tmp/``; StoreUnwritable if that fails."""
+        try:
             fd, probe = tempfile.mkstemp(dir=self._tmp, prefix="probe-")
             try:
                 os.write(fd, b"x")

@@ -31,7 +31,7 @@ def clean_env() -> dict[str, str]:
 def pip(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m pip ARGS`` with no config and no cache."""
     return subprocess.run(
-        [sys.executable, "-m", "pip", "--no-cache-dir", "--isolated", *args],
+        [sys.executable, "-m", "pip", "--no-cache-dir", "--isolated", "--disable-pip-version-check", *args],
         capture_output=True, text=True, timeout=timeout, env=clean_env(),
     )
 

@@ -57,7 +57,7 @@ class ProxyProcess:
         return code
 
     def __enter__(self) -> ProxyProcess:
-        return self.start()
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

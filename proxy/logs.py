@@ -1,0 +1,61 @@
+"""Process logging: JSON lines or key=value text, each record tagged with its request id.
+
+The server sets :data:`request_id` for the duration of each request (from a
+sane ``X-Request-Id`` header, else a fresh one), so every log line and
+audit record a request causes can be joined on it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import sys
+import uuid
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+_SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def new_request_id(offered: str | None) -> str:
+    """The client's id if it is short and plain, else a new random one."""
+    if offered and _SANE_ID.fullmatch(offered):
+        return offered
+    return uuid.uuid4().hex[:16]
+
+
+class _RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure(level: str, fmt: str = "text") -> None:
+    """Send logs to stderr at ``level`` in ``fmt`` ('text' or 'json')."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_RequestIdFilter())
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s level=%(levelname)s logger=%(name)s request_id=%(request_id)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,173 @@
+"""Unmodified pip and uv install through ``tufproxy serve``, and fail when the mirror lies.
+
+Everything is real: a repository signed by our signer, a threaded HTTP
+upstream serving it (and tampering on demand), the proxy as a subprocess,
+and pip/uv as subprocesses with no config and no cache.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SampleRepo
+from tests.support.clients import install, pip, uv_path
+from tests.support.proxyproc import ProxyProcess
+from tests.support.tree import all_targets, assert_cache_clean, signed_timestamp
+from tests.support.upstream import Reply, Upstream
+
+CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
+
+
+def start_proxy(tmp_path: Path, sample: SampleRepo, upstream: Upstream, *extra: str) -> ProxyProcess:
+    root = tmp_path / "pinned-root.json"
+    root.write_bytes(sample.root_bytes)
+    return ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), *extra).start()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream):
+    p = start_proxy(tmp_path, sample_repo, upstream)
+    yield p
+    p.stop()
+
+
+def installed(target: Path) -> dict[str, str]:
+    """Project -> version of what a --target install put there."""
+    found = {}
+    for d in target.glob("*.dist-info"):
+        name, version = d.name[: -len(".dist-info")].rsplit("-", 1)
+        found[name] = version
+    return found
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_dependency_chain_installs_through_the_proxy(client: str, proxy: ProxyProcess, upstream: Upstream, tmp_path: Path) -> None:
+    r = install(client, proxy.url, tmp_path / "t", "app")
+    assert r.returncode == 0, r.stderr + proxy.log()
+    assert installed(tmp_path / "t") == {"app": "1.0", "lib": "1.1", "base": "2.0"}
+    # The proxy fetched hash-named targets and versioned metadata only.
+    assert upstream.count(r"/packages/.*/[0-9a-f]{64}\.[^/]+") >= 3
+    assert upstream.count(r"/metadata/\d+\.bin-[0-9a-f]+\.json") >= 1
+
+
+def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(proxy: ProxyProcess, upstream: Upstream, tmp_path: Path) -> None:
+    r = pip("download", "--index-url", proxy.url, "-d", str(tmp_path / "d"), "app", "future-only", "--python-version", "3.11", "--only-binary=:all:")
+    assert r.returncode != 0 and "future-only" in r.stderr  # only release needs Python >= 4
+    r = pip("download", "--index-url", proxy.url, "-d", str(tmp_path / "d"), "app")
+    assert r.returncode == 0, r.stderr
+    assert upstream.count(r"/packages/.*\.whl\.metadata") >= 1
+    # pip resolved from .metadata: it never downloaded lib 1.0's wheel, only the chosen 1.1.
+    assert upstream.count(r"/packages/lib/[0-9a-f]{64}\.lib-1\.0-py3-none-any\.whl") == 0
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+        "app-1.0-py3-none-any.whl", "base-2.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl"]
+
+
+def test_html_and_json_clients_get_the_same_files(proxy: ProxyProcess, tmp_path: Path) -> None:
+    # pip's --find-links asks for text/html; --index-url asks for PEP 691 JSON first.
+    links = [a for p in ("app", "lib", "base") for a in ("--find-links", f"{proxy.url}{p}/")]
+    r = pip("download", "--no-index", *links, "-d", str(tmp_path / "html"), "app")
+    assert r.returncode == 0, r.stderr
+    r = pip("download", "--index-url", proxy.url, "-d", str(tmp_path / "json"), "app")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "html").iterdir()) == sorted(p.name for p in (tmp_path / "json").iterdir())
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_yanked_file_is_skipped_unless_pinned(client: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
+    sample_repo.repo.remove("lib-1.1-py3-none-any.whl", reason="broken")
+    with start_proxy(tmp_path, sample_repo, upstream) as p:
+        r = install(client, p.url, tmp_path / "a", "lib")
+        assert r.returncode == 0, r.stderr
+        assert installed(tmp_path / "a")["lib"] == "1.0"
+        r = install(client, p.url, tmp_path / "b", "lib==1.1")
+        assert r.returncode == 0, r.stderr
+        assert installed(tmp_path / "b")["lib"] == "1.1"
+
+
+def _get(url: str) -> tuple[int, str]:
+    """Status and reason phrase of a plain GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, resp.reason
+    except urllib.error.HTTPError as e:
+        return e.code, e.reason
+
+
+def _consistent(path: str) -> str:
+    """Regex for the hash-named URL of a target path."""
+    d, _, base = path.rpartition("/")
+    return f"/{d}/[0-9a-f]{{64,128}}\\.{base.replace('.', '[.]')}"
+
+
+def _flip(data: bytes | None) -> Reply:
+    assert data is not None
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0x01
+    return Reply(200, bytes(bad))
+
+
+def _page_with_extra_version(data: bytes | None) -> Reply:
+    page = json.loads(data or b"{}")
+    evil = dict(page["files"][0], filename="lib-6.6.6-py3-none-any.whl", url="lib-6.6.6-py3-none-any.whl")
+    page["files"].append(evil)
+    page["versions"].append("6.6.6")
+    return Reply(200, json.dumps(page).encode())
+
+
+ATTACKS = ["tampered-wheel", "page-extra-version", "rolled-back-snapshot", "expired-timestamp", "swapped-file", "oversized-file"]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_attacks_make_pip_fail_with_the_proxys_reason(attack: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
+    repo = sample_repo.repo
+    base_whl = "packages/base/base-2.0-py3-none-any.whl"
+    if attack == "rolled-back-snapshot":
+        # The proxy first trusts the current state, then the mirror replays an older snapshot.
+        with start_proxy(tmp_path, sample_repo, upstream) as p:
+            assert install("pip", p.url, tmp_path / "warm", "base").returncode == 0
+        current = all_targets(repo) and json.loads((repo.metadata_dir / "timestamp.json").read_bytes())
+        snapshot_version = current["signed"]["meta"]["snapshot.json"]["version"]
+        upstream.replace("/metadata/timestamp.json", signed_timestamp(repo, snapshot_version=snapshot_version - 1))
+        expect = "rollback"
+    elif attack == "expired-timestamp":
+        upstream.replace("/metadata/timestamp.json", signed_timestamp(repo, expires_delta=-timedelta(days=3)))
+        expect = "expired"
+    elif attack == "tampered-wheel":
+        upstream.override(_consistent(base_whl), _flip)
+        expect = "hash-mismatch"
+    elif attack == "page-extra-version":
+        upstream.override(_consistent("simple/lib/index.json"), _page_with_extra_version)
+        expect = "length-mismatch|hash-mismatch"
+    elif attack == "swapped-file":
+        # Another file the same keys signed, served under base's wheel URL.
+        other = (repo.public_dir / "packages/base/base-2.0.tar.gz").read_bytes()
+        upstream.replace(_consistent(base_whl), other)
+        expect = "length-mismatch|hash-mismatch"
+    else:
+        upstream.override(_consistent(base_whl), lambda data: Reply(200, (data or b"") + b"\0" * 100_000))
+        expect = "length-mismatch"
+    with start_proxy(tmp_path, sample_repo, upstream) as p:
+        # pip reports a failed index page only at debug level: "Could not fetch URL ...: <reason> - skipping".
+        r = pip("-vv", "install", "--index-url", p.url, "--target", str(tmp_path / "t"), "app")
+        direct = _get(f"{p.url}app/")
+        log = p.log()
+    assert r.returncode != 0, r.stdout
+    said = r.stdout + r.stderr
+    if attack == "expired-timestamp":
+        # pip retries a 503 and then says only "too many 503 error responses"; the reason is in the status line.
+        assert "503" in said, said[-3000:]
+        assert direct[0] == 503 and "expired" in direct[1] and "timestamp" in direct[1], direct
+    else:
+        assert "refused by TUF verification" in said, said[-3000:]
+    assert not (tmp_path / "t").exists() or "base" not in installed(tmp_path / "t")
+    assert_cache_clean(tmp_path / "cache", repo)
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    refused = [rec for rec in records if rec.get("event") == "refused"]
+    assert refused, log
+    assert any(any(e in rec["reason"] for e in expect.split("|")) for rec in refused), refused

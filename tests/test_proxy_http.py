@@ -1,0 +1,112 @@
+"""The proxy's HTTP surface, request by request: negotiation, redirects, files, hostile paths."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SampleRepo
+from tests.support.proxyproc import ProxyProcess
+from tests.support.upstream import Upstream
+
+WHEEL = "/packages/base/base-2.0-py3-none-any.whl"
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream):
+    root = tmp_path / "root.json"
+    root.write_bytes(sample_repo.root_bytes)
+    with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root)) as p:
+        yield p
+
+
+def request(proxy: ProxyProcess, path: str, method: str = "GET", **headers: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for k, v in headers.items():
+            conn.putheader(k.replace("_", "-"), v)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("accept,ctype", [
+    ("application/vnd.pypi.simple.v1+json", "application/vnd.pypi.simple.v1+json"),
+    ("application/vnd.pypi.simple.v1+html", "application/vnd.pypi.simple.v1+html"),
+    ("text/html", "text/html"),
+    ("application/vnd.pypi.simple.v1+json;q=0.2, text/html;q=0.9", "text/html"),
+    ("*/*", "text/html"),
+])
+def test_content_negotiation(proxy: ProxyProcess, accept: str, ctype: str) -> None:
+    status, headers, body = request(proxy, "/simple/lib/", Accept=accept)
+    assert status == 200 and headers["content-type"].startswith(ctype)
+    assert "accept" in headers["vary"].lower()
+    if "json" in ctype:
+        page = json.loads(body)
+        assert page["meta"]["api-version"] and page["versions"] == ["1.0", "1.1"]
+        assert all(f["url"].startswith("../../packages/lib/") for f in page["files"])
+    else:
+        assert b'href="../../packages/lib/lib-1.1-py3-none-any.whl#sha256=' in body
+
+
+def test_nothing_acceptable_is_406(proxy: ProxyProcess) -> None:
+    assert request(proxy, "/simple/lib/", Accept="application/json")[0] == 406
+
+
+def test_root_list_in_both_formats(proxy: ProxyProcess) -> None:
+    status, _, body = request(proxy, "/simple/", Accept="application/vnd.pypi.simple.v1+json")
+    assert status == 200 and [p["name"] for p in json.loads(body)["projects"]] == ["app", "base", "future-only", "lib"]
+    status, _, body = request(proxy, "/simple/", Accept="text/html")
+    assert status == 200 and b'href="lib/"' in body or b"lib" in body
+
+
+@pytest.mark.parametrize("path,location", [("/simple/Future_Only/", "../future-only/"), ("/simple/lib", "lib/")])
+def test_non_normalised_names_redirect(proxy: ProxyProcess, path: str, location: str) -> None:
+    status, headers, _ = request(proxy, path)
+    assert status == 301 and headers["location"] == location
+
+
+def test_unknown_project_is_404_with_a_reason(proxy: ProxyProcess) -> None:
+    status, _, body = request(proxy, "/simple/no-such-project/")
+    assert status == 404 and b"no signed target" in body
+
+
+def test_file_head_range_and_conditional_requests(proxy: ProxyProcess, sample_repo: SampleRepo) -> None:
+    data = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    status, headers, body = request(proxy, WHEEL)
+    assert status == 200 and body == data and hashlib.sha256(body).hexdigest()
+    etag = headers["etag"]
+    status, headers, body = request(proxy, WHEEL, "HEAD")
+    assert status == 200 and body == b"" and int(headers["content-length"]) == len(data)
+    status, _, body = request(proxy, WHEEL, Range="bytes=10-19")
+    assert status == 206 and body == data[10:20]
+    status, _, body = request(proxy, WHEEL, Range="bytes=-5")
+    assert status == 206 and body == data[-5:]
+    assert request(proxy, WHEEL, Range=f"bytes={len(data) + 10}-")[0] == 416
+    assert request(proxy, WHEEL, If_None_Match=etag)[0] == 304
+
+
+@pytest.mark.parametrize("path", [
+    "/packages/../../etc/passwd",
+    "/packages/base/..%2f..%2fetc%2fpasswd",
+    "/packages/base/%2e%2e",
+    "/packages/base/x%00.whl",
+    "/simple/" + "a" * 10_000 + "/",
+    "/simple/%E2%98%83/",
+    "//etc/passwd",
+    "/packages/BASE/base-2.0-py3-none-any.whl",
+])
+def test_hostile_paths_are_4xx_and_touch_nothing_outside(proxy: ProxyProcess, upstream: Upstream, path: str) -> None:
+    before = len(upstream.requests)
+    status, _, body = request(proxy, path)
+    assert 400 <= status < 500, (status, body[:200])
+    assert b"root:" not in body
+    # Nothing about a hostile path reached the upstream (metadata refreshes aside).
+    assert all("/metadata/" in p for p in upstream.requests[before:])
