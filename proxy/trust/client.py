@@ -11,7 +11,9 @@ bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
   update leaves the live state as it was.
 * The timestamp is checked at most every ``refresh_interval`` seconds, one
   cycle in flight however many requests wait on it (single-flight).  A
-  failed cycle keeps the previous state serving until it expires.
+  cycle that failed because no mirror answered keeps the previous state
+  serving until it expires; one refused for verification (every mirror
+  lied) fails lookups closed, naming the refusal, until a cycle succeeds.
 * Every lookup checks the earliest expiry of every role it used against
   the wall clock (fail closed: a long-lived set never notices expiry).
 * Delegated roles are loaded on demand into a bounded LRU, reused across
@@ -309,10 +311,17 @@ class TrustedClient:
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             try:
                 await self.refresh()
-            except errors.TrustError:
+            except errors.UpstreamUnreachable:
                 if self._state is None:
                     raise
-                # Keep serving the previous state; lookups still check its expiry.
+                # Unreachable is not a lie: keep serving the previous state; lookups still check its expiry.
+            except errors.RepositoryError:
+                pass  # raised below, for this and every lookup until a cycle succeeds
+        if isinstance(self._last_error, errors.RepositoryError):
+            # The mirrors served metadata the keys do not vouch for (rollback, bad
+            # signature, freeze...): fail closed and say why, rather than keep
+            # answering as if nothing happened.
+            raise self._last_error
         if self._state is None:
             raise self._last_error or errors.UpstreamUnreachable("timestamp.json", [])
         return self._state
