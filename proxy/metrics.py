@@ -26,7 +26,7 @@ class Metrics:
         )
         self.cache_hits = Counter("tufproxy_cache_hits_total", "Requests answered from the verified cache", ["kind"], registry=r)
         self.cache_misses = Counter("tufproxy_cache_misses_total", "Requests that needed an upstream fetch", ["kind"], registry=r)
-        self.cache_evictions = Gauge("tufproxy_cache_evictions", "Blobs evicted from the cache since start", registry=r)
+        self.cache_evictions = Counter("tufproxy_cache_evictions_total", "Blobs evicted from the cache", registry=r)
         self.cache_bytes = Gauge("tufproxy_cache_bytes", "Bytes of verified blobs on disk", registry=r)
         self.upstream_fetches = Counter(
             "tufproxy_upstream_fetches_total", "Upstream fetches by mirror index and outcome", ["mirror", "outcome"], registry=r

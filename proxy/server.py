@@ -102,6 +102,7 @@ class Proxy:
         self._rendered: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
         # Blobs re-hashed since this process started: the cheap trigger for bit-rot checks.
         self._rechecked: set[str] = set()
+        self._evictions_reported = 0
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
@@ -198,7 +199,9 @@ class Proxy:
         if status.get("last_refresh"):
             self.metrics.last_refresh.set(status["last_refresh"])
         self.metrics.cache_bytes.set(self.store.usage())
-        self.metrics.cache_evictions.set(self.store.evictions)
+        # The store counts evictions itself; the counter catches up at each scrape.
+        self.metrics.cache_evictions.inc(self.store.evictions - self._evictions_reported)
+        self._evictions_reported = self.store.evictions
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -327,13 +330,14 @@ class Proxy:
         return _PinnedFileResponse(self.store, blob)
 
     async def _blob(self, request: web.Request, target: VerifiedTarget) -> Blob:
+        kind = "metadata" if target.path.endswith(".metadata") else "file"
         sha = target.hashes.get("sha256")
         if sha is not None:
             blob = self.store.get(sha, target.length)
             if blob is not None and await self._recheck(blob, target):
-                self.metrics.cache_hits.labels("file").inc()
+                self.metrics.cache_hits.labels(kind).inc()
                 return blob
-        self.metrics.cache_misses.labels("file").inc()
+        self.metrics.cache_misses.labels(kind).inc()
         key = f"{target.path}@{_first_hash(target)}"
         future = self._inflight.get(key)
         if future is None:
