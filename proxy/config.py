@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.profiles import Profile, get_profile
+
 ENV_PREFIX = "TUFPROXY_"
 
 
@@ -82,8 +84,12 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("upstream", "base URL of an untrusted mirror serving the signed tree; repeat for fallbacks, tried in order",
            [], _url_list, repeat=True, metavar="URL"),
-    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL",
-           "metadata/", metavar="PATH"),
+    Option("profile", "repository layout: tufproxy (our signer's) or warehouse (PyPI's PEP 458 draft)",
+           "tufproxy", metavar="NAME"),
+    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
+           "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
+    Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
+           "(e.g. https://files.pythonhosted.org/); repeatable", [], _url_list, repeat=True, metavar="URL"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
@@ -109,7 +115,9 @@ class ServeConfig:
     """The resolved settings of one proxy process."""
 
     upstream: list[str] = field(default_factory=list)
-    metadata_path: str = "metadata/"
+    profile: str = "tufproxy"
+    metadata_path: str | None = None
+    files_url: list[str] = field(default_factory=list)
     repository: Path | None = None
     root: Path | None = None
     cache_dir: Path = Path("tufproxy-cache")
@@ -124,8 +132,13 @@ class ServeConfig:
     audit_log: Path | None = None
     audit_accepted: bool = False
 
+    @property
+    def layout(self) -> Profile:
+        return get_profile(self.profile)
+
     def metadata_url(self, upstream: str) -> str:
-        path = self.metadata_path if self.metadata_path.endswith("/") else f"{self.metadata_path}/"
+        path = self.metadata_path or self.layout.metadata_path
+        path = path if path.endswith("/") else f"{path}/"
         return path if re.match(r"https?://", path) else f"{upstream}{path}"
 
     @property
@@ -133,7 +146,7 @@ class ServeConfig:
         if self.root is not None:
             return self.root
         if self.repository is not None:
-            return self.repository / "metadata" / "1.root.json"
+            return self.repository / self.layout.metadata_path / "1.root.json"
         raise ConfigError("--root is required with --upstream (the pinned root.json)")
 
 
@@ -177,6 +190,10 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:
         raise ConfigError("--upstream and --repository exclude each other")
+    try:
+        config.layout
+    except ValueError as e:
+        raise ConfigError(f"--profile: {e}") from e
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -53,7 +53,7 @@ def _fetcher_and_mirrors(config: ServeConfig) -> tuple[Fetcher, list[Mirror]]:
     if config.repository is not None:
         local = LocalFetcher(config.repository)
         base = local.base_url()
-        return local, [Mirror(f"{base}metadata/", base)]
+        return local, [Mirror(config.metadata_url(base), base)]
     fetcher = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
     return fetcher, [Mirror(config.metadata_url(u), u) for u in config.upstream]
 
@@ -78,7 +78,9 @@ async def start(config: ServeConfig) -> Running:
         except TrustError as e:
             raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
     fetcher, mirrors = _fetcher_and_mirrors(config)
-    trust = TrustedClient(metadata_dir, mirrors, fetcher, TrustConfig(refresh_interval=config.refresh_interval))
+    layout = config.layout
+    trust = TrustedClient(metadata_dir, mirrors, fetcher,
+                          TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name))
     try:
         await trust.refresh()
     except TrustError as e:
@@ -86,7 +88,8 @@ async def start(config: ServeConfig) -> Running:
         log.warning("initial metadata refresh failed: %s", e)
     proxy = Proxy(trust, fetcher, store, pages, AuditLog(config.audit_log, log_accepted=config.audit_accepted), Metrics(),
                   ProxySettings(max_file_size=config.max_file_size,
-                                upstream_freshness=max(3 * config.refresh_interval, 30.0)))
+                                upstream_freshness=max(3 * config.refresh_interval, 30.0)),
+                  profile=layout, file_origins=tuple(config.files_url))
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = config.listen

@@ -14,12 +14,14 @@ error whose reason phrase pip prints, an audit record and a metric.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 from aiohttp import web
 
@@ -35,6 +37,8 @@ from proxy.layout import (
     parse_request_path,
 )
 from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
+from proxy.profiles import TUFPROXY, Profile
+from proxy.repository.distributions import version_of_filename
 from proxy.store import Blob, BlobMismatch, BlobStore, IndexCache, StoreError, StoreFull
 from proxy.trust import TrustedClient, VerifiedTarget
 from proxy.trust.errors import (
@@ -56,6 +60,8 @@ _CONTENT_TYPES = {
     index.MediaType.HTML: "text/html; charset=utf-8",
 }
 _RENDERED_CACHE_SIZE = 4096
+# Hashes a page may vouch for a file with; the store checks every one given.
+_PAGE_HASHES = frozenset({"sha256", "sha384", "sha512", "blake2b-256"})
 # Reason phrases travel in the status line: printable ASCII, bounded.
 _REASON_RE = re.compile(r"[^\x20-\x7e]")
 
@@ -66,12 +72,9 @@ class ProxySettings:
 
     max_file_size: int = 4 * 2**30
     max_page_size: int = 64 * 2**20
+    max_core_metadata_size: int = 16 * 2**20
     # /readyz wants an upstream reached within this many seconds (a few refresh intervals).
     upstream_freshness: float = 180.0
-
-
-class Refused(Exception):
-    """Wraps a refusal with the HTTP status it maps to (internal to the server)."""
 
 
 def _reason_phrase(text: str) -> str:
@@ -90,8 +93,14 @@ class Proxy:
         audit: AuditLog,
         metrics: Metrics,
         settings: ProxySettings = ProxySettings(),
+        profile: Profile = TUFPROXY,
+        file_origins: tuple[str, ...] = (),
     ) -> None:
         self.trust = trust
+        self.profile = profile
+        # URL prefixes a verified page may point files at (warehouse profile): the mirrors
+        # and any file host the operator named. Anything else is never fetched.
+        self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
         self.fetcher = fetcher
         self.store = store
         self.pages = pages
@@ -249,29 +258,32 @@ class Proxy:
         if media is None:
             return _text(406, "none of the Accept types is served: try application/vnd.pypi.simple.v1+json or text/html")
         fmt = PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML
-        target_path = req.target_path(fmt)
+        source = self.profile.page_source_format(fmt)
+        if req.kind is TargetKind.ROOT_INDEX:
+            target_path = self.profile.root_target(fmt)
+            if target_path is None:
+                return _text(404, f"the root project list is not signed in the {self.profile.name} layout: "
+                                  "ask for /simple/<project>/")
+        else:
+            assert req.project is not None
+            target_path = self.profile.page_target(req.project, source)
         request["target"] = target_path
         target = await self.trust.get_target(target_path)
-        body = await self._rendered_page(request, req, target, fmt)
-        return web.Response(body=body, headers={"Content-Type": _CONTENT_TYPES[media], "Vary": "Accept"})
-
-    async def _rendered_page(self, request: web.Request, req: TargetRequest, target: VerifiedTarget, fmt: PageFormat) -> bytes:
-        sha = _first_hash(target)
-        key = (target.path, sha, fmt.value)
-        cached = self._rendered.get(key)
-        if cached is not None:
+        key = (target.path, _first_hash(target), fmt.value)
+        body = self._rendered.get(key)
+        if body is None:
+            raw = await self._verified_page_bytes(request, target)
+            try:
+                body = _render(req, raw, source, fmt)
+            except index.IndexParseError as e:
+                raise _Malformed(target.path, str(e)) from e
+            self._rendered[key] = body
+            if len(self._rendered) > _RENDERED_CACHE_SIZE:
+                self._rendered.popitem(last=False)
+        else:
             self._rendered.move_to_end(key)
             self.metrics.cache_hits.labels("page").inc()
-            return cached
-        raw = await self._verified_page_bytes(request, target)
-        try:
-            body = _render(req, raw, fmt)
-        except index.IndexParseError as e:
-            raise _Malformed(target.path, str(e)) from e
-        self._rendered[key] = body
-        if len(self._rendered) > _RENDERED_CACHE_SIZE:
-            self._rendered.popitem(last=False)
-        return body
+        return web.Response(body=body, headers={"Content-Type": _CONTENT_TYPES[media], "Vary": "Accept"})
 
     async def _verified_page_bytes(self, request: web.Request, target: VerifiedTarget) -> bytes:
         cache_key = f"{target.path}@{_first_hash(target)}"
@@ -320,20 +332,59 @@ class Proxy:
     async def _file(self, request: web.Request, req: TargetRequest) -> web.StreamResponse:
         target_path = req.target_path()
         request["target"] = target_path
-        target = await self.trust.get_target(target_path)
+        if self.profile.files_are_targets:
+            target = await self.trust.get_target(target_path)
+            source = _Source(target, self.trust.target_urls(target), exact=True)
+        else:
+            source = await self._source_from_page(request, req)
+        target = source.target
         if target.length > self.settings.max_file_size:
             raise LengthMismatch(f"{target_path}: {target.length} bytes is over the --max-file-size limit",
                                  target=target_path, expected=self.settings.max_file_size, actual=target.length)
-        blob = await self._blob(request, target)
+        blob = await self._blob(request, source)
         self.audit.accepted(request_id=request_id.get(), client=request.remote, request_path=request.path, target=target_path,
-                            role=target.role, length=target.length, hashes=target.hashes)
+                            role=target.role, length=blob.size, hashes=target.hashes)
         return _PinnedFileResponse(self.store, blob)
 
-    async def _blob(self, request: web.Request, target: VerifiedTarget) -> Blob:
+    async def _source_from_page(self, request: web.Request, req: TargetRequest) -> _Source:
+        """A file trusted through its project's verified page (sha256, and size where given)."""
+        assert req.project is not None and req.filename is not None
+        page_format = self.profile.signed_formats[0]
+        page_target = await self.trust.get_target(self.profile.page_target(req.project, page_format))
+        raw = await self._verified_page_bytes(request, page_target)
+        try:
+            page = _parse(raw, req.project, page_format)
+        except index.IndexParseError as e:
+            raise _Malformed(page_target.path, str(e)) from e
+        dist = next((f for f in page.files if f.filename == req.filename), None)
+        if dist is None:
+            raise UnknownTarget(req.target_path())
+        role = f"{page_target.role} (via {page_target.path})"
+        if req.kind is TargetKind.CORE_METADATA:
+            hashes = dist.core_metadata if isinstance(dist.core_metadata, dict) else {}
+            length, suffix = self.settings.max_core_metadata_size, ".metadata"
+        else:
+            hashes, length, suffix = dist.hashes, dist.size or self.settings.max_file_size, ""
+        hashes = {a: v for a, v in hashes.items() if a in _PAGE_HASHES}
+        if not hashes:
+            # Without a hash the page vouches for nothing: refuse rather than serve it unverified.
+            raise UnknownTarget(req.target_path())
+        urls = []
+        for page_url in self.trust.target_urls(page_target):
+            url = urljoin(page_url, dist.url) + suffix
+            if url not in urls and url.startswith(self.file_origins):
+                urls.append(url)
+        if not urls:
+            raise _ForeignLink(req.target_path(), dist.url)
+        target = VerifiedTarget(path=req.target_path(), length=length, hashes=hashes, role=role)
+        return _Source(target, urls, exact=dist.size is not None and suffix == "")
+
+    async def _blob(self, request: web.Request, source: _Source) -> Blob:
+        target = source.target
         kind = "metadata" if target.path.endswith(".metadata") else "file"
         sha = target.hashes.get("sha256")
         if sha is not None:
-            blob = self.store.get(sha, target.length)
+            blob = self.store.get(sha, target.length if source.exact else None)
             if blob is not None and await self._recheck(blob, target):
                 self.metrics.cache_hits.labels(kind).inc()
                 return blob
@@ -341,7 +392,7 @@ class Proxy:
         key = f"{target.path}@{_first_hash(target)}"
         future = self._inflight.get(key)
         if future is None:
-            future = asyncio.ensure_future(self._download(request, target))
+            future = asyncio.ensure_future(self._download(request, source))
             self._inflight[key] = future
             future.add_done_callback(lambda f: self._inflight.pop(key, None))
         else:
@@ -360,21 +411,22 @@ class Proxy:
             log.error("blob %s failed its re-check (bit rot?): evicted, refetching", blob.sha256)
         return sound
 
-    async def _download(self, request: web.Request, target: VerifiedTarget) -> Blob:
+    async def _download(self, request: web.Request, source: _Source) -> Blob:
+        target = source.target
         refusal: RepositoryError | None = None
         failures: list[Exception] = []
-        for i, url in enumerate(self.trust.target_urls(target)):
+        for i, url in enumerate(source.urls):
             start = time.monotonic()
             received = 0
             try:
-                async with self.store.writer(target.length, target.hashes) as writer:
+                async with self.store.writer(target.length, target.hashes, exact=source.exact) as writer:
                     async with self.fetcher.stream(url, target.length) as body:
                         async for chunk in body:
                             received += len(chunk)
                             await writer.write(chunk)
                     blob = await writer.commit()
             except (BlobMismatch, DownloadLengthError) as e:
-                refusal = _mismatch(target, e)
+                refusal = _mismatch(target, e, source.exact)
                 self._fetch_outcome(i, start, "refused", received)
                 self._audit_refusal(request, refusal, url)
                 continue
@@ -388,6 +440,15 @@ class Proxy:
         if refusal is not None:
             raise refusal
         raise UpstreamUnreachable(target.path, failures)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a file must be and where to fetch it; ``exact``: the length is signed, not a bound."""
+
+    target: VerifiedTarget
+    urls: list[str]
+    exact: bool
 
 
 class _PinnedFileResponse(web.FileResponse):
@@ -420,13 +481,29 @@ class _Malformed(RepositoryError):
         super().__init__(f"{target}: signed page does not parse: {detail}", target=target)
 
 
+class _ForeignLink(RepositoryError):
+    """A verified page points a file at a host that is not a configured upstream."""
+
+    reason = "foreign-link"
+
+    def __init__(self, target: str, url: str) -> None:
+        super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "
+                         "(add it with --files-url)", target=target)
+
+
 def _first_hash(target: VerifiedTarget) -> str:
     return next(iter(target.hashes.values()))
 
 
-def _mismatch(target: VerifiedTarget, error: Exception) -> RepositoryError:
-    """A store or transport length/hash failure as the trust error it is."""
-    if isinstance(error, BlobMismatch) and error.actual_length == error.expected_length:
+def _mismatch(target: VerifiedTarget, error: Exception, exact: bool = True) -> RepositoryError:
+    """A store or transport length/hash failure as the trust error it is.
+
+    With an inexact length (a bound, not a signed value) only going past
+    the bound is a length failure; anything else is the hash's verdict.
+    """
+    if isinstance(error, BlobMismatch) and (
+        error.actual_length == error.expected_length if exact else error.actual_length <= error.expected_length
+    ):
         return HashMismatch(f"{target.path}: bytes do not match the signed hashes",
                             target=target.path, role=target.role,
                             expected=error.expected_hashes, actual=error.actual_hashes)
@@ -435,15 +512,22 @@ def _mismatch(target: VerifiedTarget, error: Exception) -> RepositoryError:
                           target=target.path, role=target.role, expected=target.length, actual=actual)
 
 
-def _render(req: TargetRequest, raw: bytes, fmt: PageFormat) -> bytes:
-    """Re-render a verified page with every file link pointing at this proxy."""
+def _parse(raw: bytes, project: str, fmt: PageFormat) -> index.ProjectPage:
+    return index.parse_project_json(raw, project) if fmt is PageFormat.JSON else index.parse_project_html(raw, project)
+
+
+def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat) -> bytes:
+    """Re-render a verified page (read as ``source``, written as ``fmt``) with every file link pointing at this proxy."""
     if req.kind is TargetKind.ROOT_INDEX:
-        plist = index.parse_project_list_json(raw) if fmt is PageFormat.JSON else index.parse_project_list_html(raw)
+        plist = index.parse_project_list_json(raw) if source is PageFormat.JSON else index.parse_project_list_html(raw)
         return index.render_project_list_json(plist) if fmt is PageFormat.JSON else index.render_project_list_html(plist)
     assert req.project is not None
     project = req.project
-    page = index.parse_project_json(raw, project) if fmt is PageFormat.JSON else index.parse_project_html(raw, project)
-    page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
+    page = index.with_urls(_parse(raw, project, source), lambda f: page_file_href(project, f.filename))
+    if fmt is PageFormat.JSON and not page.versions:
+        # An HTML page has no PEP 700 versions list: derive it from the file names.
+        versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))
+        page = dataclasses.replace(page, versions=tuple(versions))
     return index.render_project_json(page) if fmt is PageFormat.JSON else index.render_project_html(page)
 
 

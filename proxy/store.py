@@ -242,17 +242,20 @@ class BlobStore:
             self.misses += 1
         return None
 
-    def writer(self, expected_length: int, expected_hashes: dict[str, str]) -> BlobWriter:
+    def writer(self, expected_length: int, expected_hashes: dict[str, str], exact: bool = True) -> BlobWriter:
         """A writer for one download; use it as ``async with``.
 
-        Raises ``UnsupportedHash`` here for an empty or unknown algorithm
-        set; space is reserved (evicting if need be, else ``StoreFull``) on
-        entering the context.
+        With ``exact=False`` the length is only a bound: for files whose
+        signed description gives hashes but no length (a verified index
+        page's sha256), the hashes alone decide.  Raises
+        ``UnsupportedHash`` here for an empty or unknown algorithm set;
+        space is reserved (evicting if need be, else ``StoreFull``) on
+        entering the context, or at commit for an inexact length.
         """
         if expected_length < 0:
             raise ValueError("expected_length must be >= 0")
         _check_hashes(expected_hashes)
-        return BlobWriter(self, expected_length, expected_hashes)
+        return BlobWriter(self, expected_length, expected_hashes, exact)
 
     def verify(self, blob: Blob, expected_hashes: dict[str, str]) -> bool:
         """Re-hash ``blob`` from disk; on any mismatch evict it and return False.
@@ -382,9 +385,10 @@ class BlobWriter:
     temp file.  File I/O and hashing run in a worker thread.
     """
 
-    def __init__(self, store: BlobStore, expected_length: int, expected_hashes: dict[str, str]) -> None:
+    def __init__(self, store: BlobStore, expected_length: int, expected_hashes: dict[str, str], exact: bool = True) -> None:
         self._store = store
         self._expected_length = expected_length
+        self._exact = exact
         self._expected_hashes = dict(expected_hashes)
         self._hashers = {name: _HASHES[name]() for name in set(expected_hashes) | {"sha256"}}
         self._received = 0
@@ -399,8 +403,9 @@ class BlobWriter:
     async def __aenter__(self) -> BlobWriter:
         if self._state != "new":
             raise RuntimeError("a BlobWriter can be entered once")
-        self._store._reserve(self._expected_length)
-        self._reserved = self._expected_length
+        if self._exact:
+            self._store._reserve(self._expected_length)
+            self._reserved = self._expected_length
         try:
             fd, name = tempfile.mkstemp(dir=self._store._tmp, suffix=".part")
         except OSError as exc:
@@ -492,13 +497,15 @@ class BlobWriter:
             data, self._buf = self._buf, bytearray()
             await self._run("write to temp file", self._write_sync, data)
         actual = {name: h.hexdigest() for name, h in self._hashers.items()}
-        if self._received != self._expected_length or any(
-            actual[a] != v for a, v in self._expected_hashes.items()
-        ):
+        length_ok = self._received == self._expected_length if self._exact else self._received <= self._expected_length
+        if not length_ok or any(actual[a] != v for a, v in self._expected_hashes.items()):
             self._state = "failed"
             self._cleanup()
             raise BlobMismatch(self._expected_length, self._received, self._expected_hashes, actual)
         sha256 = actual["sha256"]
+        if not self._exact:
+            self._store._reserve(self._received)
+            self._reserved = self._received
         await self._run("commit blob", self._finish_sync, sha256)
         blob = self._renamed
         assert blob is not None

@@ -21,6 +21,11 @@ class SampleRepo:
     def root_bytes(self) -> bytes:
         return (self.repo.metadata_dir / "1.root.json").read_bytes()
 
+    @property
+    def metadata_prefix(self) -> str:
+        """URL path of the metadata directory on the upstream, e.g. ``/metadata/``."""
+        return "/" + self.repo.profile.metadata_path
+
 
 def make_sample_dists(dest: Path) -> list[Path]:
     """A dependency chain (app → lib → base), an sdist, and a Requires-Python'd wheel."""
@@ -35,8 +40,14 @@ def make_sample_dists(dest: Path) -> list[Path]:
 
 
 @pytest.fixture
-def sample_repo(tmp_path: Path) -> SampleRepo:
-    repo = Repository.init(tmp_path / "repo", bins=16)
+def layout(request: pytest.FixtureRequest) -> str:
+    """The repository layout (profile); parametrise indirectly to run a test in every layout."""
+    return getattr(request, "param", "tufproxy")
+
+
+@pytest.fixture
+def sample_repo(tmp_path: Path, layout: str) -> SampleRepo:
+    repo = Repository.init(tmp_path / "repo", bins=16, layout=layout)
     dists = make_sample_dists(tmp_path / "dists")
     repo.add(dists)
     return SampleRepo(repo, dists)

@@ -7,6 +7,7 @@ and pip/uv as subprocesses with no config and no cache.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -15,19 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from proxy import index
 from tests.conftest import SampleRepo
 from tests.support.clients import install, pip, uv_path
 from tests.support.proxyproc import ProxyProcess
-from tests.support.tree import all_targets, assert_cache_clean, signed_timestamp
+from tests.support.tree import assert_cache_clean, signed_timestamp
 from tests.support.upstream import Reply, Upstream
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
+# Every test here runs against a repository in each layout the proxy has a profile for.
+pytestmark = pytest.mark.parametrize("layout", ["tufproxy", "warehouse"], indirect=True)
 
 
 def start_proxy(tmp_path: Path, sample: SampleRepo, upstream: Upstream, *extra: str) -> ProxyProcess:
     root = tmp_path / "pinned-root.json"
     root.write_bytes(sample.root_bytes)
-    return ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), *extra).start()
+    return ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root),
+                        "--profile", sample.repo.profile.name, *extra).start()
 
 
 @pytest.fixture
@@ -47,13 +52,16 @@ def installed(target: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_dependency_chain_installs_through_the_proxy(client: str, proxy: ProxyProcess, upstream: Upstream, tmp_path: Path) -> None:
+def test_dependency_chain_installs_through_the_proxy(
+    client: str, proxy: ProxyProcess, upstream: Upstream, sample_repo: SampleRepo, tmp_path: Path
+) -> None:
     r = install(client, proxy.url, tmp_path / "t", "app")
     assert r.returncode == 0, r.stderr + proxy.log()
     assert installed(tmp_path / "t") == {"app": "1.0", "lib": "1.1", "base": "2.0"}
-    # The proxy fetched hash-named targets and versioned metadata only.
-    assert upstream.count(r"/packages/.*/[0-9a-f]{64}\.[^/]+") >= 3
-    assert upstream.count(r"/metadata/\d+\.bin-[0-9a-f]+\.json") >= 1
+    # Versioned bin metadata, and files under hash names where they are targets.
+    assert upstream.count(rf"{sample_repo.metadata_prefix}\d+\.bins?-[0-9a-f]+\.json") >= 1
+    hashed = r"[0-9a-f]{64}\." if sample_repo.repo.profile.files_are_targets else ""
+    assert upstream.count(rf"/packages/[^/]+/{hashed}[^/]+\.whl") == 3
 
 
 def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(proxy: ProxyProcess, upstream: Upstream, tmp_path: Path) -> None:
@@ -63,7 +71,7 @@ def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(proxy: Proxy
     assert r.returncode == 0, r.stderr
     assert upstream.count(r"/packages/.*\.whl\.metadata") >= 1
     # pip resolved from .metadata: it never downloaded lib 1.0's wheel, only the chosen 1.1.
-    assert upstream.count(r"/packages/lib/[0-9a-f]{64}\.lib-1\.0-py3-none-any\.whl") == 0
+    assert upstream.count(r"/packages/lib/([0-9a-f]{64}\.)?lib-1\.0-py3-none-any\.whl") == 0
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
         "app-1.0-py3-none-any.whl", "base-2.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl"]
 
@@ -99,10 +107,10 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.reason
 
 
-def _consistent(path: str) -> str:
-    """Regex for the hash-named URL of a target path."""
+def _served(path: str) -> str:
+    """Regex for every URL a file or page of ``path``'s project may be served under, in either layout."""
     d, _, base = path.rpartition("/")
-    return f"/{d}/[0-9a-f]{{64,128}}\\.{base.replace('.', '[.]')}"
+    return f"/{d}/([0-9a-f]{{64,128}}\\.)?{base.replace('.', '[.]')}"
 
 
 def _flip(data: bytes | None) -> Reply:
@@ -113,11 +121,13 @@ def _flip(data: bytes | None) -> Reply:
 
 
 def _page_with_extra_version(data: bytes | None) -> Reply:
-    page = json.loads(data or b"{}")
-    evil = dict(page["files"][0], filename="lib-6.6.6-py3-none-any.whl", url="lib-6.6.6-py3-none-any.whl")
-    page["files"].append(evil)
-    page["versions"].append("6.6.6")
-    return Reply(200, json.dumps(page).encode())
+    """lib's page (JSON or HTML) listing one more, malicious, release."""
+    assert data is not None
+    is_json = data.lstrip().startswith(b"{")
+    page = index.parse_project_json(data, "lib") if is_json else index.parse_project_html(data, "lib")
+    evil = dataclasses.replace(page.files[0], filename="lib-6.6.6-py3-none-any.whl", url="lib-6.6.6-py3-none-any.whl")
+    page = dataclasses.replace(page, files=(*page.files, evil), versions=(*page.versions, "6.6.6"))
+    return Reply(200, index.render_project_json(page) if is_json else index.render_project_html(page))
 
 
 ATTACKS = ["tampered-wheel", "page-extra-version", "rolled-back-snapshot", "expired-timestamp", "swapped-file", "oversized-file"]
@@ -127,32 +137,36 @@ ATTACKS = ["tampered-wheel", "page-extra-version", "rolled-back-snapshot", "expi
 def test_attacks_make_pip_fail_with_the_proxys_reason(attack: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     repo = sample_repo.repo
     base_whl = "packages/base/base-2.0-py3-none-any.whl"
+    timestamp = f"{sample_repo.metadata_prefix}timestamp.json"
+    extra: tuple[str, ...] = ()
     if attack == "rolled-back-snapshot":
         # The proxy first trusts the current state, then the mirror replays an older snapshot.
         with start_proxy(tmp_path, sample_repo, upstream) as p:
             assert install("pip", p.url, tmp_path / "warm", "base").returncode == 0
-        current = all_targets(repo) and json.loads((repo.metadata_dir / "timestamp.json").read_bytes())
+        current = json.loads((repo.metadata_dir / "timestamp.json").read_bytes())
         snapshot_version = current["signed"]["meta"]["snapshot.json"]["version"]
-        upstream.replace("/metadata/timestamp.json", signed_timestamp(repo, snapshot_version=snapshot_version - 1))
+        upstream.replace(timestamp, signed_timestamp(repo, snapshot_version=snapshot_version - 1))
         expect = "rollback"
     elif attack == "expired-timestamp":
-        upstream.replace("/metadata/timestamp.json", signed_timestamp(repo, expires_delta=-timedelta(days=3)))
+        upstream.replace(timestamp, signed_timestamp(repo, expires_delta=-timedelta(days=3)))
         expect = "expired"
     elif attack == "tampered-wheel":
-        upstream.override(_consistent(base_whl), _flip)
+        upstream.override(_served(base_whl), _flip)
         expect = "hash-mismatch"
     elif attack == "page-extra-version":
-        upstream.override(_consistent("simple/lib/index.json"), _page_with_extra_version)
+        upstream.override(r"/simple/lib/[0-9a-f]{64}\.(index\.json|index\.html|lib\.html)", _page_with_extra_version)
         expect = "length-mismatch|hash-mismatch"
     elif attack == "swapped-file":
-        # Another file the same keys signed, served under base's wheel URL.
+        # Another file the same keys vouch for, served under base's wheel URL.
         other = (repo.public_dir / "packages/base/base-2.0.tar.gz").read_bytes()
-        upstream.replace(_consistent(base_whl), other)
+        upstream.replace(_served(base_whl), other)
         expect = "length-mismatch|hash-mismatch"
     else:
-        upstream.override(_consistent(base_whl), lambda data: Reply(200, (data or b"") + b"\0" * 100_000))
+        # Far more than signed (tufproxy layout) or than the --max-file-size cap (warehouse: pages give no size).
+        upstream.override(_served(base_whl), lambda data: Reply(200, (data or b"") + b"\0" * 3_000_000))
+        extra = ("--max-file-size", "1M")
         expect = "length-mismatch"
-    with start_proxy(tmp_path, sample_repo, upstream) as p:
+    with start_proxy(tmp_path, sample_repo, upstream, *extra) as p:
         # pip reports a failed index page only at debug level: "Could not fetch URL ...: <reason> - skipping".
         r = pip("-vv", "install", "--index-url", p.url, "--target", str(tmp_path / "t"), "app")
         direct = _get(f"{p.url}app/")

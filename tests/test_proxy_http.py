@@ -110,3 +110,22 @@ def test_hostile_paths_are_4xx_and_touch_nothing_outside(proxy: ProxyProcess, up
     assert b"root:" not in body
     # Nothing about a hostile path reached the upstream (metadata refreshes aside).
     assert all("/metadata/" in p for p in upstream.requests[before:])
+
+
+@pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
+def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root_list(
+    tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
+) -> None:
+    root = tmp_path / "root.json"
+    root.write_bytes(sample_repo.root_bytes)
+    with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), "--profile", "warehouse") as p:
+        status, headers, body = request(p, "/simple/lib/", Accept="application/vnd.pypi.simple.v1+json")
+        assert status == 200 and headers["content-type"].startswith("application/vnd.pypi.simple.v1+json")
+        page = json.loads(body)
+        assert page["versions"] == ["1.0", "1.1"]  # derived from file names: the HTML page has none
+        assert {f["filename"] for f in page["files"]} == {"lib-1.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl"}
+        status, _, body = request(p, "/simple/")
+        assert status == 404 and b"not signed" in body
+    # Only the signed HTML page was fetched, never an unsigned JSON rendering.
+    assert upstream.count(r"/simple/lib/[0-9a-f]{64}\.lib\.html") == 1
+    assert upstream.count(r"/simple/.*json") == 0

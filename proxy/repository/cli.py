@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from proxy.cli import CommandError
+from proxy.profiles import PROFILES
 from proxy.repository.keys import MissingKey
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
 
@@ -28,7 +29,9 @@ Layout of DIR:
 
 Roles (PEP 458): root, targets, bins offline; timestamp, snapshot and every
 bin-n signed by one online key; targets delegates to bins, bins to the
-bin-n roles by TAP 15 succinct hash delegation. Expiry by default: root,
+bin-n roles by TAP 15 succinct hash delegation. With --layout warehouse:
+metadata under tuf-metadata/, targets delegates to bins-N directly, and
+each project's HTML page is the only target (path: the project name). Expiry by default: root,
 targets, bins 365 days; timestamp, snapshot, bin-n 1 day: run
 'tufproxy repo refresh DIR' from cron or a systemd timer (hourly is fine).
 """
@@ -68,9 +71,11 @@ def _cmd_init(args: argparse.Namespace) -> int:
         timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry,
     )
     repo = Repository.init(
-        Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold, expiry=expiry
+        Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold, expiry=expiry,
+        layout=args.layout,
     )
-    print(f"initialised {repo.path}: {args.bins} bins, {args.root_keys} root key(s), threshold {args.root_threshold}")
+    print(f"initialised {repo.path} ({args.layout} layout): {args.bins} bins, "
+          f"{args.root_keys} root key(s), threshold {args.root_threshold}")
     print(f"keys in {repo.keys.directory} (keep root-*.pem, targets.pem and bins.pem offline)")
     print(f"serve {repo.public_dir}; pin {repo.metadata_dir / '1.root.json'} in clients")
     return 0
@@ -142,6 +147,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("init", help="create keys and an empty signed repository in DIR")
     p.add_argument("dir", metavar="DIR")
+    p.add_argument("--layout", choices=sorted(PROFILES), default="tufproxy",
+                   help="tufproxy (default: pages, files and .metadata are targets) or warehouse "
+                   "(PyPI's PEP 458 draft: one target per project page, blake2b-256; see README)")
     p.add_argument("--bins", type=int, default=16384, help="number of hash bins, a power of two (default: 16384, PEP 458)")
     p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
     p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")

@@ -46,7 +46,7 @@ def _parse_metadata(data: bytes, filename: str) -> email.message.Message:
 
 def _wheel(path: Path) -> Distribution:
     parts = path.name[: -len(".whl")].split("-")
-    if len(parts) not in (5, 6):
+    if project_of_filename(path.name) is None:
         raise NotADistribution(f"{path.name}: not a wheel file name (PEP 427)")
     project, version = parts[0], parts[1]
     try:
@@ -114,3 +114,27 @@ def inspect_distribution(path: Path) -> Distribution:
     if path.name.endswith(SDIST_SUFFIXES):
         return _sdist(path)
     raise NotADistribution(f"{path.name}: not a wheel (.whl) or sdist (.tar.gz, .zip)")
+
+
+def project_of_filename(filename: str) -> str | None:
+    """The normalised project a distribution file name belongs to, or None if it is none."""
+    if filename.endswith(".whl"):
+        parts = filename[: -len(".whl")].split("-")
+        return normalize(parts[0]) if len(parts) in (5, 6) else None
+    for suffix in SDIST_SUFFIXES:
+        if filename.endswith(suffix):
+            project, sep, _ = filename[: -len(suffix)].rpartition("-")
+            return normalize(project) if sep and project else None
+    return None
+
+
+def version_of_filename(filename: str) -> str | None:
+    """The version a distribution file name carries, or None if it is no distribution name."""
+    if filename.endswith(".whl"):
+        parts = filename[: -len(".whl")].split("-")
+        return parts[1] if len(parts) in (5, 6) else None
+    for suffix in SDIST_SUFFIXES:
+        if filename.endswith(suffix):
+            project, sep, version = filename[: -len(suffix)].rpartition("-")
+            return version if sep and project and version else None
+    return None

@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,22 +58,19 @@ from tuf.api.serialization.json import JSONSerializer
 from proxy import index
 from proxy.atomic import atomic_link, atomic_write
 from proxy.layout import (
-    METADATA_DIR,
     PageFormat,
-    consistent_name,
     core_metadata_target,
     file_target,
     metadata_filename,
     page_file_href,
-    project_page_target,
     root_page_target,
 )
-from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
+from proxy.profiles import Profile, get_profile
+from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution, project_of_filename
 from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
 
-HASH_ALGORITHMS = ("sha256", "sha512")
-BIN_PREFIX = "bin"
 BINS_ROLE = "bins"
+_BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
 # Paths *bins* is trusted for: the root list, project pages, files.
 BINS_PATHS = ["simple/*", "simple/*/*", "packages/*/*"]
 _SERIALIZER = JSONSerializer(compact=True)
@@ -98,7 +96,7 @@ class Expiry:
     bin_n: timedelta = timedelta(days=1)
 
     def for_role(self, role: str) -> timedelta:
-        if role.startswith(f"{BIN_PREFIX}-"):
+        if _is_bin(role):
             return self.bin_n
         return getattr(self, role)
 
@@ -122,6 +120,10 @@ class Settings:
     def bit_length(self) -> int:
         return int(math.log2(self.bins))
 
+    @property
+    def profile(self) -> Profile:
+        return get_profile(self.layout)
+
 
 @dataclass
 class ChangeReport:
@@ -139,7 +141,8 @@ def _now(now: datetime | None) -> datetime:
 
 
 def _is_bin(role: str) -> bool:
-    return role.startswith(f"{BIN_PREFIX}-")
+    """A hash-bin role of either layout (``bin-0a1f``, ``bins-3``)."""
+    return bool(_BIN_ROLE_RE.fullmatch(role.removesuffix(".json")))
 
 
 class _Change:
@@ -153,6 +156,7 @@ class _Change:
         self._roles: dict[str, Metadata] = {}
         self.dirty: set[str] = set()
         self.content: dict[str, bytes | Path] = {}  # target path -> bytes or a local file
+        self.plain: dict[str, bytes | Path] = {}  # served path -> bytes or a local file, not a target
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
         self.root: Metadata[Root] = repo._load("root", repo.root_version())
@@ -165,7 +169,7 @@ class _Change:
         return self._roles[name]
 
     def bin_for(self, target_path: str) -> str:
-        delegations = self.role(BINS_ROLE).signed.delegations
+        delegations = self.role(self.repo.profile.bin_delegator).signed.delegations
         assert delegations is not None and delegations.succinct_roles is not None
         return delegations.succinct_roles.get_role_for_target(target_path)
 
@@ -173,10 +177,11 @@ class _Change:
         return self.role(self.bin_for(target_path)).signed.targets.get(target_path)
 
     def put_target(self, target_path: str, data: bytes | Path) -> TargetFile:
+        algorithms = list(self.repo.profile.hash_algorithms)
         if isinstance(data, Path):
-            info = TargetFile.from_file(target_path, str(data), list(HASH_ALGORITHMS))
+            info = TargetFile.from_file(target_path, str(data), algorithms)
         else:
-            info = TargetFile.from_data(target_path, data, list(HASH_ALGORITHMS))
+            info = TargetFile.from_data(target_path, data, algorithms)
         name = self.bin_for(target_path)
         self.role(name).signed.targets[target_path] = info
         self.dirty.add(name)
@@ -197,7 +202,7 @@ class _Change:
         info = self.get_target(target_path)
         if info is None:
             return None
-        return (self.repo.public_dir / consistent_name(target_path, info.hashes["sha256"])).read_bytes()
+        return self.repo.served_path(target_path, next(iter(info.hashes.values()))).read_bytes()
 
     def _sign(self, role_name: str, md: Metadata) -> None:
         md.signed.version += 1
@@ -229,17 +234,17 @@ class _Change:
         self._sign("timestamp", self.timestamp)
 
         plain_links: list[tuple[Path, Path]] = []
+        for path, data in self.plain.items():
+            _write(repo.public_dir / path, data)
         for target_path, data in self.content.items():
             info = self.get_target(target_path)
             assert info is not None
-            first = repo.public_dir / consistent_name(target_path, info.hashes[HASH_ALGORITHMS[0]])
-            if isinstance(data, Path):
-                _copy_file(data, first)
-            else:
-                atomic_write(first, data, durable=False)
-            for algo in HASH_ALGORITHMS[1:]:
-                atomic_link(first, repo.public_dir / consistent_name(target_path, info.hashes[algo]))
-            plain_links.append((first, repo.public_dir / target_path))
+            digests = list(info.hashes.values())
+            first = repo.served_path(target_path, digests[0])
+            _write(first, data)
+            for digest in digests[1:]:
+                atomic_link(first, repo.served_path(target_path, digest))
+            plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for path, data in staged:
             atomic_write(path, data, durable=False)
         # Everything the new timestamp reaches must be on disk before it is.
@@ -272,6 +277,13 @@ class _Change:
         self.report.signed["root"] = md.signed.version
 
 
+def _write(dest: Path, data: bytes | Path) -> None:
+    if isinstance(data, Path):
+        _copy_file(data, dest)
+    else:
+        atomic_write(dest, data, durable=False)
+
+
 def _copy_file(source: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -292,8 +304,19 @@ class Repository:
         self.path = Path(path)
         self.settings = settings
         self.keys = KeyStore(self.path / "keys")
+        self.profile = settings.profile
         self.public_dir = self.path / "public"
-        self.metadata_dir = self.public_dir / METADATA_DIR
+        self.metadata_dir = self.public_dir / self.profile.metadata_path
+
+    def served_path(self, target_path: str, digest: str) -> Path:
+        """Where the tree serves a target under one of its digests."""
+        return self.public_dir / self.profile.served_name(target_path, digest)
+
+    def plain_name(self, target_path: str) -> str:
+        """The target's plain name, for clients that do not speak TUF (pip straight at the tree)."""
+        if target_path.startswith(("simple/", "packages/")):
+            return target_path
+        return f"simple/{target_path}/index.html"  # a warehouse page target is the bare project name
 
     # -- opening -------------------------------------------------------
     @classmethod
@@ -306,8 +329,12 @@ class Repository:
         root_threshold: int = 1,
         expiry: Expiry | None = None,
         now: datetime | None = None,
+        layout: str = "tufproxy",
     ) -> Repository:
-        """Create keys and the first signed metadata (empty targets) in ``path``."""
+        """Create keys and the first signed metadata (empty targets) in ``path``.
+
+        ``layout`` is a :mod:`proxy.profiles` name: ``tufproxy`` or ``warehouse``.
+        """
         path = Path(path)
         if bins < 2 or bins & (bins - 1) or bins > 2**16:
             raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
@@ -315,7 +342,11 @@ class Repository:
             raise RepositoryError(f"root threshold {root_threshold} needs 1..{root_keys} root keys")
         if (path / "repository.json").exists():
             raise RepositoryError(f"{path} already holds a repository")
-        settings = Settings(bins=bins, expiry=expiry or Expiry())
+        try:
+            settings = Settings(bins=bins, expiry=expiry or Expiry(), layout=layout)
+            profile = settings.profile
+        except ValueError as e:
+            raise RepositoryError(str(e)) from e
         repo = cls(path, settings)
         when = _now(now)
         repo.keys.create_dir()
@@ -332,16 +363,20 @@ class Repository:
         for role in ("snapshot", "timestamp"):
             root.add_key(online.public_key, role)
 
+        succinct = SuccinctRoles([online.public_key.keyid], 1, settings.bit_length, profile.bin_prefix)
+        to_bins = Delegations(keys={online.public_key.keyid: online.public_key}, succinct_roles=succinct)
         targets = Targets(expires=when + settings.expiry.targets)
-        targets.delegations = Delegations(
-            keys={bins_key.public_key.keyid: bins_key.public_key},
-            roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True, paths=BINS_PATHS)},
-        )
-        bins_md = Targets(expires=when + settings.expiry.bins)
-        succinct = SuccinctRoles([online.public_key.keyid], 1, settings.bit_length, BIN_PREFIX)
-        bins_md.delegations = Delegations(keys={online.public_key.keyid: online.public_key}, succinct_roles=succinct)
-
-        files: list[tuple[str, Metadata]] = [("root", Metadata(root)), ("targets", Metadata(targets)), (BINS_ROLE, Metadata(bins_md))]
+        files: list[tuple[str, Metadata]] = [("root", Metadata(root)), ("targets", Metadata(targets))]
+        if profile.bin_delegator == BINS_ROLE:
+            targets.delegations = Delegations(
+                keys={bins_key.public_key.keyid: bins_key.public_key},
+                roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True, paths=BINS_PATHS)},
+            )
+            bins_md = Targets(expires=when + settings.expiry.bins)
+            bins_md.delegations = to_bins
+            files.append((BINS_ROLE, Metadata(bins_md)))
+        else:
+            targets.delegations = to_bins
         files += [(name, Metadata(Targets(expires=when + settings.expiry.bin_n))) for name in succinct.get_roles()]
         snapshot = Snapshot(expires=when + settings.expiry.snapshot)
         signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
@@ -365,11 +400,12 @@ class Repository:
             path / "repository.json",
             json.dumps({"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout}, indent=2).encode(),
         )
-        # An empty index, so pip pointed at a new repository sees no projects rather than 404.
-        with repo._locked():
-            change = _Change(repo, when)
-            repo._write_root_list(change, [])
-            change.commit()
+        if profile.root_list_signed:
+            # An empty index, so pip pointed at a new repository sees no projects rather than 404.
+            with repo._locked():
+                change = _Change(repo, when)
+                repo._write_root_list(change, [])
+                change.commit()
         return repo
 
     @classmethod
@@ -412,14 +448,18 @@ class Repository:
 
     # -- pages ---------------------------------------------------------
     def _current_page(self, change: _Change, project: str) -> index.ProjectPage:
-        data = change.target_bytes(project_page_target(project, PageFormat.JSON))
+        fmt = self.profile.signed_formats[0]
+        data = change.target_bytes(self.profile.page_target(project, fmt))
         if data is None:
             return index.ProjectPage(name=project, files=())
-        return index.parse_project_json(data, project)
+        if fmt is PageFormat.JSON:
+            return index.parse_project_json(data, project)
+        return index.parse_project_html(data, project)
 
     def _write_page(self, change: _Change, page: index.ProjectPage) -> None:
-        change.put_target(project_page_target(page.name, PageFormat.HTML), index.render_project_html(page))
-        change.put_target(project_page_target(page.name, PageFormat.JSON), index.render_project_json(page))
+        for fmt in self.profile.signed_formats:
+            render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
+            change.put_target(self.profile.page_target(page.name, fmt), render(page))
 
     def _write_root_list(self, change: _Change, projects: Sequence[str]) -> None:
         plist = index.ProjectList(projects=tuple(sorted(set(projects))))
@@ -427,8 +467,27 @@ class Repository:
         change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist))
 
     def _projects(self, change: _Change) -> list[str]:
+        if not self.profile.root_list_signed:
+            return []
         data = change.target_bytes(root_page_target(PageFormat.JSON))
         return list(index.parse_project_list_json(data).projects) if data else []
+
+    def _put_file(self, change: _Change, target_path: str, data: bytes | Path) -> tuple[int, str]:
+        """A distribution or .metadata file: a target, or (warehouse) a plain file; (length, sha256)."""
+        if self.profile.files_are_targets:
+            info = change.put_target(target_path, data)
+            return info.length, info.hashes["sha256"]
+        change.plain[target_path] = data
+        if isinstance(data, Path):
+            return data.stat().st_size, _sha256_file(data)
+        return len(data), hashlib.sha256(data).hexdigest()
+
+    def _existing_sha256(self, change: _Change, target_path: str) -> str | None:
+        if self.profile.files_are_targets:
+            info = change.get_target(target_path)
+            return None if info is None else info.hashes["sha256"]
+        plain = self.public_dir / target_path
+        return _sha256_file(plain) if plain.is_file() else None
 
     # -- operations ----------------------------------------------------
     def add(self, files: Sequence[Path], now: datetime | None = None) -> ChangeReport:
@@ -445,10 +504,9 @@ class Repository:
             change = _Change(self, when)
             by_project: dict[str, list[Distribution]] = {}
             for dist in dists:
-                target = file_target(dist.project, dist.filename)
-                existing = change.get_target(target)
+                existing = self._existing_sha256(change, file_target(dist.project, dist.filename))
                 if existing is not None:
-                    if existing.hashes["sha256"] != _sha256_file(dist.path):
+                    if existing != _sha256_file(dist.path):
                         raise DuplicateFile(f"{dist.filename} is already in the repository with other contents")
                     change.report.unchanged.append(dist.filename)
                     continue
@@ -460,19 +518,19 @@ class Repository:
                 entries = list(page.files)
                 versions = list(page.versions)
                 for dist in new:
-                    info = change.put_target(file_target(project, dist.filename), dist.path)
+                    length, sha256 = self._put_file(change, file_target(project, dist.filename), dist.path)
                     core: dict[str, str] | bool = False
                     if dist.core_metadata is not None:
-                        meta_info = change.put_target(core_metadata_target(project, dist.filename), dist.core_metadata)
-                        core = {"sha256": meta_info.hashes["sha256"]}
+                        _, meta_sha256 = self._put_file(change, core_metadata_target(project, dist.filename), dist.core_metadata)
+                        core = {"sha256": meta_sha256}
                     entries.append(
                         index.DistFile(
                             filename=dist.filename,
                             url=page_file_href(project, dist.filename),
-                            hashes={"sha256": info.hashes["sha256"]},
+                            hashes={"sha256": sha256},
                             requires_python=dist.requires_python,
                             core_metadata=core,
-                            size=info.length,
+                            size=length,
                             upload_time=when.strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
                         )
                     )
@@ -482,7 +540,7 @@ class Repository:
                 entries.sort(key=lambda f: f.filename)
                 self._write_page(change, index.ProjectPage(name=project, files=tuple(entries), versions=tuple(versions)))
             known = self._projects(change)
-            if set(by_project) - set(known):
+            if self.profile.root_list_signed and set(by_project) - set(known):
                 self._write_root_list(change, known + list(by_project))
             return change.commit()
 
@@ -491,15 +549,17 @@ class Repository:
         when = _now(now)
         with self._locked():
             change = _Change(self, when)
-            for project in self._projects(change):
+            project = project_of_filename(filename)
+            if project is not None:
                 page = self._current_page(change, project)
-                match = [f for f in page.files if f.filename == filename]
-                if not match:
-                    continue
+                if not any(f.filename == filename for f in page.files):
+                    project = None
+            if project is not None:
                 if delete:
                     rest = tuple(f for f in page.files if f.filename != filename)
-                    change.delete_target(file_target(project, filename))
-                    change.delete_target(core_metadata_target(project, filename))
+                    if self.profile.files_are_targets:
+                        change.delete_target(file_target(project, filename))
+                        change.delete_target(core_metadata_target(project, filename))
                     change.report.removed.append(filename)
                 else:
                     rest = tuple(
@@ -524,7 +584,7 @@ class Repository:
             def due(role: str, md: Metadata, forced: bool = force) -> bool:
                 return forced or md.signed.expires - when < self.settings.expiry.for_role(role) / 2
 
-            for role in (TARGETS, BINS_ROLE):
+            for role in dict.fromkeys((TARGETS, self.profile.bin_delegator)):
                 if due(role, change.role(role), forced=False):
                     try:
                         self.keys.load(role)
@@ -583,11 +643,12 @@ class Repository:
         for role in ("timestamp", "snapshot"):
             root.revoke_key(old.public_key.keyid, role)
             root.add_key(new.public_key, role)
-        bins = change.role(BINS_ROLE).signed
+        delegator = self.profile.bin_delegator
+        bins = change.role(delegator).signed
         assert bins.delegations is not None and bins.delegations.succinct_roles is not None
         bins.delegations.keys = {new.public_key.keyid: new.public_key}
         bins.delegations.succinct_roles.keyids = [new.public_key.keyid]
-        change.dirty.add(BINS_ROLE)
+        change.dirty.add(delegator)
         change.dirty.update(_bin_names(change))
 
     def status(self, now: datetime | None = None) -> dict[str, object]:
@@ -599,8 +660,7 @@ class Repository:
             ("root", change.root),
             ("timestamp", change.timestamp),
             ("snapshot", change.snapshot),
-            (TARGETS, change.role(TARGETS)),
-            (BINS_ROLE, change.role(BINS_ROLE)),
+            *((name, change.role(name)) for name in dict.fromkeys((TARGETS, self.profile.bin_delegator))),
         ):
             roles[name] = {"version": md.signed.version, "expires": md.signed.expires.isoformat(), "expired": md.signed.is_expired(when)}
         bin_versions = {k[:-5]: v.version for k, v in change.snapshot.signed.meta.items() if _is_bin(k)}
@@ -610,19 +670,20 @@ class Repository:
             md = self._load(name, version)
             targets += len(md.signed.targets)
             earliest = md.signed.expires if earliest is None else min(earliest, md.signed.expires)
-        projects = self._projects(change)
+        projects = len(self._projects(change)) if self.profile.root_list_signed else targets
         return {
             "path": str(self.path),
             "served_tree": str(self.public_dir),
             "roles": roles,
             "bins": {"count": len(bin_versions), "earliest_expiry": earliest.isoformat() if earliest else None},
             "targets": targets,
-            "projects": len(projects),
+            "projects": projects,
+            "layout": self.profile.name,
         }
 
 
 def _bin_names(change: _Change) -> Iterator[str]:
-    delegations = change.role(BINS_ROLE).signed.delegations
+    delegations = change.role(change.repo.profile.bin_delegator).signed.delegations
     assert delegations is not None and delegations.succinct_roles is not None
     return delegations.succinct_roles.get_roles()
 

@@ -356,7 +356,7 @@ class TrustedClient:
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
         consistent = self._state.root.consistent_snapshot if self._state is not None else True
-        return consistent_target_urls(target, self.mirrors, consistent)
+        return consistent_target_urls(target, self.mirrors, consistent, self.config.served_name)
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
         """A delegated role for this state: from the LRU, the directory, or a mirror."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from proxy.layout import consistent_name
@@ -44,6 +45,8 @@ class TrustConfig:
     # Also persist roles reached through hash-bin delegations (one file per
     # bin); the server keeps those in memory only, ``tufproxy client`` stores all.
     persist_bins: bool = False
+    # Where a consistent snapshot serves a target under its digest (the profile decides).
+    served_name: Callable[[str, str], str] = consistent_name
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,13 @@ class VerifiedTarget:
 
 
 def new_hash(algorithm: str) -> Any:
-    """A hashlib object for a TUF hash algorithm name (unknown → HashMismatch)."""
+    """A hashlib object for a TUF hash algorithm name (unknown → HashMismatch).
+
+    ``blake2b-256`` is securesystemslib's name for BLAKE2b with a 32-byte
+    digest, the only hash PyPI's PEP 458 draft lists.
+    """
+    if algorithm == "blake2b-256":
+        return hashlib.blake2b(digest_size=32)
     try:
         return hashlib.new(algorithm)
     except ValueError:
@@ -86,10 +95,15 @@ def digest(algorithm: str, data: bytes) -> str:
     return h.hexdigest()
 
 
-def consistent_target_urls(target: VerifiedTarget, mirrors: list[Mirror], consistent: bool) -> list[str]:
-    """Download URLs of ``target`` in mirror order (``HASH.basename`` if consistent)."""
+def consistent_target_urls(
+    target: VerifiedTarget,
+    mirrors: list[Mirror],
+    consistent: bool,
+    served_name: Callable[[str, str], str] = consistent_name,
+) -> list[str]:
+    """Download URLs of ``target`` in mirror order (``served_name(path, digest)`` if consistent)."""
     if consistent and target.hashes:
-        name = consistent_name(target.path, next(iter(target.hashes.values())))
+        name = served_name(target.path, next(iter(target.hashes.values())))
     else:
         name = target.path
     return [m.target(name) for m in mirrors]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from tuf.api.metadata import Metadata, MetaFile, Timestamp
 
+from proxy import index
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 
@@ -17,7 +19,7 @@ def all_targets(repo: Repository) -> dict[str, dict]:
     snapshot = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes()).signed
     found = {}
     for name, meta in snapshot.meta.items():
-        if name.startswith("bin-"):
+        if re.fullmatch(r"bins?-[0-9a-f]+\.json", name):
             md = Metadata.from_bytes((repo.metadata_dir / f"{meta.version}.{name}").read_bytes())
             for path, info in md.signed.targets.items():
                 found[path] = {"bin": name[:-5], "hashes": info.hashes, "length": info.length}
@@ -40,9 +42,28 @@ def signed_timestamp(repo: Repository, *, snapshot_version: int | None = None, v
     return ts.to_bytes()
 
 
+def vouched_sha256s(repo: Repository) -> set[str]:
+    """Every sha256 the repository vouches for: signed targets, and files its signed pages list."""
+    found = set()
+    for path, info in all_targets(repo).items():
+        digest = next(iter(info["hashes"].values()))
+        if "sha256" in info["hashes"]:
+            found.add(info["hashes"]["sha256"])
+        if path.startswith("packages/") or path.startswith("simple/index."):
+            continue
+        data = repo.served_path(path, digest).read_bytes()
+        project = path.split("/")[1] if path.startswith("simple/") else path
+        page = index.parse_project_json(data, project) if path.endswith(".json") else index.parse_project_html(data, project)
+        for f in page.files:
+            found.add(f.hashes["sha256"])
+            if isinstance(f.core_metadata, dict):
+                found.add(f.core_metadata["sha256"])
+    return found
+
+
 def assert_cache_clean(cache_dir: Path, repo: Repository) -> None:
-    """Every blob in the proxy's cache is a signed target's exact bytes; no temp file is left."""
-    signed = {info["hashes"]["sha256"] for info in all_targets(repo).values()}
+    """Every blob in the proxy's cache is bytes the repository vouches for; no temp file is left."""
+    signed = vouched_sha256s(repo)
     for p in (cache_dir / "blobs").rglob("*"):
         if p.is_file():
             assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name, f"blob {p} is not what its name says"
