@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import re
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,14 @@ class Reply:
 
 # An override sees the bytes the tree holds for the path (None if absent).
 Override = Callable[[bytes | None], Reply]
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """A client hanging up early (the proxy refusing endless data) is normal here, not a traceback."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
 
 class Upstream:
@@ -109,7 +118,7 @@ class Upstream:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
