@@ -123,9 +123,11 @@ class AiohttpFetcher(Fetcher):
             sock_read=self.read_timeout,
         )
         try:
-            response = await self._get_session().get(
-                url, allow_redirects=False, timeout=timeout
-            )
+            # sock_read restarts on every byte: a header drip must not outlast this.
+            async with asyncio.timeout(self.connect_timeout + self.read_timeout):
+                response = await self._get_session().get(
+                    url, allow_redirects=False, timeout=timeout
+                )
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
         except (aiohttp.ClientError, OSError, ValueError) as e:
@@ -148,9 +150,11 @@ class AiohttpFetcher(Fetcher):
         received = 0
         try:
             while True:
-                # aiohttp's sock_read resets on every byte; this bounds a whole chunk.
+                # A whole chunk (or the end of the body) within read_timeout: a
+                # drip of a byte per second, which resets sock_read each time,
+                # fails here instead of holding the download for total_timeout.
                 async with asyncio.timeout(self.read_timeout):
-                    chunk = await response.content.read(CHUNK_SIZE)
+                    chunk = await _read_chunk(response.content)
                 if not chunk:
                     return
                 received += len(chunk)
@@ -163,3 +167,11 @@ class AiohttpFetcher(Fetcher):
             raise DownloadTimeout(url, f"timed out reading ({type(e).__name__})") from e
         except (aiohttp.ClientError, OSError) as e:
             raise DownloadError(url, f"{type(e).__name__}: {e}") from e
+
+
+async def _read_chunk(content: aiohttp.StreamReader) -> bytes:
+    """CHUNK_SIZE bytes, or fewer only where the body ends."""
+    try:
+        return await content.readexactly(CHUNK_SIZE)
+    except asyncio.IncompleteReadError as e:
+        return e.partial
