@@ -46,6 +46,9 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
 def atomic_link(source: Path, path: Path) -> None:
     """Make ``path`` a hard link to ``source``, replacing what was there atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samefile(source, path):
+            return  # rename(2) of a link onto the same file does nothing and would leave tmp behind
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)

@@ -66,6 +66,10 @@ class AuditLog:
         """Record a refusal: reason, target, expected vs actual, versions."""
         self._write({"event": "refused", **fields})
 
+    def override(self, **fields: Any) -> None:
+        """Record a lookup that succeeded only because an operator excused expired metadata."""
+        self._write({"event": "expired-override", **fields})
+
     def accepted(self, **fields: Any) -> None:
         """Record an artifact served after verification (only when enabled)."""
         if self.log_accepted:
@@ -85,7 +89,7 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
     by_reason: Counter[str] = Counter()
     by_target: Counter[str] = Counter()
     by_client: Counter[str] = Counter()
-    accepted = skipped = 0
+    accepted = overrides = skipped = 0
     first = last = None
     for line in lines:
         try:
@@ -93,7 +97,7 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
         except ValueError:
             skipped += 1
             continue
-        if not isinstance(record, dict) or record.get("event") not in ("refused", "accepted"):
+        if not isinstance(record, dict) or record.get("event") not in ("refused", "accepted", "expired-override"):
             skipped += 1
             continue
         when = record.get("time")
@@ -102,12 +106,16 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
         if record["event"] == "accepted":
             accepted += 1
             continue
+        if record["event"] == "expired-override":
+            overrides += 1
+            continue
         by_reason[str(record.get("reason"))] += 1
         by_target[str(record.get("target"))] += 1
         by_client[str(record.get("client"))] += 1
     return {
         "refused": sum(by_reason.values()),
         "accepted": accepted,
+        "expired_overrides": overrides,
         "skipped_lines": skipped,
         "first": first,
         "last": last,
@@ -123,7 +131,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    print(f"{summary['refused']} refused, {summary['accepted']} accepted, from {summary['first']} to {summary['last']}")
+    print(f"{summary['refused']} refused, {summary['accepted']} accepted, "
+          f"{summary['expired_overrides']} served under an expired-metadata override, "
+          f"from {summary['first']} to {summary['last']}")
     for title, key in (("by reason", "by_reason"), ("top targets", "top_targets"), ("top clients", "top_clients")):
         if summary[key]:
             print(f"{title}:")

@@ -21,6 +21,8 @@ _SUBCOMMANDS = (
     "proxy.repository.cli",
     "proxy.audit",
     "proxy.trust.cli",
+    "proxy.mirror.cli",
+    "proxy.cache_cli",
 )
 
 

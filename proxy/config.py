@@ -14,6 +14,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,37 @@ def parse_listen(value: str) -> tuple[str, int]:
     return m.group(1) or "127.0.0.1", int(m.group(2))
 
 
+def _worker_count(value: str | int) -> int:
+    n = int(value)
+    if not 1 <= n <= 256:
+        raise ConfigError(f"must be from 1 to 256: {value!r}")
+    return n
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the default number of workers)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _positive_float(value: str | float) -> float:
     f = float(value)
     if f <= 0:
         raise ConfigError(f"must be more than 0: {value!r}")
     return f
+
+
+def parse_datetime(value: str | datetime | date) -> datetime:
+    """An ISO 8601 date or date-time (TOML dates too); naive means UTC."""
+    if isinstance(value, datetime):
+        when = value
+    elif isinstance(value, date):
+        when = datetime(value.year, value.month, value.day)
+    else:
+        try:
+            when = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            raise ConfigError(f"not an ISO date: {value!r} (try 2030-01-31)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _url_list(value: str | list[str]) -> list[str]:
@@ -105,6 +132,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text (key=value) or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("allow_expired_until", "operator override for an air-gapped tree: accept EXPIRED metadata until this "
+           "ISO date (signatures, versions and hashes are still checked; every use is logged)", None, parse_datetime,
+           metavar="DATE"),
+    Option("workers", "worker processes sharing the listening socket and the cache; 1: one process, no supervisor",
+           cpu_count(), _worker_count, metavar="N"),
     Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, lambda v: str(v).lower() in ("1", "yes", "true", "on"),
            metavar="YES|NO"),
 )
@@ -131,6 +163,8 @@ class ServeConfig:
     log_format: str = "text"
     audit_log: Path | None = None
     audit_accepted: bool = False
+    allow_expired_until: datetime | None = None
+    workers: int = 1
 
     @property
     def layout(self) -> Profile:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import html
 import json
 import re
@@ -517,6 +518,8 @@ def _accept_items(accept: str) -> list[tuple[str, float]]:
     return items
 
 
+# Clients send one of a handful of Accept strings, over and over (bench: 11% of a warm page request).
+@functools.lru_cache(maxsize=256)
 def negotiate(accept: str | None) -> MediaType | None:
     """Pick the response type for an ``Accept`` header, or None for 406.
 

@@ -25,6 +25,7 @@ snapshots, TUF spec 5.7.3) so a CDN can cache it forever.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -154,6 +155,9 @@ class BadRequestPath(ValueError):
     """The client's path names nothing a repository can hold."""
 
 
+# A pure function of the path, and hot: a warm proxy sees the same paths again and again.
+# Only successful parses are cached (lru_cache does not keep exceptions).
+@functools.lru_cache(maxsize=4096)
 def parse_request_path(path: str) -> TargetRequest:
     """Map a client request path to what it asks for.
 

@@ -1,24 +1,55 @@
-"""Prometheus metrics of one proxy process, on a registry of its own.
+"""Prometheus metrics of the proxy, on a registry of its own.
 
 Label values are bounded: routes, status codes, reason slugs, mirror
 indexes, never project names or paths, so cardinality stays fixed however
 many packages pass through.
+
+Under ``serve --workers N`` each worker calls :func:`enable_multiprocess`
+before creating :class:`Metrics`: values then live in prometheus-client's
+per-process files in one directory, and any worker's ``/metrics`` sums
+them all (a dead worker's counters stay counted).  Gauges are per-worker
+views and are combined over live workers: the least fresh trusted state
+(``livemin``), the largest cache size seen (``livemax``).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+import os
+from pathlib import Path
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess", "mark_process_dead"]
+
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def enable_multiprocess(directory: Path) -> None:
+    """Make the metrics created after this in this process shared through ``directory``.
+
+    prometheus-client picks its value class when first imported, long
+    before a worker is forked, so it is picked again here.
+    """
+    os.environ[_MULTIPROC_ENV] = str(directory)
+    values.ValueClass = values.get_value_class()
 
 
 class Metrics:
     """Every metric tufproxy exports."""
 
     def __init__(self) -> None:
+        self._multiproc_dir = os.environ.get(_MULTIPROC_ENV)
         r = self.registry = CollectorRegistry()
         self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
         self.request_seconds = Histogram(
@@ -27,7 +58,8 @@ class Metrics:
         self.cache_hits = Counter("tufproxy_cache_hits_total", "Requests answered from the verified cache", ["kind"], registry=r)
         self.cache_misses = Counter("tufproxy_cache_misses_total", "Requests that needed an upstream fetch", ["kind"], registry=r)
         self.cache_evictions = Counter("tufproxy_cache_evictions_total", "Blobs evicted from the cache", registry=r)
-        self.cache_bytes = Gauge("tufproxy_cache_bytes", "Bytes of verified blobs on disk", registry=r)
+        self.cache_bytes = Gauge("tufproxy_cache_bytes", "Bytes of verified blobs on disk", registry=r,
+                                 multiprocess_mode="livemax")
         self.upstream_fetches = Counter(
             "tufproxy_upstream_fetches_total", "Upstream fetches by mirror index and outcome", ["mirror", "outcome"], registry=r
         )
@@ -41,13 +73,21 @@ class Metrics:
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )
-        self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r)
+        self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r,
+                                  multiprocess_mode="livemin")
         self.role_expiry = Gauge(
-            "tufproxy_role_expiry_seconds", "Seconds until each top-level role's trusted metadata expires", ["role"], registry=r
+            "tufproxy_role_expiry_seconds", "Seconds until each top-level role's trusted metadata expires", ["role"], registry=r,
+            multiprocess_mode="livemin",
         )
         self.last_refresh = Gauge(
-            "tufproxy_last_successful_refresh_timestamp_seconds", "Unix time of the last successful metadata refresh", registry=r
+            "tufproxy_last_successful_refresh_timestamp_seconds", "Unix time of the last successful metadata refresh", registry=r,
+            multiprocess_mode="livemin",
         )
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text format: this process's registry, or every worker's in multiprocess mode."""
+        if self._multiproc_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self._multiproc_dir)
+        return generate_latest(merged)

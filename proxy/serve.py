@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
+import os
 import signal
+import socket
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
@@ -26,10 +31,18 @@ from proxy.metrics import Metrics
 from proxy.server import Proxy, ProxySettings
 from proxy.store import BlobStore, IndexCache, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.trust.errors import TrustError
+from proxy.trust.errors import ExpiredMetadata, TrustError
+from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.model import ExpiryOverride
 from proxy.upstream import AiohttpFetcher, Fetcher
 
 log = logging.getLogger(__name__)
+
+# In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
+DRAIN_SECONDS = 25.0
+# Processes sharing one cache dir each hold one trusted-metadata directory of at most this many.
+MAX_METADATA_SLOTS = 64
+_SLOT_LOCK_WAIT = 30.0
 
 
 @dataclass
@@ -58,42 +71,110 @@ def _fetcher_and_mirrors(config: ServeConfig) -> tuple[Fetcher, list[Mirror]]:
     return fetcher, [Mirror(config.metadata_url(u), u) for u in config.upstream]
 
 
-async def start(config: ServeConfig) -> Running:
-    """Open the cache, load trusted metadata, listen.  Errors are :class:`CommandError`."""
+def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
+    """The operator's expired-metadata override, announced now and on every lookup it changes."""
+    if until is None:
+        return None
+    if until <= datetime.now(UTC):
+        log.warning("allow_expired_until %s has passed: metadata expiry is enforced", until.isoformat())
+    else:
+        log.warning("OPERATOR OVERRIDE: expired TUF metadata is accepted until %s (allow_expired_until); "
+                    "signatures, versions and hashes are still checked, freeze attacks are NOT detected",
+                    until.isoformat())
+
+    def report(target: str, expired: ExpiredMetadata) -> None:
+        log.warning("expired-metadata override used for %s: %s (override until %s)", target, expired, until.isoformat())
+        # Never silent: every use is an audit record too (a failed write fails the request).
+        audit.override(target=target, role=expired.role, expired=str(expired.expected or expired),
+                       until=until.isoformat(), message=str(expired))
+
+    return ExpiryOverride(until, report)
+
+
+def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
+    try:
+        root_bytes = config.root_file.read_bytes()
+    except OSError as e:
+        raise CommandError(f"cannot read the pinned root {config.root_file}: {e.strerror}") from e
+    if config.root is None:
+        log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
+    try:
+        TrustedClient.initialize(metadata_dir, root_bytes)
+    except TrustError as e:
+        raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
+
+
+async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[Mirror], trust_config: TrustConfig) -> TrustedClient:
+    """A trusted-metadata directory of this process's own, seeded from the pinned root if new.
+
+    Slot 0 is ``cache/metadata``, what a single process always used; other
+    processes sharing the cache (workers, replicas on a shared volume) take
+    the first free ``cache/metadata/worker-K``.  Each slot keeps its own
+    rollback protection under its own lock, so no metadata file ever has
+    two writers.  Slots are chosen under ``.slots.lock``, so a root is only
+    ever written into a slot that has none, never over a newer one.
+    """
+    base = config.cache_dir / "metadata"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base / ".slots.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise CommandError(f"cache dir {config.cache_dir} is not usable: {e}") from e
+    try:
+        deadline = time.monotonic() + _SLOT_LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CommandError(f"{base / '.slots.lock'} stayed locked for {_SLOT_LOCK_WAIT:.0f}s") from None
+                await asyncio.sleep(0.01)
+        for k in range(MAX_METADATA_SLOTS):
+            metadata_dir = base if k == 0 else base / f"worker-{k}"
+            try:
+                if not (metadata_dir / "root.json").exists():
+                    _seed_metadata_dir(metadata_dir, config)
+                return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
+            except MetadataDirLocked:
+                continue
+        raise CommandError(f"more than {MAX_METADATA_SLOTS} processes share the cache dir {config.cache_dir}")
+    finally:
+        os.close(fd)
+
+
+async def start(config: ServeConfig, sock: socket.socket | None = None) -> Running:
+    """Open the cache, load trusted metadata, listen (on ``sock`` if given, else ``config.listen``).
+
+    Errors are :class:`CommandError`.
+    """
     try:
         store = BlobStore(config.cache_dir, max_bytes=config.cache_size)
         pages = IndexCache(config.cache_dir)
     except (StoreError, OSError) as e:
         raise CommandError(f"cache dir {config.cache_dir} is not usable: {e}") from e
-    metadata_dir = config.cache_dir / "metadata"
-    if not (metadata_dir / "root.json").exists():
-        try:
-            root_bytes = config.root_file.read_bytes()
-        except OSError as e:
-            raise CommandError(f"cannot read the pinned root {config.root_file}: {e.strerror}") from e
-        if config.root is None:
-            log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
-        try:
-            TrustedClient.initialize(metadata_dir, root_bytes)
-        except TrustError as e:
-            raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
+    try:
+        audit = AuditLog(config.audit_log, log_accepted=config.audit_accepted)
+    except OSError as e:
+        raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
     fetcher, mirrors = _fetcher_and_mirrors(config)
     layout = config.layout
-    trust = TrustedClient(metadata_dir, mirrors, fetcher,
-                          TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name))
+    trust = await _trusted_client(config, fetcher, mirrors,
+                                  TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name,
+                                              expiry_override=_expiry_override(config.allow_expired_until, audit)))
     try:
         await trust.refresh()
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    proxy = Proxy(trust, fetcher, store, pages, AuditLog(config.audit_log, log_accepted=config.audit_accepted), Metrics(),
+    proxy = Proxy(trust, fetcher, store, pages, audit, Metrics(),
                   ProxySettings(max_file_size=config.max_file_size,
                                 upstream_freshness=max(3 * config.refresh_interval, 30.0)),
                   profile=layout, file_origins=tuple(config.files_url))
-    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     host, port = config.listen
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
     try:
         await site.start()
     except OSError as e:
@@ -128,6 +209,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise CommandError(str(e)) from e
     logs.configure(config.log_level, config.log_format)
+    if config.workers > 1:
+        from proxy import workers
+
+        return workers.run(config)
 
     async def main() -> None:
         running = await start(config)

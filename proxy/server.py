@@ -33,6 +33,7 @@ from proxy.layout import (
     PageFormat,
     TargetKind,
     TargetRequest,
+    is_valid_filename,
     page_file_href,
     parse_request_path,
 )
@@ -196,10 +197,12 @@ class Proxy:
         return {role: info["version"] for role, info in status.get("roles", {}).items()}
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self._update_gauges()
+        self.update_gauges()
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
+        """Bring the gauges (trusted versions, expiry, cache size) up to date: at each scrape, and
+        periodically in workers, whose gauges other workers report."""
         status = self.trust.status()
         now = time.time()
         for role, info in status.get("roles", {}).items():
@@ -392,13 +395,21 @@ class Proxy:
         key = f"{target.path}@{_first_hash(target)}"
         future = self._inflight.get(key)
         if future is None:
-            future = asyncio.ensure_future(self._download(request, source))
+            future = asyncio.ensure_future(self._download_once(request, source, key))
             self._inflight[key] = future
             future.add_done_callback(lambda f: self._inflight.pop(key, None))
         else:
             self.metrics.singleflight_joins.inc()
         # shield: a client that goes away does not cancel the fetch others wait for.
         return await asyncio.shield(future)
+
+    async def _download_once(self, request: web.Request, source: _Source, key: str) -> Blob:
+        """``_download`` under the cross-process lock of ``key``: other workers (or replicas on a
+        shared volume) asked for the same file wait for the one fetching it, then find its blob."""
+        async with self.store.fetch_lock(key):
+            sha = source.target.hashes.get("sha256")
+            blob = self.store.get(sha, source.target.length if source.exact else None) if sha else None
+            return blob if blob is not None else await self._download(request, source)
 
     async def _recheck(self, blob: Blob, target: VerifiedTarget) -> bool:
         if blob.sha256 in self._rechecked:
@@ -523,7 +534,11 @@ def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat)
         return index.render_project_list_json(plist) if fmt is PageFormat.JSON else index.render_project_list_html(plist)
     assert req.project is not None
     project = req.project
-    page = index.with_urls(_parse(raw, project, source), lambda f: page_file_href(project, f.filename))
+    page = _parse(raw, project, source)
+    # A name the router refuses could never be fetched through this proxy (and a '#' in it
+    # would break the link): leave such entries out rather than fail the whole page.
+    page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
+    page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
     if fmt is PageFormat.JSON and not page.versions:
         # An HTML page has no PEP 700 versions list: derive it from the file names.
         versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))

@@ -7,7 +7,18 @@ is fsynced and renamed to ``blobs/<aa>/<sha256>``.  So a file under
 ``blobs/`` was verified when it was written; ``verify`` re-hashes it later
 against bit rot.  The store is sized by ``max_bytes`` and evicts least
 recently used blobs (by atime, so it survives a restart), never one pinned
-as in use.  One process owns a root at a time.
+as in use.
+
+Several processes (workers, or hosts on a shared volume whose filesystem
+honours ``flock``) may use one root at once; ``flock`` is the only
+coordination.  A writer holds an exclusive lock on its temp file, so the
+sweep at open removes only temp files no live process is writing.  A pin
+holds a shared lock on the blob, and eviction takes a non-blocking
+exclusive one, skipping a blob another process is sending.  Another
+process's blobs are found on disk at ``get`` and adopted, and the size
+accounting is rescanned from disk before evicting.  ``fetch_lock`` is the
+cross-process single flight: one lock file per download key under
+``<root>/locks/``.
 
 ``IndexCache`` keeps verified index pages in a size-bounded diskcache under
 ``<root>/index/``; callers store only bytes they have verified.
@@ -18,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -26,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -48,7 +61,13 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Small chunks are gathered so each thread hop writes up to about this much.
 WRITE_CHUNK = 2**20
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# Another process's blobs appear on disk unannounced: resync the accounting this often, when near the limit.
+_RESCAN_INTERVAL = 5.0
+# Waiting for another process's download of the same file: poll its lock this often, at most this long.
+_FETCH_LOCK_POLL = (0.005, 0.05)
+FETCH_LOCK_WAIT = 900.0
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
@@ -124,6 +143,20 @@ def _disk_error(exc: OSError, what: str) -> StoreError:
     return StoreError(f"{what}: {exc}")
 
 
+def _try_flock(path: Path | str, flags: int, exclusive: bool) -> int | None:
+    """Open ``path`` and take a non-blocking flock; the fd, or None if it is gone or held."""
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -147,11 +180,14 @@ class BlobStore:
         self.max_bytes = max_bytes
         self._blobs = self.root / "blobs"
         self._tmp = self.root / "tmp"
+        self._locks = self.root / "locks"
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # sha256 -> size, oldest access first
         self._usage = 0
         self._reserved = 0
         self._pins: dict[str, int] = {}
+        self._pin_fds: dict[str, int] = {}  # sha256 -> fd holding a shared flock while pinned
+        self._scanned = 0.0  # monotonic time of the last scan of blobs/
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -164,15 +200,34 @@ class BlobStore:
         try:
             self._blobs.mkdir(parents=True, exist_ok=True)
             self._tmp.mkdir(exist_ok=True)
-            # A crash mid-download leaves temp files; none of them is trusted.
-            for stale in self._tmp.iterdir():
-                if stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale)
-                else:
-                    stale.unlink()
+            self._locks.mkdir(exist_ok=True)
+            self._sweep_tmp()
         except OSError as exc:
             raise StoreUnwritable(f"cache directory {self.root} is not writable: {exc}") from exc
         self.probe_writable()
+
+    def _sweep_tmp(self) -> None:
+        """A crash mid-download leaves temp files; none of them is trusted.
+
+        A live writer holds an exclusive flock on its temp file: those are
+        left alone.  The store never makes directories here.
+        """
+        for stale in self._tmp.iterdir():
+            if stale.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+                continue
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)  # another process may be sweeping it too
+                continue
+            fd = _try_flock(stale, os.O_RDONLY, exclusive=True)
+            if fd is None:
+                continue  # being written by a live process (or gone already)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+            finally:
+                os.close(fd)
 
     def probe_writable(self) -> None:
         """Write, fsync and remove a byte in ``tmp/``; StoreUnwritable if that fails."""
@@ -183,30 +238,54 @@ class BlobStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-                os.unlink(probe)
+                # Another process's sweep at open may have removed it already.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(probe)
         except OSError as exc:
             raise StoreUnwritable(f"cache directory {self.root} is not writable: {exc}") from exc
 
     def _scan(self) -> None:
+        found = self._list_blobs()
+        for _, name, size in sorted(found):
+            self._index[name] = size
+            self._usage += size
+        self._scanned = time.monotonic()
+
+    def _list_blobs(self) -> list[tuple[int, str, int]]:
+        """(atime, sha256, size) of every blob on disk; removes what the store did not write."""
         found: list[tuple[int, str, int]] = []
         with os.scandir(self._blobs) as subs:
             for sub in subs:
                 if not sub.is_dir(follow_symlinks=False):
-                    os.unlink(sub.path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(sub.path)
                     continue
                 with os.scandir(sub.path) as entries:
                     for entry in entries:
                         if not entry.is_file(follow_symlinks=False):
                             continue
                         if _SHA256_RE.fullmatch(entry.name) and entry.name[:2] == sub.name:
-                            st = entry.stat(follow_symlinks=False)
+                            try:
+                                st = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue  # evicted by another process meanwhile
                             found.append((st.st_atime_ns, entry.name, st.st_size))
                         else:
                             # Not something the store wrote: never let it be served.
-                            os.unlink(entry.path)
-        for _, name, size in sorted(found):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(entry.path)
+        return found
+
+    def _rescan_locked(self) -> None:
+        """Resync the index with the disk, which other processes change too."""
+        on_disk = {name: (atime, size) for atime, name, size in self._list_blobs()}
+        for sha256 in [s for s in self._index if s not in on_disk]:
+            self._usage -= self._index.pop(sha256)
+        for _, name, size in sorted((atime, name, size) for name, (atime, size) in on_disk.items()
+                                    if name not in self._index):
             self._index[name] = size
             self._usage += size
+        self._scanned = time.monotonic()
 
     def _path(self, sha256: str) -> Path:
         return self._blobs / sha256[:2] / sha256
@@ -222,11 +301,14 @@ class BlobStore:
         path = self._path(sha256)
         with self._lock:
             size = self._index.get(sha256)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            st = None
+        if size is None and st is not None:
+            # Committed by another process sharing this root (only the store writes blobs/).
+            size = self._adopt(sha256, st.st_size).size
         if size is not None:
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                st = None
             if st is not None and st.st_size == size and expected_size in (None, size):
                 with contextlib.suppress(FileNotFoundError):
                     # atime, not mtime: the server's ETag is built from mtime.
@@ -236,6 +318,9 @@ class BlobStore:
                         self._index.move_to_end(sha256)
                         self.hits += 1
                         return Blob(sha256, path, size)
+            elif st is None:
+                with self._lock:  # evicted by another process: forget it, it is not our eviction
+                    self._usage -= self._index.pop(sha256, 0)
             else:
                 self.evict(sha256)
         with self._lock:
@@ -308,6 +393,12 @@ class BlobStore:
         check_sha256(sha256)
         with self._lock:
             self._pins[sha256] = self._pins.get(sha256, 0) + 1
+            if self._pins[sha256] == 1:
+                # Tells other processes' eviction to keep away; if the blob is gone or
+                # being evicted right now there is nothing left to protect.
+                fd = _try_flock(self._path(sha256), os.O_RDONLY, exclusive=False)
+                if fd is not None:
+                    self._pin_fds[sha256] = fd
 
     def unpin(self, sha256: str) -> None:
         """Undo one ``pin``."""
@@ -318,6 +409,9 @@ class BlobStore:
                 raise RuntimeError(f"unpin of a blob not pinned: {sha256}")
             if count == 1:
                 del self._pins[sha256]
+                fd = self._pin_fds.pop(sha256, None)
+                if fd is not None:
+                    os.close(fd)
             else:
                 self._pins[sha256] = count - 1
 
@@ -347,24 +441,96 @@ class BlobStore:
     def _make_room_locked(self, n: int) -> None:
         if self.max_bytes is None:
             return
+        if time.monotonic() - self._scanned >= _RESCAN_INTERVAL:
+            self._rescan_locked()
         excess = self._usage + self._reserved + n - self.max_bytes
         if excess <= 0:
             return
-        victims = []
-        for sha256, size in self._index.items():
-            if excess <= 0:
-                break
-            if not self._pins.get(sha256):
-                victims.append(sha256)
+        # Exclusive flocks on the victims: a blob another process is sending is skipped.
+        victims: list[tuple[str, int | None]] = []
+        try:
+            for sha256, size in self._index.items():
+                if excess <= 0:
+                    break
+                if self._pins.get(sha256):
+                    continue
+                fd = _try_flock(self._path(sha256), os.O_RDONLY, exclusive=True)
+                if fd is None and self._path(sha256).exists():
+                    continue  # in use by another process
+                victims.append((sha256, fd))
                 excess -= size
-        if excess > 0:
-            # Evicting only some would lose cache for nothing.
-            raise StoreFull(
-                f"{n} bytes do not fit in {self.max_bytes} "
-                f"({self._usage} stored, {self._reserved} reserved, rest in use)"
-            )
-        for sha256 in victims:
-            self._remove_locked(sha256)
+            if excess > 0:
+                # Evicting only some would lose cache for nothing.
+                raise StoreFull(
+                    f"{n} bytes do not fit in {self.max_bytes} "
+                    f"({self._usage} stored, {self._reserved} reserved, rest in use)"
+                )
+            for sha256, fd in victims:
+                if fd is None:
+                    # Another process evicted it already: forget it, without counting it again.
+                    self._usage -= self._index.pop(sha256, 0)
+                else:
+                    self._remove_locked(sha256)
+        finally:
+            for _, fd in victims:
+                if fd is not None:
+                    os.close(fd)
+
+    def _locked_temp(self) -> tuple[int, str]:
+        """A new temp file under an exclusive flock, so no other process's sweep removes it."""
+        while True:
+            fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_nlink:
+                    return fd, name
+            except BlockingIOError:
+                pass
+            # A sweep got to it between creation and lock: it is gone, or going.
+            os.close(fd)
+
+    @contextlib.asynccontextmanager
+    async def fetch_lock(self, key: str, wait: float = FETCH_LOCK_WAIT) -> AsyncIterator[bool]:
+        """Hold the cross-process lock of download ``key``; yields False if ``wait`` ran out.
+
+        The holder downloads; a process that waited re-checks the store
+        after acquiring it.  Past ``wait`` the caller downloads anyway: two
+        writers of one verified blob are harmless, a wait without end is not.
+        A dead holder's lock is released by the kernel.
+        """
+        path = self._locks / f"{hashlib.sha256(key.encode()).hexdigest()}.lock"
+        deadline = time.monotonic() + wait
+        delay = _FETCH_LOCK_POLL[0]
+        fd = -1
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                try:
+                    current = os.stat(path).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current == os.fstat(fd).st_ino:
+                    break
+                # The previous holder unlinked this file as it let go: lock the new one.
+                os.close(fd)
+                continue
+            except BlockingIOError:
+                os.close(fd)
+                fd = -1
+            if time.monotonic() >= deadline:
+                log.warning("waited %.0fs for another process's download of %s: fetching it too", wait, key)
+                yield False
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _FETCH_LOCK_POLL[1])
+        try:
+            yield True
+        finally:
+            # Unlink before unlocking, so lock files do not pile up; waiters re-check the inode.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)
 
     def _adopt(self, sha256: str, size: int) -> Blob:
         with self._lock:
@@ -407,7 +573,7 @@ class BlobWriter:
             self._store._reserve(self._expected_length)
             self._reserved = self._expected_length
         try:
-            fd, name = tempfile.mkstemp(dir=self._store._tmp, suffix=".part")
+            fd, name = self._store._locked_temp()
         except OSError as exc:
             self._release()
             raise _disk_error(exc, "cannot create temp file") from exc

@@ -225,6 +225,74 @@ def test_kustomization_lists_every_manifest(yaml: ModuleType) -> None:
     assert set(kustomization["resources"]) == manifests
 
 
+# The replicated forms are kustomize overlays of deploy/k8s (siblings: kustomize
+# refuses an overlay inside its base).
+REPLICATED = ("k8s-statefulset", "k8s-shared-cache")
+
+
+def _kustomize(overlay: str, yaml: ModuleType) -> dict[str, list[dict[str, Any]]]:
+    """The objects ``kubectl kustomize`` renders for an overlay, by kind."""
+    import shutil
+    import subprocess
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed: cannot render the kustomize overlays")
+    done = subprocess.run(["kubectl", "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    objects: dict[str, list[dict[str, Any]]] = {}
+    for doc in yaml.safe_load_all(done.stdout):
+        objects.setdefault(doc["kind"], []).append(doc)
+    return objects
+
+
+@pytest.mark.parametrize("overlay", REPLICATED)
+def test_k8s_replicated_forms_hold_together(overlay: str, yaml: ModuleType, tmp_path: Path) -> None:
+    from proxy.serve import DRAIN_SECONDS
+
+    objects = _kustomize(overlay, yaml)
+    (workload,) = objects.get("StatefulSet", []) + objects.get("Deployment", [])
+    pod = workload["spec"]["template"]["spec"]
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+    # the workers the pod runs are the CPUs it asks for, and the drain fits the grace period
+    (cm,) = objects["ConfigMap"]
+    config_file = tmp_path / "tufproxy.toml"
+    config_file.write_text(cm["data"]["tufproxy.toml"])
+    args = _parse_command(container["args"])
+    args.config = config_file
+    config = resolve(args, environ={})
+    assert config.workers >= 2 and float(container["resources"]["requests"]["cpu"]) == config.workers
+    pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    assert pod["terminationGracePeriodSeconds"] > DRAIN_SECONDS + 5 + pre_stop
+
+    # the cache: one volume per replica, or one ReadWriteMany volume for all
+    (cache,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(config.cache_dir)]
+    if workload["kind"] == "StatefulSet":
+        (template,) = [t for t in workload["spec"]["volumeClaimTemplates"] if t["metadata"]["name"] == cache["name"]]
+        assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert "PersistentVolumeClaim" not in objects
+        assert any(s["metadata"]["name"] == workload["spec"]["serviceName"] for s in objects["Service"])
+    else:
+        (claim,) = objects["PersistentVolumeClaim"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == cache["name"]]
+        assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert workload["spec"]["strategy"]["type"] == "RollingUpdate"
+
+    (hpa,) = objects["HorizontalPodAutoscaler"]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == (workload["kind"], workload["metadata"]["name"])
+    assert hpa["spec"]["minReplicas"] >= 2
+    (pdb,) = objects["PodDisruptionBudget"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for service in objects["Service"]:
+        assert service["spec"]["selector"].items() <= labels.items()
+
+
 # -- compose, Prometheus, Grafana ------------------------------------------
 
 

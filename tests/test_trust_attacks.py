@@ -427,6 +427,7 @@ async def test_refresh_sees_new_publications(env: Env, tmp_path: Path) -> None:
         await client.get_target("packages/extra/extra-1.0-py3-none-any.whl")
     target = env.publish(tmp_path)
     assert (await client.get_target(target)).path == target
+    await client.refresh()  # lookups refresh in the background: let that cycle end first
     # Unchanged timestamp: only root probe and timestamp fetched, the snapshot is kept.
     before = len(env.up.requests)
     await client.refresh(force=True)
@@ -485,6 +486,7 @@ async def test_unchanged_bins_are_reused_across_cycles(env: Env, tmp_path: Path)
     unchanged = [p for p, (name, version) in before.items() if env.version(name) == version]
     changed = [p for p, (name, version) in before.items() if env.version(name) != version]
     assert unchanged and changed
+    await client.refresh(force=True)  # the new cycle, in the foreground (lookups would run it in the background)
     fetched = len(env.up.requests)
     for path in unchanged + changed:
         await client.get_target(path)

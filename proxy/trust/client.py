@@ -29,6 +29,7 @@ bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -64,6 +65,10 @@ T = TypeVar("T")
 _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 # After a failed cycle with nothing usable to serve, retry at most this often.
 _RETRY_FLOOR = 1.0
+
+
+# What the expiry clock reads while an ExpiryOverride holds: no metadata expires before it.
+_BEFORE_ANY_EXPIRY = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _utcnow() -> datetime:
@@ -153,7 +158,7 @@ class TrustedClient:
         """The persisted metadata as a state, if it is complete and still valid."""
         if set(self._local) != set(_TOP_LEVEL):
             return None
-        top = TopLevelSet(self._root_bytes, _utcnow())
+        top = TopLevelSet(self._root_bytes, self._expiry_clock())
         if not (
             top.load_local_timestamp(self._local["timestamp"])
             and top.load_local_snapshot(self._local["snapshot"])
@@ -162,6 +167,12 @@ class TrustedClient:
             return None
         return _state_of(top, self._local["targets"])
 
+    def _expiry_clock(self) -> datetime:
+        """The time expiry is judged at: now, or under an operator's override a time before any expiry."""
+        now = _utcnow()
+        override = self.config.expiry_override
+        return _BEFORE_ANY_EXPIRY if override is not None and now < override.until else now
+
     # -- refresh -------------------------------------------------------
     def _due(self) -> bool:
         if self._last_attempt is None:
@@ -169,8 +180,15 @@ class TrustedClient:
         elapsed = time.monotonic() - self._last_attempt
         if elapsed >= self.config.refresh_interval:
             return True
-        unusable = self._state is None or self._state.earliest[0] <= _utcnow()
+        unusable = self._state is None or self._state.earliest[0] <= self._expiry_clock()
         return unusable and elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR)
+
+    def _refresh_in_background(self) -> None:
+        task = self._refresh_task
+        if task is None or task.done():
+            task = self._refresh_task = asyncio.create_task(self._refresh())
+            # Its outcome lands in _last_error/_state; nobody awaits it, so read the exception here.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def refresh(self, force: bool = False) -> None:
         """Run a refresh cycle if due (always with ``force``); join one in flight."""
@@ -206,7 +224,7 @@ class TrustedClient:
 
     async def _cycle(self, accepted: dict[str, bytes]) -> _State:
         """Spec 5.3-5.5 on a fresh set; fills ``accepted`` with new trusted bytes."""
-        top = TopLevelSet(self._root_bytes, _utcnow())
+        top = TopLevelSet(self._root_bytes, self._expiry_clock())
         await self._update_root(top, accepted)
 
         local_ts = self._local.get("timestamp")
@@ -219,7 +237,7 @@ class TrustedClient:
             accepted["timestamp"] = data
         elif "root" not in accepted and self._state is not None and self._state.timestamp.version == top.timestamp.version:
             # Nothing changed upstream: the live snapshot stays, if still valid.
-            self._state.check_expiry(_utcnow())
+            self._state.check_expiry(self._expiry_clock())
             return self._state
 
         local_snapshot = self._local.get("snapshot")
@@ -309,6 +327,12 @@ class TrustedClient:
     # -- lookups -------------------------------------------------------
     async def _current(self) -> _State:
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
+            live = self._state is not None and self._state.earliest[0] > self._expiry_clock()
+            if live and not isinstance(self._last_error, errors.RepositoryError):
+                # Stale-while-refresh: the live state is valid, so answer from it now and
+                # let the cycle run in the background; a stalled mirror delays nobody.
+                self._refresh_in_background()
+                return self._state  # type: ignore[return-value]
             try:
                 await self.refresh()
             except errors.UpstreamUnreachable:
@@ -334,6 +358,19 @@ class TrustedClient:
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
         state = await self._current()
+        try:
+            return await self._lookup(state, target_path)
+        except errors.UnknownTarget:
+            # Answered from the live state while a cycle runs in the background: a
+            # target published since may be in the new one, so wait for it, once.
+            task = self._refresh_task
+            if task is None or task.done():
+                raise
+            with contextlib.suppress(errors.TrustError):
+                await asyncio.shield(task)
+            return await self._lookup(await self._current(), target_path)
+
+    async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
         walker = walk(target_path, state.targets, self.config.max_delegations)
         try:
             request = next(walker)
@@ -341,7 +378,12 @@ class TrustedClient:
                 request = walker.send(await self._role(state, request))
         except StopIteration as stop:
             found: Found = stop.value
-        state.check_expiry(_utcnow(), found.used)
+        state.check_expiry(self._expiry_clock(), found.used)
+        if self.config.expiry_override is not None:
+            try:
+                state.check_expiry(_utcnow(), found.used)
+            except errors.ExpiredMetadata as e:
+                self.config.expiry_override.report(target_path, e)
         if found.target is None or found.role is None:
             raise errors.UnknownTarget(target_path)
         target = found.target
@@ -387,7 +429,7 @@ class TrustedClient:
         role: VerifiedRole | None = None
         if local is not None:
             try:
-                role = verify_delegated(local, name, delegator, meta, _utcnow())
+                role = verify_delegated(local, name, delegator, meta, self._expiry_clock())
             except errors.RepositoryError as e:
                 logger.debug("local %s not usable: %s", name, e)
         if role is None:
@@ -395,7 +437,7 @@ class TrustedClient:
                 name,
                 self._metadata_name(state.root, name, meta.version),
                 meta.length or self.config.targets_max_length,
-                lambda data: verify_delegated(data, name, delegator, meta, _utcnow()),
+                lambda data: verify_delegated(data, name, delegator, meta, self._expiry_clock()),
             )
             if persist:
                 self._store.write(name, data)
@@ -418,7 +460,7 @@ class TrustedClient:
             ):
                 roles[name] = {"version": signed.version, "expires": signed.expires}
         return {
-            "ready": state is not None and state.earliest[0] > _utcnow(),
+            "ready": state is not None and state.earliest[0] > self._expiry_clock(),
             "roles": roles,
             "last_refresh": self._last_success,
             "last_error": None if self._last_error is None else self._last_error.reason,

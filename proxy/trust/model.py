@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from proxy.layout import consistent_name
-from proxy.trust.errors import HashMismatch, LengthMismatch
+from proxy.trust.errors import ExpiredMetadata, HashMismatch, LengthMismatch
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,20 @@ def _join(base: str, path: str) -> str:
 
 
 @dataclass(frozen=True)
+class ExpiryOverride:
+    """An operator's explicit permission to use expired metadata until ``until`` (an air-gapped tree).
+
+    While it holds, expiry is not enforced (signatures, versions, rollback
+    and hashes still are); every lookup that expired metadata vouched for is
+    passed to ``report`` (target path, the expiry refusal it replaced) so
+    nothing is used silently.  From ``until`` on, expiry is enforced again.
+    """
+
+    until: datetime
+    report: Callable[[str, ExpiredMetadata], None]
+
+
+@dataclass(frozen=True)
 class TrustConfig:
     """Bounds and refresh policy of a :class:`~proxy.trust.TrustedClient`."""
 
@@ -47,6 +62,7 @@ class TrustConfig:
     persist_bins: bool = False
     # Where a consistent snapshot serves a target under its digest (the profile decides).
     served_name: Callable[[str, str], str] = consistent_name
+    expiry_override: ExpiryOverride | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,171 @@
+"""Which projects and which of their files a mirror sync takes.
+
+Pure decisions, no I/O: project names (from ``--project``, a requirements
+file, or the root list), per-project version specifiers, and the file
+filters (versions, wheel platform/ABI/Python tags, sdists, yanked).
+File names are read with ``packaging`` (the PyPA reference for PEP 427
+wheel names and PEP 440 versions); a name it cannot read is not taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.tags import Tag
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from proxy.index import DistFile
+from proxy.layout import is_valid_project_name, normalize
+
+
+class SelectionError(ValueError):
+    """A project name, requirement or filter the user gave is unusable."""
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One project to mirror, with the versions asked for (empty: all)."""
+
+    project: str  # normalised
+    spec: SpecifierSet = field(default_factory=SpecifierSet)
+
+
+def parse_requirement(text: str) -> Wanted:
+    """``name`` or ``name>=1,<2`` (extras and markers are ignored: we mirror files, not installs)."""
+    try:
+        req = Requirement(text.strip())
+    except InvalidRequirement as e:
+        raise SelectionError(f"not a requirement: {text.strip()!r} ({e})") from None
+    if req.url:
+        raise SelectionError(f"{text.strip()!r}: direct URL requirements cannot be mirrored")
+    if not is_valid_project_name(req.name):
+        raise SelectionError(f"not a project name: {req.name!r}")
+    return Wanted(normalize(req.name), req.specifier)
+
+
+def read_requirements(lines: Iterable[str]) -> list[Wanted]:
+    """Requirement lines of a requirements file; comments, blanks and pip options are skipped."""
+    wanted = []
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        # "name==1.0 --hash=sha256:..." : pip options after the requirement.
+        line = line.split(" --", 1)[0].rstrip(" \\")
+        wanted.append(parse_requirement(line))
+    return wanted
+
+
+def merge(wanted: Iterable[Wanted]) -> list[Wanted]:
+    """One entry per project; specifiers of repeated projects are combined (all must hold)."""
+    merged: dict[str, SpecifierSet] = {}
+    for w in wanted:
+        merged[w.project] = merged.get(w.project, SpecifierSet()) & w.spec
+    return [Wanted(p, s) for p, s in merged.items()]
+
+
+def parse_spec(text: str | None) -> SpecifierSet:
+    try:
+        return SpecifierSet(text or "")
+    except InvalidSpecifier:
+        raise SelectionError(f"not a version specifier: {text!r} (try '>=1.0,<2')") from None
+
+
+def _python(version: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        raise SelectionError(f"--python-version wants X.Y, not {version!r}") from None
+    return major, minor
+
+
+def _runs_on(tag: Tag, major: int, minor: int) -> bool:
+    """True when a wheel tag's interpreter part can run on CPython ``major.minor``."""
+    if tag.interpreter in (f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"):
+        return True
+    # abi3 wheels built for cp3X run on every later CPython 3.
+    built = tag.interpreter[3:]
+    return (
+        tag.abi == "abi3"
+        and tag.interpreter.startswith(f"cp{major}")
+        and built.isdigit()
+        and int(built) <= minor
+    )
+
+
+@dataclass(frozen=True)
+class FileFilter:
+    """Decides, file by file, what a sync takes of a project's page."""
+
+    spec: SpecifierSet = field(default_factory=SpecifierSet)
+    platforms: frozenset[str] = frozenset()
+    abis: frozenset[str] = frozenset()
+    python_versions: tuple[str, ...] = ()
+    sdists: bool = True
+    yanked: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        spec: str | None = None,
+        platforms: Sequence[str] = (),
+        abis: Sequence[str] = (),
+        python_versions: Sequence[str] = (),
+        sdists: bool = True,
+        yanked: bool = True,
+    ) -> FileFilter:
+        """A filter from command-line values; raises :class:`SelectionError` for bad ones."""
+        for v in python_versions:
+            _python(v)
+        return cls(parse_spec(spec), frozenset(platforms), frozenset(abis), tuple(python_versions), sdists, yanked)
+
+    def keeps(self, dist: DistFile, wanted: Wanted) -> bool:
+        """True when ``dist`` is a file this sync mirrors for ``wanted``."""
+        if dist.yanked and not self.yanked:
+            return False
+        version, tags = read_filename(dist.filename)
+        if version is None:
+            return False
+        spec = self.spec & wanted.spec
+        # Pre-releases are mirrored unless a specifier rules them out (pip decides at install time).
+        if spec and not spec.contains(version, prereleases=True):
+            return False
+        if tags is None:
+            return self.sdists
+        if self.python_versions and dist.requires_python:
+            try:
+                requires = SpecifierSet(dist.requires_python)
+            except InvalidSpecifier:
+                return False
+            if not any(requires.contains(v, prereleases=True) for v in self.python_versions):
+                return False
+        return any(self._tag_ok(t) for t in tags)
+
+    def _tag_ok(self, tag: Tag) -> bool:
+        if self.platforms and tag.platform != "any" and tag.platform not in self.platforms:
+            return False
+        if self.abis and tag.abi not in ("none", "abi3") and tag.abi not in self.abis:
+            return False
+        return not self.python_versions or any(_runs_on(tag, *_python(v)) for v in self.python_versions)
+
+
+def read_filename(filename: str) -> tuple[Version | None, frozenset[Tag] | None]:
+    """(version, wheel tags) of a file name; tags None for an sdist, version None if unreadable."""
+    try:
+        if filename.endswith(".whl"):
+            _, version, _, tags = parse_wheel_filename(filename)
+            return version, tags
+        if filename.endswith((".tar.gz", ".zip")):
+            return parse_sdist_filename(filename)[1], None
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        pass
+    return None, None

@@ -1,0 +1,362 @@
+"""``tufproxy mirror sync``: copy a verified selection of a TUF-signed index.
+
+The sync is a TUF client like the proxy (the same :class:`TrustedClient`,
+pinned to the operator's root): it takes one consistent snapshot of the
+upstream, looks every page and file up in it, and writes only bytes that
+match their signed length and hashes (:mod:`proxy.mirror.tree`).  Its
+trusted metadata persists in ``DEST/.mirror/trust`` (bins included), so a
+second sync refetches only roles whose version the snapshot moved, and
+files already in the tree are not downloaded again: incremental and
+resumable come from the same two facts.
+
+Phases: root pages and project pages (the selection needs them), then
+every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
+then publication (metadata, timestamp last) and, with ``--resign-with``,
+``Repository.add`` of the files into the site's own repository.
+
+A refused artifact (signed metadata says other bytes, or its metadata
+fails to verify) is not written, is recorded in the audit log, and stops
+the sync before publication unless ``keep_going``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuf.api.metadata import Metadata
+
+from proxy import index
+from proxy.audit import AuditLog
+from proxy.layout import (
+    PageFormat,
+    core_metadata_target,
+    file_target,
+    normalize,
+    project_page_target,
+    root_page_target,
+)
+from proxy.local import LocalFetcher
+from proxy.mirror.progress import Counts, Progress
+from proxy.mirror.select import FileFilter, Wanted
+from proxy.mirror.tree import MirrorTree, verify_root_chain
+from proxy.repository import (
+    ChangeReport,
+    NotADistribution,
+    Repository,
+    inspect_distribution,
+)
+from proxy.repository import RepositoryError as SignerError
+from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
+from proxy.trust.errors import (
+    BadMetadata,
+    LengthMismatch,
+    RepositoryError,
+    TrustError,
+    UnknownTarget,
+)
+from proxy.upstream import AiohttpFetcher, DownloadError, DownloadLengthError, Fetcher
+
+# One snapshot per sync: a mid-sync refresh would mix two upstream states.
+_ONE_SNAPSHOT = 10 * 365 * 86400.0
+_ROOT_MAX_LENGTH = TrustConfig().root_max_length
+_PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
+
+
+class MirrorError(Exception):
+    """The sync cannot proceed at all (bad root, unusable upstream metadata, signer refused)."""
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """What ``tufproxy mirror sync`` was asked to do."""
+
+    upstream: str  # http(s) base URL, or a local directory holding a signed tree
+    root: Path  # the pinned upstream root.json
+    dest: Path
+    projects: tuple[Wanted, ...] = ()
+    all_projects: bool = False
+    filter: FileFilter = field(default_factory=FileFilter)
+    jobs: int = 8
+    keep_going: bool = False
+    resign_with: Path | None = None
+    audit_log: Path | None = None  # default: DEST/.mirror/audit.log
+    max_file_size: int = 4 * 2**30
+    recheck: bool = False  # re-hash files already in the tree instead of trusting the journal
+    metadata_path: str = "metadata/"
+
+
+@dataclass
+class SyncResult:
+    """What happened: counts, the snapshot published (None if nothing was), the re-sign report."""
+
+    counts: Counts
+    published_snapshot: int | None
+    resigned: ChangeReport | None = None
+
+    def exit_code(self, keep_going: bool) -> int:
+        """0 only when the mirror is complete; refusals and unknown projects are excused by ``keep_going``."""
+        c = self.counts
+        if c.failed or self.published_snapshot is None:
+            return 1
+        return 0 if keep_going or not (c.refused or c.not_found) else 1
+
+
+def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
+    if re.match(r"https?://", options.upstream):
+        base = options.upstream if options.upstream.endswith("/") else f"{options.upstream}/"
+        fetcher: Fetcher = AiohttpFetcher()
+    else:
+        local = LocalFetcher(Path(options.upstream))
+        base, fetcher = local.base_url(), local
+    meta = options.metadata_path if re.match(r"https?://", options.metadata_path) else f"{base}{options.metadata_path}"
+    return fetcher, Mirror(meta if meta.endswith("/") else f"{meta}/", base)
+
+
+@dataclass
+class _Selected:
+    """A project's page and the files of it the filter kept."""
+
+    wanted: Wanted
+    page: index.ProjectPage
+    kept: list[index.DistFile]
+
+
+class _Sync:
+    def __init__(self, options: SyncOptions, progress: Progress, tree: MirrorTree, trust: TrustedClient,
+                 fetcher: Fetcher, audit: AuditLog) -> None:
+        self.options = options
+        self.progress = progress
+        self.tree = tree
+        self.trust = trust
+        self.fetcher = fetcher
+        self.audit = audit
+        self.limit = asyncio.Semaphore(options.jobs)
+        self.stopped = False  # a refusal without keep_going: schedule nothing new
+        self.mirrored: list[VerifiedTarget] = []  # every target now in the tree, for plain names
+
+    def _refuse(self, path: str, error: RepositoryError, url: str | None = None) -> None:
+        self.audit.refused(component="mirror-sync", reason=error.reason, target=path, role=error.role,
+                           expected=error.expected, actual=error.actual, upstream_url=url, detail=str(error))
+        self.progress.refused(path, f"{error.reason}: {error}")
+        if not self.options.keep_going:
+            self.stopped = True
+
+    async def lookup(self, path: str, required: bool = True) -> VerifiedTarget | None:
+        """The signed description of ``path``, or None (reported) if there is none to use."""
+        try:
+            return await self.trust.get_target(path)
+        except UnknownTarget:
+            if required:
+                self._refuse(path, UnknownTarget(path))
+            return None
+        except RepositoryError as e:
+            self._refuse(path, e)
+        except TrustError as e:
+            self.progress.failed(path, str(e))
+        return None
+
+    async def fetch(self, target: VerifiedTarget) -> bool:
+        """Put ``target`` in the tree (unless it is there); True when it is there now."""
+        async with self.limit:
+            if self.stopped:
+                return False
+            if target.length > self.options.max_file_size:
+                self.progress.failed(target.path, f"{target.length} bytes is over the size limit")
+                return False
+            if await asyncio.to_thread(self.tree.has, target):
+                self.progress.present(target.length)
+                self.mirrored.append(target)
+                return True
+            refusal: tuple[RepositoryError, str] | None = None
+            errors: list[str] = []
+            for url in self.trust.target_urls(target):
+                try:
+                    written = await self.tree.download(self.fetcher, url, target)
+                except DownloadLengthError as e:
+                    refusal = (LengthMismatch(str(e), target=target.path, role=target.role,
+                                              expected=target.length, actual=f">{target.length}"), url)
+                    continue
+                except RepositoryError as e:
+                    refusal = (e, url)
+                    continue
+                except DownloadError as e:
+                    errors.append(str(e))
+                    continue
+                self.progress.fetched(target.path, written)
+                self.mirrored.append(target)
+                return True
+            if refusal is not None:
+                self._refuse(target.path, *refusal)
+            else:
+                self.progress.failed(target.path, "; ".join(errors))
+            return False
+
+    async def page(self, path: str, required: bool) -> VerifiedTarget | None:
+        target = await self.lookup(path, required)
+        if target is None or not await self.fetch(target):
+            return None
+        return target
+
+    async def project(self, wanted: Wanted) -> _Selected | None:
+        """Fetch a project's pages; the files its filter keeps."""
+        json_path = project_page_target(wanted.project, PageFormat.JSON)
+        try:
+            await self.trust.get_target(json_path)
+        except UnknownTarget:
+            self.progress.not_found(wanted.project)
+            return None
+        except TrustError:
+            pass  # reported by the lookup below
+        found = await asyncio.gather(*(self.page(project_page_target(wanted.project, f), f is PageFormat.JSON)
+                                       for f in _PAGE_FORMATS))
+        if found[0] is None:
+            return None
+        try:
+            page = index.parse_project_json(self.tree.read(found[0]), wanted.project)
+        except index.IndexParseError as e:
+            self.progress.failed(json_path, f"signed page does not parse: {e}")
+            return None
+        kept = [d for d in page.files if self.options.filter.keeps(d, wanted)]
+        return _Selected(wanted, page, kept)
+
+    async def wanted(self) -> list[Wanted]:
+        """The projects to mirror: as given, or every project of the (verified) root list."""
+        pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
+        if not self.options.all_projects:
+            return list(self.options.projects)
+        if pages[0] is None:
+            raise MirrorError("the root project list could not be mirrored: --all needs it")
+        try:
+            plist = index.parse_project_list_json(self.tree.read(pages[0]))
+        except index.IndexParseError as e:
+            raise MirrorError(f"the signed root project list does not parse: {e}") from e
+        given = {w.project: w for w in self.options.projects}
+        return [given.get(normalize(p), Wanted(normalize(p))) for p in plist.projects]
+
+    async def files(self, selected: list[_Selected]) -> None:
+        """Look up and fetch every kept file and its ``.metadata``."""
+        paths = []
+        for s in selected:
+            for dist in s.kept:
+                paths.append((file_target(s.wanted.project, dist.filename), True))
+                if dist.core_metadata:
+                    paths.append((core_metadata_target(s.wanted.project, dist.filename), False))
+        targets = [t for t in await asyncio.gather(*(self.lookup(p, req) for p, req in paths)) if t is not None]
+        self.progress.planned(self.progress.counts.files + len(targets),
+                              sum(t.length for t in self.mirrored) + sum(t.length for t in targets))
+        await asyncio.gather(*(self.fetch(t) for t in targets))
+
+    async def root_chain(self, mirror: Mirror) -> list[bytes]:
+        """The verified roots from the pinned one to the one the sync trusts now."""
+        pinned = self.options.root.read_bytes()
+        latest = (self.tree.trust_dir / "root.json").read_bytes()
+        first, last = Metadata.from_bytes(pinned).signed.version, Metadata.from_bytes(latest).signed.version
+        versions = []
+        for v in range(first + 1, last + 1):
+            data = self.tree.published_root(v)
+            if data is None:
+                data = await self.fetcher.fetch_bytes(mirror.metadata(f"{v}.root.json"), _ROOT_MAX_LENGTH)
+            versions.append(data)
+        chain = verify_root_chain(pinned, versions)
+        if chain[-1] != latest:
+            raise BadMetadata("the root chain from the pinned root does not end at the trusted root", role="root")
+        return chain
+
+
+def _resign(repo_dir: Path, tree: MirrorTree, selected: list[_Selected], progress: Progress) -> ChangeReport:
+    """Publish the mirrored distributions under the site's keys; propagate yanks (PEP 592)."""
+    try:
+        repo = Repository.open(repo_dir)
+    except SignerError as e:
+        raise MirrorError(str(e)) from e
+    files = []
+    for s in selected:
+        for dist in s.kept:
+            path = tree.path(file_target(s.wanted.project, dist.filename))
+            if not path.exists():
+                continue  # refused or failed: reported already
+            try:
+                inspect_distribution(path)
+            except NotADistribution as e:
+                progress.failed(dist.filename, f"cannot re-sign: {e}")
+                continue
+            files.append(path)
+    try:
+        report = repo.add(files)
+        for s in selected:
+            site_page = repo.public_dir / project_page_target(s.wanted.project, PageFormat.JSON)
+            if not site_page.exists():
+                continue
+            site = {f.filename: f for f in index.parse_project_json(site_page.read_bytes(), s.wanted.project).files}
+            for dist in s.kept:
+                if dist.yanked and dist.filename in site and not site[dist.filename].yanked:
+                    yank = repo.remove(dist.filename, reason=dist.yanked if isinstance(dist.yanked, str) else None)
+                    report.yanked += yank.yanked
+                    report.signed.update(yank.signed)
+    except SignerError as e:
+        raise MirrorError(f"re-signing into {repo_dir} failed: {e}") from e
+    return report
+
+
+async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
+    """Run one sync; see the module docstring.  Raises :class:`MirrorError` when it cannot start."""
+    if options.jobs < 1:
+        raise MirrorError("--jobs must be at least 1")
+    if not options.all_projects and not options.projects:
+        raise MirrorError("nothing selected: give --project, --requirements or --all")
+    try:
+        pinned = options.root.read_bytes()
+    except OSError as e:
+        raise MirrorError(f"cannot read the pinned root {options.root}: {e.strerror}") from e
+    tree = MirrorTree(options.dest, recheck=options.recheck)
+    fetcher, mirror = _upstream(options)
+    audit = AuditLog(options.audit_log or tree.state / "audit.log")
+    trust: TrustedClient | None = None
+    try:
+        if not (tree.trust_dir / "root.json").exists():
+            try:
+                TrustedClient.initialize(tree.trust_dir, pinned)
+            except TrustError as e:
+                raise MirrorError(f"{options.root} is not a valid self-signed root: {e}") from e
+        try:
+            trust = TrustedClient(tree.trust_dir, [mirror], fetcher,
+                                  TrustConfig(refresh_interval=_ONE_SNAPSHOT, persist_bins=True))
+            await trust.refresh(force=True)
+        except RepositoryError as e:
+            audit.refused(component="mirror-sync", reason=e.reason, role=e.role, expected=e.expected,
+                          actual=e.actual, upstream_url=mirror.metadata_url, detail=str(e))
+            raise MirrorError(f"upstream metadata refused ({e.reason}): {e}") from e
+        except TrustError as e:
+            raise MirrorError(f"cannot load upstream metadata: {e}") from e
+        run = _Sync(options, progress, tree, trust, fetcher, audit)
+        wanted = await run.wanted()
+        projects = await asyncio.gather(*(run.project(w) for w in wanted))
+        selected = [s for s in projects if s is not None]
+        progress.counts.projects = len(selected)
+        await run.files(selected)
+        result = SyncResult(progress.counts, None)
+        c = progress.counts
+        if run.stopped or ((c.refused or c.failed) and not options.keep_going):
+            return result
+        try:
+            chain = await run.root_chain(mirror)
+        except (TrustError, DownloadError) as e:
+            raise MirrorError(f"cannot publish the root chain: {e}") from e
+        result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
+        for target in run.mirrored:
+            tree.link_plain(target)
+        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored))
+        if options.resign_with is not None:
+            result.resigned = await asyncio.to_thread(_resign, options.resign_with, tree, selected, progress)
+        return result
+    finally:
+        if trust is not None:
+            trust.close()
+        with contextlib.suppress(Exception):
+            await fetcher.close()
+        audit.close()
+        tree.close()

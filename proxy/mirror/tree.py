@@ -1,0 +1,300 @@
+"""A mirror tree on disk: only verified bytes ever get a served name.
+
+Layout of ``DEST`` (the layout ``tufproxy repo`` serves, so ``tufproxy
+serve --repository DEST`` and any static HTTP server can serve it)::
+
+    DEST/metadata/      N.root.json, root.json, timestamp.json and the
+                        versioned snapshot, targets and delegated roles
+    DEST/simple/..., DEST/packages/...
+                        every target under HASH.name for each signed hash,
+                        and under its plain name
+    DEST/.mirror/       sync state, never served: trust/ (the trusted
+                        metadata of the sync's TUF client), journal.jsonl
+                        (what is already on disk and verified), tmp/, audit.log,
+                        manifest.json (the targets the last sync published)
+
+A download is streamed into ``.mirror/tmp``, hashed with every signed
+algorithm and length-bounded as it arrives; only a file that matches is
+fsynced and renamed to its hash name.  Plain names and the new
+``timestamp.json`` are published last, so an interrupted sync leaves the
+previous state served plus verified files nobody references yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+from tuf.api import exceptions as tuf_exc
+from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
+
+from proxy.atomic import atomic_link, atomic_write, fsync_dir
+from proxy.layout import METADATA_DIR, consistent_name
+from proxy.trust import VerifiedTarget
+from proxy.trust.errors import BadMetadata, BadSignature, HashMismatch, LengthMismatch
+from proxy.trust.model import new_hash
+from proxy.upstream import Fetcher
+
+STATE_DIR = ".mirror"
+MANIFEST = "manifest.json"
+_READ_CHUNK = 1 << 20
+
+
+def target_names(target: VerifiedTarget) -> list[str]:
+    """Every name ``target`` is served under: one per signed hash, then the plain one."""
+    return [*(consistent_name(target.path, d) for d in target.hashes.values()), target.path]
+
+
+def check_file(path: Path, target: VerifiedTarget) -> str | None:
+    """None when ``path`` holds exactly ``target``'s bytes, else what is wrong."""
+    try:
+        size = path.stat().st_size
+        if size != target.length:
+            return f"{size} bytes, {target.length} signed"
+        hashers = {a: new_hash(a) for a in target.hashes}
+        with open(path, "rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                for h in hashers.values():
+                    h.update(chunk)
+    except FileNotFoundError:
+        return "missing"
+    for algorithm, h in hashers.items():
+        if h.hexdigest() != target.hashes[algorithm]:
+            return f"{algorithm} differs"
+    return None
+
+
+class Journal:
+    """Append-only record of files written and verified, so a rerun skips them.
+
+    One JSON line per file, flushed after the file's rename: a line lost in
+    a crash only costs a re-hash; a torn last line is ignored.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._done: dict[str, int] = {}
+        with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                    self._done[str(record["name"])] = int(record["length"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held for the whole sync, closed by close())
+
+    def has(self, name: str, length: int) -> bool:
+        return self._done.get(name) == length
+
+    def add(self, name: str, length: int) -> None:
+        self._done[name] = length
+        self._file.write(json.dumps({"name": name, "length": length}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MirrorTree:
+    """``DEST`` and its state directory; see the module docstring."""
+
+    def __init__(self, root: Path, recheck: bool = False) -> None:
+        self.root = Path(root)
+        self.state = self.root / STATE_DIR
+        self.trust_dir = self.state / "trust"
+        self.tmp = self.state / "tmp"
+        self.metadata_dir = self.root / METADATA_DIR
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        # Left by an interrupted sync: never verified, never served.
+        for stale in self.tmp.iterdir():
+            stale.unlink()
+        journal = self.state / "journal.jsonl"
+        if recheck:
+            journal.unlink(missing_ok=True)
+        self.journal = Journal(journal)
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def read(self, target: VerifiedTarget) -> bytes:
+        """The bytes of a target this sync has verified into the tree (small things: pages)."""
+        return self.path(target_names(target)[0]).read_bytes()
+
+    def has(self, target: VerifiedTarget) -> bool:
+        """True when ``target`` is on disk, verified, under its first hash name.
+
+        A journalled file whose size still matches is trusted to be the one
+        this sync verified (``tufproxy mirror verify`` re-hashes everything);
+        anything else on disk is re-hashed, and removed if it is wrong.
+        """
+        name = target_names(target)[0]
+        path = self.path(name)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if not (size == target.length and self.journal.has(name, target.length)):
+            if check_file(path, target) is not None:
+                path.unlink()
+                return False
+            self.journal.add(name, target.length)
+        # An interrupted sync may have renamed the file but not linked its other hash names yet.
+        for other in target_names(target)[1:-1]:
+            _link(path, self.path(other))
+        return True
+
+    async def download(self, fetcher: Fetcher, url: str, target: VerifiedTarget) -> int:
+        """Stream ``url`` into the tree as ``target``; bytes written, or a RepositoryError."""
+        hashers = {a: new_hash(a) for a in target.hashes}
+        received = 0
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                async with fetcher.stream(url, target.length) as body:
+                    async for chunk in body:
+                        received += len(chunk)
+                        for h in hashers.values():
+                            h.update(chunk)
+                        out.write(chunk)
+                if received != target.length:
+                    raise LengthMismatch(
+                        f"{target.path}: {received} bytes, {target.length} signed",
+                        target=target.path, role=target.role, expected=target.length, actual=received,
+                    )
+                for algorithm, h in hashers.items():
+                    if h.hexdigest() != target.hashes[algorithm]:
+                        raise HashMismatch(
+                            f"{target.path}: {algorithm} {h.hexdigest()}, {target.hashes[algorithm]} signed",
+                            target=target.path, role=target.role, expected=target.hashes[algorithm], actual=h.hexdigest(),
+                        )
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, 0o644)
+            first, *others = target_names(target)[:-1]
+            dest = self.path(first)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        fsync_dir(dest.parent)
+        for name in others:
+            _link(dest, self.path(name))
+        self.journal.add(first, target.length)
+        return received
+
+    def link_plain(self, target: VerifiedTarget) -> None:
+        """Give a verified target its plain name too (for plain HTTP clients and humans)."""
+        _link(self.path(target_names(target)[0]), self.path(target.path))
+
+    # -- metadata ------------------------------------------------------
+    def publish_metadata(self, roots: Iterable[bytes]) -> int:
+        """Copy the sync client's trusted metadata into ``metadata/``, timestamp last.
+
+        ``roots`` is the verified root chain, oldest first.  Delegated roles
+        are published only at the version the trusted snapshot lists.
+        Returns the published snapshot version.
+        """
+        chain = list(roots)
+        for data in chain:
+            version = Metadata.from_bytes(data).signed.version
+            self._put(f"{version}.root.json", data)
+        timestamp = (self.trust_dir / "timestamp.json").read_bytes()
+        snapshot = (self.trust_dir / "snapshot.json").read_bytes()
+        snap = Metadata[Snapshot].from_bytes(snapshot).signed
+        for name, meta in snap.meta.items():
+            role = name[: -len(".json")]
+            local = self.trust_dir / f"{quote(role, safe='')}.json"
+            try:
+                data = local.read_bytes()
+            except FileNotFoundError:
+                continue  # a role no lookup of this mirror needed
+            if Metadata.from_bytes(data).signed.version == meta.version:
+                self._put(f"{meta.version}.{quote(role, safe='')}.json", data)
+        self._put(f"{snap.version}.snapshot.json", snapshot)
+        os.sync()
+        # The commit point: from here on the tree serves the new snapshot.
+        atomic_write(self.metadata_dir / "timestamp.json", timestamp)
+        atomic_write(self.metadata_dir / "root.json", chain[-1])
+        return Metadata[Timestamp].from_bytes(timestamp).signed.snapshot_meta.version
+
+    def _put(self, name: str, data: bytes) -> None:
+        path = self.metadata_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            if path.read_bytes() == data:
+                return
+        atomic_write(path, data, durable=False)
+
+    def write_manifest(self, snapshot: int, paths: Iterable[str]) -> None:
+        """Record what this tree is meant to hold, for ``tufproxy mirror verify`` to find what is missing."""
+        atomic_write(self.state / MANIFEST, json.dumps({"snapshot": snapshot, "targets": sorted(set(paths))}, indent=1).encode())
+
+    def published_root(self, version: int) -> bytes | None:
+        with contextlib.suppress(FileNotFoundError):
+            return (self.metadata_dir / f"{version}.root.json").read_bytes()
+        return None
+
+
+
+def _link(source: Path, name: Path) -> None:
+    """Make ``name`` a hard link to ``source`` unless it already is one.
+
+    Checked first because renaming a link over another link to the same
+    inode is a no-op in POSIX, which would leave atomic_link's temp name behind.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samefile(source, name):
+            return
+    atomic_link(source, name)
+
+
+def tree_files(root: Path) -> Iterator[str]:
+    """Every file of a served tree (not its state directory), as POSIX paths relative to ``root``."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        for f in filenames:
+            yield (here / f).relative_to(root).as_posix()
+
+
+def verify_root_chain(pinned: bytes, versions: Iterable[bytes]) -> list[bytes]:
+    """Check each root is signed by a threshold of its predecessor's keys and its own (TUF 5.3.4).
+
+    ``versions`` are roots ``pinned.version + 1`` onwards, in order.  Returns
+    the whole chain including ``pinned``.
+    """
+    chain = [pinned]
+    previous = _root(pinned)
+    for data in versions:
+        new = _root(data)
+        if new.signed.version != previous.signed.version + 1:
+            raise BadMetadata(f"root version {new.signed.version} follows {previous.signed.version}", role="root")
+        try:
+            previous.signed.verify_delegate(Root.type, new.signed_bytes, new.signatures)
+            new.signed.verify_delegate(Root.type, new.signed_bytes, new.signatures)
+        except tuf_exc.UnsignedMetadataError as e:
+            raise BadSignature(f"root v{new.signed.version}: {e}", role="root") from e
+        chain.append(data)
+        previous = new
+    return chain
+
+
+def _root(data: bytes) -> Metadata[Root]:
+    try:
+        md = Metadata[Root].from_bytes(data)
+    except Exception as e:  # tuf raises several types for malformed input
+        raise BadMetadata(f"root: {e}", role="root") from e
+    if md.signed.type != Root.type:
+        raise BadMetadata("not a root", role="root")
+    return md

@@ -1,0 +1,204 @@
+"""``tufproxy mirror verify``: is a tree on disk exactly what its metadata signs?
+
+Run after carrying media across an air gap.  The tree's metadata is loaded
+by the trust core from the tree itself (through :class:`LocalFetcher`,
+exactly as ``tufproxy serve --repository`` would), rooted in a pinned
+root; then every file is re-hashed against the target that names it.
+
+* **corrupt**: a file under a target's name whose length or hashes differ
+  (or whose metadata fails to verify);
+* **missing**: a target the tree should hold but whose download name is
+  absent.  What it should hold is the last sync's manifest when there is
+  one, else everything its signed pages list (a re-signed site tree);
+* **extra**: files no current target names (older page versions, strays):
+  reported, harmless to clients, unsound only with ``strict``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from proxy import index
+from proxy.layout import (
+    METADATA_DIR,
+    PageFormat,
+    core_metadata_target,
+    file_target,
+    project_page_target,
+    root_page_target,
+)
+from proxy.local import LocalFetcher
+from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
+from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
+from proxy.trust.errors import TrustError, UnknownTarget
+from proxy.trust.model import ExpiryOverride
+
+_HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
+_METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of one verification."""
+
+    checked: int = 0
+    metadata_error: str | None = None
+    missing: list[str] = field(default_factory=list)
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)  # targets vouched for by expired metadata (override)
+
+    def sound(self, strict: bool = False) -> bool:
+        return self.metadata_error is None and not self.missing and not self.corrupt and not (strict and self.extra)
+
+
+def _target_of(name: str) -> str:
+    """The target path a file name in the tree stands for (hash names map to their target)."""
+    directory, _, base = name.rpartition("/")
+    m = _HASH_NAME_RE.match(base)
+    return f"{directory}/{m.group(1)}" if m and directory else name
+
+
+def _default_root(directory: Path) -> Path:
+    meta = directory / METADATA_DIR
+    roots = sorted((int(p.name.split(".")[0]), p) for p in meta.glob("*.root.json") if p.name.split(".")[0].isdigit())
+    if not roots:
+        raise FileNotFoundError(f"no N.root.json in {meta}: give --root")
+    return roots[0][1]
+
+
+class _Verifier:
+    def __init__(self, directory: Path, trust: TrustedClient, jobs: int) -> None:
+        self.directory = directory
+        self.trust = trust
+        self.limit = asyncio.Semaphore(jobs)
+        self.report = VerifyReport()
+        self.present: set[str] = set()
+        self._targets: dict[str, VerifiedTarget | str | None] = {}
+        self._checked: dict[str, bool] = {}
+
+    async def lookup(self, path: str) -> VerifiedTarget | str | None:
+        """The signed target, None if no role lists it, or why its metadata cannot be used."""
+        if path not in self._targets:
+            try:
+                self._targets[path] = await self.trust.get_target(path)
+            except UnknownTarget:
+                self._targets[path] = None
+            except TrustError as e:
+                # Delegated metadata missing or bad: what it covers cannot be verified.
+                self._targets[path] = f"metadata: {e}"
+        return self._targets[path]
+
+    async def check(self, name: str, target: VerifiedTarget) -> bool:
+        """Re-hash one present file against ``target`` (once per name)."""
+        if name not in self._checked:
+            async with self.limit:
+                why = await asyncio.to_thread(check_file, self.directory / name, target)
+            self._checked[name] = why is None
+            self.report.checked += 1
+            if why is not None:
+                self.report.corrupt.append((name, why))
+        return self._checked[name]
+
+    async def expected(self) -> set[str]:
+        manifest = self.directory / STATE_DIR / MANIFEST
+        if manifest.exists():
+            return set(json.loads(manifest.read_bytes())["targets"])
+        return await self._listed()
+
+    async def _page(self, path: str) -> bytes | None:
+        target = await self.lookup(path)
+        if not isinstance(target, VerifiedTarget):
+            return None
+        name = target_names(target)[0]
+        if name not in self.present or not await self.check(name, target):
+            return None
+        return (self.directory / name).read_bytes()
+
+    async def _listed(self) -> set[str]:
+        """Every target the signed pages reach, from the root list down."""
+        wanted = {root_page_target(f) for f in PageFormat}
+        data = await self._page(root_page_target(PageFormat.JSON))
+        if data is None:
+            return wanted
+        for project in index.parse_project_list_json(data).projects:
+            wanted |= {project_page_target(project, f) for f in PageFormat}
+            page = await self._page(project_page_target(project, PageFormat.JSON))
+            if page is None:
+                continue
+            for dist in index.parse_project_json(page, project).files:
+                wanted.add(file_target(project, dist.filename))
+                if dist.core_metadata:
+                    wanted.add(core_metadata_target(project, dist.filename))
+        return wanted
+
+    async def target(self, path: str, names: list[str], expected: bool) -> None:
+        """Check every file standing for ``path``; note what is missing or extra."""
+        target = await self.lookup(path)
+        if not isinstance(target, VerifiedTarget):
+            if expected:
+                self.report.corrupt.append((path, target or "no signed target"))
+            self.report.extra.extend(names)
+            return
+        signed = target_names(target)
+        self.report.extra.extend(n for n in names if n not in signed)
+        if expected and signed[0] not in names:
+            self.report.missing.append(signed[0])
+        await asyncio.gather(*(self.check(n, target) for n in signed if n in names))
+
+
+async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 8,
+                      allow_expired_until: datetime | None = None) -> VerifyReport:
+    """Verify ``directory`` (a mirror or ``tufproxy repo`` public tree); see the module docstring.
+
+    ``allow_expired_until`` checks a tree whose upstream metadata expired
+    on the way across (everything but expiry); each target it excuses is
+    listed in ``VerifyReport.expired``.
+    """
+    directory = Path(directory).resolve()
+    root_bytes = (root or _default_root(directory)).read_bytes()
+    local = LocalFetcher(directory)
+    base = local.base_url()
+    expired: list[str] = []
+    override = None
+    if allow_expired_until is not None:
+        override = ExpiryOverride(allow_expired_until, lambda target, _e: expired.append(target))
+    with tempfile.TemporaryDirectory(prefix="tufproxy-verify-") as scratch:
+        TrustedClient.initialize(Path(scratch), root_bytes)
+        # One snapshot for the whole check, however long the hashing takes.
+        config = TrustConfig(refresh_interval=10 * 365 * 86400.0, expiry_override=override)
+        trust = TrustedClient(Path(scratch), [Mirror(f"{base}{METADATA_DIR}/", base)], local, config)
+        try:
+            report = await _verify(_Verifier(directory, trust, jobs))
+        finally:
+            trust.close()
+    report.expired = sorted(set(expired))
+    return report
+
+
+async def _verify(v: _Verifier) -> VerifyReport:
+    try:
+        await v.trust.refresh(force=True)
+    except TrustError as e:
+        v.report.metadata_error = f"{e.reason}: {e}"
+        return v.report
+    on_disk: dict[str, list[str]] = {}
+    for rel in await asyncio.to_thread(lambda: list(tree_files(v.directory))):
+        if rel.startswith(f"{METADATA_DIR}/"):
+            if not _METADATA_NAME_RE.match(rel[len(METADATA_DIR) + 1:]):
+                v.report.extra.append(rel)
+            continue
+        v.present.add(rel)
+        on_disk.setdefault(_target_of(rel), []).append(rel)
+    expected = await v.expected()
+    await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in sorted(set(on_disk) | expected)))
+    v.report.missing.sort()
+    v.report.corrupt.sort()
+    v.report.extra.sort()
+    return v.report
