@@ -157,10 +157,11 @@ async def test_mixed_load_hot_and_cold_pages_and_files(world: World, proxy: Prox
 
 
 async def test_hot_hits_during_a_stalled_metadata_refresh(world: World, proxy: ProxyProcess) -> None:
-    """A refresh stuck on timestamp.json delays a hot hit by at most the read timeout (its bound), never more."""
+    """A refresh stuck on timestamp.json does not hold hot hits up: the live state answers (stale-while-refresh)."""
     hot = world.wheels[0]
     url = f"http://127.0.0.1:{proxy.port}{file_path(hot)}"
-    bound = READ_TIMEOUT + 0.5
+    # Well under the read timeout a stalled refresh could otherwise cost; generous for a loaded 2-core box.
+    bound = 0.5
     async with aiohttp.ClientSession() as s:
         assert (await get(s, url)).body == hot.read_bytes()
         before = world.upstream.count(r"/metadata/timestamp\.json")
@@ -179,5 +180,5 @@ async def test_hot_hits_during_a_stalled_metadata_refresh(world: World, proxy: P
     stalled = world.upstream.count(r"/metadata/timestamp\.json") - before
     print(f"\n[stale-while-refresh] {len(during)} hot hits over {2 * READ_TIMEOUT + 1:.0f}s with timestamp.json stalled "
           f"({stalled} stalled refresh attempts): p50 {statistics.median(during) * 1000:.1f} ms, "
-          f"max {max(during):.2f}s (bound: read timeout {READ_TIMEOUT:.0f}s + 0.5s)")
+          f"max {max(during):.2f}s (bound: {bound}s; read timeout {READ_TIMEOUT:.0f}s)")
     assert max(during) < bound
