@@ -47,6 +47,8 @@ from typing import Any, TypeVar
 
 import diskcache
 
+from proxy.atomic import fsync_dir
+
 # Algorithm names as TUF metadata spells them (securesystemslib's names).
 _HASHES: dict[str, Callable[[], Any]] = {
     "sha224": hashlib.sha224,
@@ -155,14 +157,6 @@ def _try_flock(path: Path | str, flags: int, exclusive: bool) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class BlobStore:
@@ -685,7 +679,7 @@ class BlobWriter:
         final = self._store._path(sha256)
         try:
             final.parent.mkdir()
-            _fsync_dir(final.parent.parent)
+            fsync_dir(final.parent.parent)
         except FileExistsError:
             pass
         assert self._tmp_path is not None
@@ -694,7 +688,7 @@ class BlobWriter:
         os.replace(self._tmp_path, final)
         self._tmp_path = None
         self._renamed = Blob(sha256, final, self._received)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
 
 class IndexCache:

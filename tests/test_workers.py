@@ -26,6 +26,7 @@ import pytest
 
 from proxy.store import BlobStore
 from tests.conftest import SampleRepo
+from tests.support.faults import process_tree
 from tests.support.clients import pip
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
@@ -45,16 +46,8 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT) 
 
 
 def children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
+    """The supervisor's workers (they start no processes of their own)."""
+    return set(process_tree(pid)) - {pid}
 
 
 def ready_pids(proxy: ProxyProcess) -> set[int]:
