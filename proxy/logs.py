@@ -14,6 +14,8 @@ import re
 import sys
 import uuid
 
+from aiohttp.http_exceptions import BadHttpMessage
+
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -28,6 +30,18 @@ def new_request_id(offered: str | None) -> str:
 class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id.get()
+        return True
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs every malformed request at ERROR with a traceback: one line is enough,
+    or a hostile client could flood the logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, BadHttpMessage):
+            record.msg, record.args, record.exc_info, record.exc_text = f"bad request from a client: {exc}", (), None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 
 
@@ -51,6 +65,7 @@ def configure(level: str, fmt: str = "text") -> None:
     """Send logs to stderr at ``level`` in ``fmt`` ('text' or 'json')."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_QuietBadRequests())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

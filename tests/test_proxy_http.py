@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import socket
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,35 @@ def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root
     # Only the signed HTML page was fetched, never an unsigned JSON rendering.
     assert upstream.count(r"/simple/lib/[0-9a-f]{64}\.lib\.html") == 1
     assert upstream.count(r"/simple/.*json") == 0
+
+
+def test_malformed_requests_are_refused_without_flooding_the_log(proxy: ProxyProcess) -> None:
+    for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(garbage)
+            assert s.recv(100).split(b" ", 2)[1] == b"400"
+    assert request(proxy, "/healthz")[0] == 200
+    log = proxy.log()
+    assert "bad request from a client" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
+def test_a_signed_page_linking_files_to_a_foreign_host_is_refused_not_followed(
+    tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
+) -> None:
+    from proxy import index
+    from proxy.repository.signer import _Change
+
+    repo = sample_repo.repo
+    # The repository's own keys sign a page whose link points off the configured upstream.
+    page = index.parse_project_html((repo.public_dir / "simple/base/index.html").read_bytes(), "base")
+    foreign = index.with_urls(page, lambda f: f"http://127.0.0.2:9/{f.filename}")
+    with repo._locked():
+        change = _Change(repo, datetime.now(timezone.utc))
+        repo._write_page(change, foreign)
+        change.commit()
+    root = tmp_path / "root.json"
+    root.write_bytes(sample_repo.root_bytes)
+    with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), "--profile", "warehouse") as p:
+        status, headers, body = request(p, "/packages/base/base-2.0-py3-none-any.whl")
+    assert status == 502 and headers["x-tufproxy-reason"] == "foreign-link" and b"--files-url" in body

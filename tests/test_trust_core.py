@@ -296,3 +296,19 @@ async def test_classic_path_hash_prefix_bins(tmp_path: Path) -> None:
         finally:
             client.close()
             await fetcher.close()
+
+
+def test_taking_the_metadata_dir_sweeps_temp_files_a_crash_left(tmp_path: Path) -> None:
+    from proxy.trust.metadir import MetadataStore
+
+    (tmp_path / "meta").mkdir()
+    stale = tmp_path / "meta" / ".timestamp.json.k3j4.tmp"
+    stale.write_bytes(b"half a timestamp")
+    kept = tmp_path / "meta" / "timestamp.json"
+    kept.write_bytes(b"{}")
+    store = MetadataStore(tmp_path / "meta")
+    store.lock()
+    try:
+        assert not stale.exists() and kept.exists()
+    finally:
+        store.unlock()

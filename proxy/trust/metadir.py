@@ -46,6 +46,9 @@ class MetadataStore:
             os.close(fd)
             raise MetadataDirLocked(f"{self.directory} is in use by another process") from None
         self._lock_fd = fd
+        # Temp files of a write that a kill -9 interrupted: never read, and nobody else writes here.
+        for stale in self.directory.glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
