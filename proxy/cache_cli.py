@@ -9,7 +9,6 @@ changed; exit status 1 if anything is unsound.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +16,9 @@ from pathlib import Path
 import diskcache
 
 from proxy.cli import CommandError
+from proxy.trust.model import file_digest
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 2**20
 
 
 @dataclass
@@ -34,14 +33,6 @@ class CacheReport:
     @property
     def ok(self) -> bool:
         return not self.unsound and not self.index_warnings
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_cache(cache_dir: Path) -> CacheReport:
@@ -59,7 +50,7 @@ def verify_cache(cache_dir: Path) -> CacheReport:
             report.unsound.append(f"{rel}: not a blob the store wrote")
             continue
         try:
-            actual = _sha256_of(path)
+            actual = file_digest("sha256", path)
         except FileNotFoundError:
             continue  # evicted by a running proxy meanwhile
         if actual != name:

@@ -66,6 +66,7 @@ from proxy.layout import (
     root_page_target,
 )
 from proxy.profiles import Profile, get_profile
+from proxy.trust.model import file_digest
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution, project_of_filename
 from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
 
@@ -479,7 +480,7 @@ class Repository:
             return info.length, info.hashes["sha256"]
         change.plain[target_path] = data
         if isinstance(data, Path):
-            return data.stat().st_size, _sha256_file(data)
+            return data.stat().st_size, file_digest("sha256", data)
         return len(data), hashlib.sha256(data).hexdigest()
 
     def _existing_sha256(self, change: _Change, target_path: str) -> str | None:
@@ -487,7 +488,7 @@ class Repository:
             info = change.get_target(target_path)
             return None if info is None else info.hashes["sha256"]
         plain = self.public_dir / target_path
-        return _sha256_file(plain) if plain.is_file() else None
+        return file_digest("sha256", plain) if plain.is_file() else None
 
     # -- operations ----------------------------------------------------
     def add(self, files: Sequence[Path], now: datetime | None = None) -> ChangeReport:
@@ -506,7 +507,7 @@ class Repository:
             for dist in dists:
                 existing = self._existing_sha256(change, file_target(dist.project, dist.filename))
                 if existing is not None:
-                    if existing != _sha256_file(dist.path):
+                    if existing != file_digest("sha256", dist.path):
                         raise DuplicateFile(f"{dist.filename} is already in the repository with other contents")
                     change.report.unchanged.append(dist.filename)
                     continue
@@ -686,11 +687,3 @@ def _bin_names(change: _Change) -> Iterator[str]:
     delegations = change.role(change.repo.profile.bin_delegator).signed.delegations
     assert delegations is not None and delegations.succinct_roles is not None
     return delegations.succinct_roles.get_roles()
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from proxy.layout import consistent_name
@@ -109,6 +110,12 @@ def digest(algorithm: str, data: bytes) -> str:
     h = new_hash(algorithm)
     h.update(data)
     return h.hexdigest()
+
+
+def file_digest(algorithm: str, path: Path) -> str:
+    """``digest`` of a file's bytes, read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: new_hash(algorithm)).hexdigest()
 
 
 def consistent_target_urls(
