@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.layout import consistent_name
-from proxy.trust.errors import ExpiredMetadata, HashMismatch, LengthMismatch
+from proxy.trust.errors import ExpiredMetadata
+from proxy.trust.hashing import new_hash, verify_bytes
 
 
 @dataclass(frozen=True)
@@ -78,32 +79,7 @@ class VerifiedTarget:
 
     def verify(self, data: bytes) -> None:
         """Raise unless ``data`` is exactly the signed target (small things only)."""
-        if len(data) != self.length:
-            raise LengthMismatch(
-                f"{self.path}: {len(data)} bytes, {self.length} signed",
-                target=self.path, role=self.role, expected=self.length, actual=len(data),
-            )
-        for algorithm, expected in self.hashes.items():
-            actual = digest(algorithm, data)
-            if actual != expected:
-                raise HashMismatch(
-                    f"{self.path}: {algorithm} {actual}, {expected} signed",
-                    target=self.path, role=self.role, expected=expected, actual=actual,
-                )
-
-
-def new_hash(algorithm: str) -> Any:
-    """A hashlib object for a TUF hash algorithm name (unknown → HashMismatch).
-
-    ``blake2b-256`` is securesystemslib's name for BLAKE2b with a 32-byte
-    digest, the only hash PyPI's PEP 458 draft lists.
-    """
-    if algorithm == "blake2b-256":
-        return hashlib.blake2b(digest_size=32)
-    try:
-        return hashlib.new(algorithm)
-    except ValueError:
-        raise HashMismatch(f"unsupported hash algorithm {algorithm!r}") from None
+        verify_bytes(self.path, self.hashes, self.length, data, role=self.role)
 
 
 def digest(algorithm: str, data: bytes) -> str:
