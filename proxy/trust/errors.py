@@ -133,3 +133,14 @@ class UpstreamUnreachable(TrustError):
         detail = "; ".join(str(e) for e in errors) or "no mirrors"
         super().__init__(f"{what}: all mirrors failed: {detail}", role=what)
         self.errors = errors
+
+
+class MetadataPending(TrustError):
+    """Whether the target exists is not known yet: a refresh is still running. Ask again shortly."""
+
+    reason = "metadata-pending"
+
+    def __init__(self, target: str, retry_after: int) -> None:
+        super().__init__(f"{target}: trusted metadata is still being refreshed; retry in {retry_after}s",
+                         target=target)
+        self.retry_after = retry_after
