@@ -116,7 +116,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
            "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
-           "(e.g. https://files.pythonhosted.org/); repeatable", [], _url_list, repeat=True, metavar="URL"),
+           "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
