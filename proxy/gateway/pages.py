@@ -3,8 +3,9 @@
 :func:`render` is the one place that decides what a project's signed page
 says.  In order: the policy trims the listing (the seam for
 ``proxy.gateway.policy``; the default keeps everything), revoked files
-leave, pinned files keep their pinned hashes and size, and a listed file
-whose contents differ from its pin is left out and reported.  Every link
+leave, pinned files keep their pinned hashes and size (so a listed file
+whose contents differ from its pin stays signed as pinned; the change is
+reported, never signed).  Every link
 is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
 every field pip and uv use is kept (requires-python, yanked and reason,
 PEP 658/714 core-metadata hashes, PEP 700 size, upload-time, versions).
@@ -74,8 +75,8 @@ def render(listing: Listing, ledger: Ledger, policy: PagePolicy = KeepAll()) -> 
             pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
             out.new_pins.append(pin)
         elif pin.differs_from(hashes, dist.size):
+            # The pinned entry stays signed; the index's new contents never are.
             out.changed.append(Changed(pin, hashes, dist.size))
-            continue
         files.append(dataclasses.replace(
             dist,
             url=page_file_href(project, dist.filename),

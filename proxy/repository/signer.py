@@ -35,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -116,7 +117,7 @@ class Settings:
     bins: int = 16384
     expiry: Expiry = field(default_factory=Expiry)
     layout: str = "tufproxy"
-    # New versions are at least the signing time in Unix seconds: they keep increasing across a
+    # New versions are at least the signing time in Unix milliseconds: they keep increasing across a
     # restore from an older backup of the tree (what a long-running publisher like the gateway needs).
     clock_versions: bool = False
 
@@ -211,7 +212,7 @@ class _Change:
         return self.repo.served_path(target_path, next(iter(info.hashes.values()))).read_bytes()
 
     def _sign(self, role_name: str, md: Metadata) -> None:
-        floor = int(self.now.timestamp()) if self.repo.settings.clock_versions else 0
+        floor = int(time.time() * 1000) if self.repo.settings.clock_versions else 0
         md.signed.version = max(md.signed.version + 1, floor)
         md.signed.expires = self.now + self.repo.settings.expiry.for_role(role_name)
         md.signatures.clear()

@@ -1,0 +1,239 @@
+"""``tufproxy gateway`` end to end: test index -> gateway -> edge (``serve --profile gateway``) -> pip and uv.
+
+Everything is real: the index is an aiohttp server on 127.0.0.1 serving
+wheels and sdists built here, the gateway and the edge are ``tufproxy``
+subprocesses, pip and uv run as users run them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.repository.sample import build_sdist, build_wheel
+from tests.support.clients import install, uv_path
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.proxyproc import ProxyProcess
+from tests.support.testindex import TestIndex
+
+CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
+CHAIN = ("app", "lib", "base")
+
+
+def _wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def _gateway_init(directory: Path, *args: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "init", str(directory), "--bins", "16", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _metric(base: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{base}metrics", timeout=10).read().decode()
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture
+def test_index(tmp_path: Path) -> Iterator[TestIndex]:
+    dists = tmp_path / "dists"
+    index = TestIndex(separate_files_host=True)
+    for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                 build_wheel(dists, "base", "2.0"), build_sdist(dists, "base", "2.0"),
+                 build_wheel(dists, "future-only", "1.0", requires_python=">=4")):
+        index.add(path)
+    with index:
+        yield index
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--page-ttl", "1", "--batch-window", "0.1") as gw:
+        yield gw
+
+
+def _edge(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyProcess:
+    return ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                        "--workers", "1", "--refresh-interval", "0.5")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_chain_installs_through_edge_and_gateway(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
+    for project in CHAIN:
+        status, answer = gateway.publish(project)
+        assert status == 200 and answer["project"] == project and answer["timestamp_version"] > 1
+    with _edge(tmp_path, gateway) as edge:
+        r = install(client, edge.url, tmp_path / "target", "app")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
+    # The gateway pinned what it published and fetched each installed file once.
+    ledger = json.loads(subprocess.run([sys.executable, "-m", "proxy", "gateway", "ledger", str(gateway.directory), "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    pinned = {e["filename"] for e in ledger if e["kind"] == "pin"}
+    assert {"app-1.0-py3-none-any.whl", "base-2.0.tar.gz"} <= pinned
+    assert all(e["index"] == gateway_index(ledger) for e in ledger if e["kind"] == "pin")
+
+
+def gateway_index(ledger: list[dict]) -> str:  # type: ignore[type-arg]
+    return next(e["index"] for e in ledger if e["kind"] == "project")
+
+
+def test_publish_answers_404_and_page_is_signed_with_fields(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    status, answer = gateway.publish("no-such-project")
+    assert status == 404 and answer["reason"] == "not-found"
+    test_index.file("lib-1.0-py3-none-any.whl").yanked = "broken"
+    status, answer = gateway.publish("Lib")
+    assert status == 200 and answer["project"] == "lib"
+    page = json.loads((gateway.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
+    (entry,) = page["files"]
+    assert entry["url"] == "../../packages/lib/lib-1.0-py3-none-any.whl"
+    assert entry["yanked"] == "broken" and entry["upload-time"].startswith("2024-01-01")
+    assert entry["size"] == len(test_index.file("lib-1.0-py3-none-any.whl").data)
+    assert set(entry["core-metadata"]) == {"sha256"} and page["versions"] == ["1.0"]
+
+
+def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index: TestIndex) -> None:
+    for i in range(50):
+        test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--batch-window", "0.5") as gw:
+        before = _metric(gw.base, "tufproxy_gateway_publishes_total")
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            answers = list(pool.map(gw.publish, [f"proj{i}" for i in range(50)]))
+        assert all(status == 200 for status, _ in answers)
+        batches = _metric(gw.base, "tufproxy_gateway_publishes_total") - before
+        print(f"50 concurrent cold projects: {batches:.0f} publishes (snapshot + timestamp signatures)")
+        assert 1 <= batches <= 5
+        root = json.loads((gw.directory / "public" / "simple" / "index.json").read_bytes())
+        assert {p["name"] for p in root["projects"]} >= {f"proj{i}" for i in range(50)}
+
+
+def test_changed_file_is_refused_and_pinned_one_still_installs(tmp_path: Path, gateway: GatewayProcess,
+                                                               test_index: TestIndex) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with _edge(tmp_path, gateway) as edge:
+        assert install("pip", edge.url, tmp_path / "t1", "app").returncode == 0
+    # The index now serves other bytes under the pinned name, and lists their hash.
+    swapped = build_wheel(tmp_path / "evil", "base", "2.0", payload=b"evil")
+    test_index.file("base-2.0-py3-none-any.whl").data = swapped.read_bytes()
+    _wait_for(lambda: any(a.get("reason") == "upstream-changed-file" for a in gateway.audit()), what="upstream-changed-file")
+    assert _metric(gateway.base, "tufproxy_gateway_pins_refused_total") >= 1
+    with _edge(tmp_path, gateway, "edge2") as edge:
+        r = install("pip", edge.url, tmp_path / "t2", "app")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert b"evil" not in (tmp_path / "t2" / "base" / "__init__.py").read_bytes()
+
+
+def test_file_differing_from_its_pin_is_a_502_and_never_published(tmp_path: Path, gateway: GatewayProcess,
+                                                                   test_index: TestIndex) -> None:
+    assert gateway.publish("lib")[0] == 200
+    entry = test_index.file("lib-1.0-py3-none-any.whl")
+    # Same length, other bytes: the page still names the pinned hash (it is re-fetched only after the ttl).
+    entry.data = entry.data[:-1] + bytes([entry.data[-1] ^ 1])
+    url = f"{gateway.base}packages/lib/lib-1.0-py3-none-any.whl"
+    with pytest.raises(Exception):
+        urllib.request.urlopen(url, timeout=10).read()
+    assert not (gateway.directory / "public" / "packages" / "lib" / "lib-1.0-py3-none-any.whl").exists()
+    assert any(a.get("reason") == "hash-mismatch" for a in gateway.audit())
+    assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1
+
+
+def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with _edge(tmp_path, gateway) as edge:
+        test_index.add(build_wheel(tmp_path / "new", "lib", "1.1", requires=["base"]))
+        test_index.file("lib-1.0-py3-none-any.whl").yanked = "bad"
+        page = gateway.directory / "public" / "simple" / "lib" / "index.json"
+        _wait_for(lambda: b"lib-1.1" in page.read_bytes(), what="new release signed")
+        _wait_for(lambda: install("pip", edge.url, tmp_path / "t", "lib").returncode == 0
+                  and (tmp_path / "t" / "lib-1.1.dist-info").is_dir(), what="pip sees lib 1.1")
+        yanked = json.loads(page.read_bytes())["files"][0]
+        assert yanked["filename"] == "lib-1.0-py3-none-any.whl" and yanked["yanked"] == "bad"
+
+
+def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: GatewayProcess) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "revoke", str(gateway.directory), "base",
+                        "base-2.0-py3-none-any.whl", "--reason", "malware", "--audit-log", str(tmp_path / "revoke.audit")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "published" in r.stdout
+    assert json.loads((tmp_path / "revoke.audit").read_text())["reason"] == "revoked"
+    with _edge(tmp_path, gateway) as edge:
+        r = install("pip", edge.url, tmp_path / "t", "--only-binary", ":all:", "base")
+        assert r.returncode != 0  # only the sdist is left, and binaries were asked for
+        seen = urllib.request.urlopen(f"{edge.url}base/", timeout=10).read().decode()
+        assert "base-2.0.tar.gz" in seen and "base-2.0-py3-none-any.whl" not in seen
+    # Later refreshes (ttl 1 s) keep it out.
+    time_signed = (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime
+    _wait_for(lambda: (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime > time_signed
+              or gateway.log().count("refreshed") >= 2, what="a refresh")
+    page = json.loads((gateway.directory / "public" / "simple" / "base" / "index.json").read_bytes())
+    assert [f["filename"] for f in page["files"]] == ["base-2.0.tar.gz"]
+
+
+def test_page_linking_to_disallowed_origin_is_refused(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    test_index.raw_pages["intruder"] = (
+        b'<html><body><a href="http://10.0.0.1/x/intruder-1.0-py3-none-any.whl#sha256=' + b"a" * 64 + b'">'
+        b"intruder-1.0-py3-none-any.whl</a></body></html>")
+    status, answer = gateway.publish("intruder")
+    assert status == 502 and answer["reason"] == "foreign-origin"
+    assert any(a.get("reason") == "foreign-origin" for a in gateway.audit())
+    assert not (gateway.directory / "public" / "simple" / "intruder").exists()
+    assert gateway.publish("lib")[0] == 200  # the gateway keeps serving
+
+
+def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> None:
+    _gateway_init(tmp_path / "gw")
+    secret = "s3cr3t-pass"
+    url = test_index.url.replace("http://", f"http://user:{secret}@")
+    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url) as gw:
+        test_index.raw_pages["intruder"] = b'<a href="http://10.0.0.1/intruder-1.0.tar.gz#sha256=' + b"b" * 64 + b'">x</a>'
+        assert gw.publish("lib")[0] == 200
+        assert gw.publish("intruder")[0] == 502
+        urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
+        metrics = urllib.request.urlopen(f"{gw.base}metrics", timeout=10).read().decode()
+    ledger = (tmp_path / "gw" / "gateway" / "ledger.jsonl").read_text()
+    for text in (gw.log(), gw.audit_path.read_text(), metrics, ledger):
+        assert secret not in text
+
+
+def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, test_index: TestIndex) -> None:
+    import shutil
+
+    from proxy.repository import Repository
+
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        assert gw.publish("lib")[0] == 200
+        shutil.copytree(tmp_path / "gw", tmp_path / "backup")
+        seen = max(gw.publish(p)[1]["timestamp_version"] for p in ("app", "base"))
+    shutil.rmtree(tmp_path / "gw")
+    shutil.copytree(tmp_path / "backup", tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        assert gw.publish("app")[1]["timestamp_version"] > seen
+    repo = Repository.open(tmp_path / "gw")
+    assert repo.status()["roles"]["snapshot"]["version"] > 1  # type: ignore[index]
