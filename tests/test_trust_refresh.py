@@ -101,3 +101,49 @@ async def test_refresh_until_reraises_a_refusal(env: Env, tmp_path: Path) -> Non
     env.up.replace(TS, tampered(env.meta("timestamp.json"), lambda s: s.update(version=wanted + 5)))
     with pytest.raises(BadSignature):
         await client.refresh_until(wanted, timeout=10)
+
+
+# -- miss-wait: an unknown target waits for the refresh in flight, but only so long ------------
+
+
+async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_path: Path) -> None:
+    from proxy.trust import UnknownTarget
+
+    client = env.client(refresh_interval=0.01, miss_wait=0.5)
+    known = "packages/lib/lib-1.1-py3-none-any.whl"
+    await client.get_target(known)
+    fresh = env.publish(tmp_path)
+    arrived, release = threading.Event(), threading.Event()
+
+    def stalled(original: bytes | None) -> Reply:
+        arrived.set()
+        release.wait(30)
+        return Reply(200, original or b"")
+
+    env.up.override(TS, stalled)
+    try:
+        await poll_until(lambda: client._due())
+        started = time.monotonic()
+        assert (await client.get_target(known)).path == known  # a hit: starts the cycle, waits for nothing
+        assert time.monotonic() - started < 0.4
+        assert await asyncio.to_thread(arrived.wait, 10)
+        started = time.monotonic()
+        with pytest.raises(MetadataPending) as info:
+            await client.get_target(fresh)
+        assert 0.5 <= time.monotonic() - started < 2.0
+        assert info.value.target == fresh and info.value.retry_after >= 1
+    finally:
+        release.set()
+    env.up.clear()
+    # The cycle ends: the new target is found; one absent from fresh metadata is UnknownTarget.
+    await client.refresh()
+    assert (await client.get_target(fresh)).path == fresh
+    with pytest.raises(UnknownTarget):
+        await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
+
+
+async def poll_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)

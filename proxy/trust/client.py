@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -68,6 +67,8 @@ _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 _RETRY_FLOOR = 1.0
 # refresh_until's pause between cycles that came back short: doubles from the first to the last.
 _UNTIL_BACKOFF = (0.05, 1.0)
+# Retry-After (seconds) of MetadataPending: the refresh it waits for is already running.
+_PENDING_RETRY_AFTER = 1
 
 
 # What the expiry clock reads while an ExpiryOverride holds: no metadata expires before it.
@@ -225,7 +226,7 @@ class TrustedClient:
         while (self.timestamp_version or 0) < version:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise errors.MetadataPending(f"timestamp version {version}", math.ceil(_UNTIL_BACKOFF[1]))
+                raise errors.MetadataPending(f"timestamp version {version}", _PENDING_RETRY_AFTER)
             try:
                 # Shielded: a caller giving up must not cancel everyone's refresh.
                 await asyncio.wait_for(asyncio.shield(self._start_refresh()), remaining)
@@ -365,7 +366,18 @@ class TrustedClient:
         raise errors.UpstreamUnreachable(filename, failed)
 
     # -- lookups -------------------------------------------------------
-    async def _current(self) -> _State:
+    async def _wait_for_refresh(self, target_path: str) -> None:
+        """Wait for the cycle in flight (one is started if none is) at most ``miss_wait`` seconds.
+
+        Raises MetadataPending past that, and the cycle's own error if it failed.
+        """
+        try:
+            # Shielded: a caller giving up must not cancel everyone's refresh.
+            await asyncio.wait_for(asyncio.shield(self._start_refresh()), self.config.miss_wait)
+        except TimeoutError:
+            raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
+
+    async def _current(self, target_path: str) -> _State:
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             live = self._state is not None and self._state.earliest[0] > self._expiry_clock()
             if live and not isinstance(self._last_error, errors.RepositoryError):
@@ -374,7 +386,7 @@ class TrustedClient:
                 self._start_refresh()
                 return self._state  # type: ignore[return-value]
             try:
-                await self.refresh()
+                await self._wait_for_refresh(target_path)
             except errors.UpstreamUnreachable:
                 if self._state is None:
                     raise
@@ -397,18 +409,19 @@ class TrustedClient:
         when any role the lookup used has expired, and the other
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
-        state = await self._current()
+        state = await self._current(target_path)
         try:
             return await self._lookup(state, target_path)
         except errors.UnknownTarget:
             # Answered from the live state while a cycle runs in the background: a
-            # target published since may be in the new one, so wait for it, once.
+            # target published since may be in the new one, so wait for it, once and
+            # at most miss_wait (MetadataPending then).  Not found only from fresh metadata.
             task = self._refresh_task
             if task is None or task.done():
                 raise
-            with contextlib.suppress(errors.TrustError):
-                await asyncio.shield(task)
-            return await self._lookup(await self._current(), target_path)
+            with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable):
+                await self._wait_for_refresh(target_path)  # _current says what a failure means
+            return await self._lookup(await self._current(target_path), target_path)
 
     async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
         walker = walk(target_path, state.targets, self.config.max_delegations)
