@@ -125,6 +125,8 @@ OPTIONS: tuple[Option, ...] = (
            Path("tufproxy-cache"), Path, metavar="DIR"),
     Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
     Option("refresh_interval", "seconds between checks for a new timestamp", 60.0, _positive_float, metavar="SECONDS"),
+    Option("miss_wait", "seconds a request for an unknown file or project waits for the refresh in flight "
+           "before 503 + Retry-After (pip retries those; hits never wait)", 5.0, _positive_float, metavar="SECONDS"),
     Option("cache_size", "size limit of the blob cache (LRU eviction beyond it)", "10G", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest distribution file accepted", "4G", parse_size, metavar="SIZE"),
     Option("connect_timeout", "seconds to connect to an upstream", 10.0, _positive_float, metavar="SECONDS"),
@@ -155,6 +157,7 @@ class ServeConfig:
     cache_dir: Path = Path("tufproxy-cache")
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     refresh_interval: float = 60.0
+    miss_wait: float = 5.0
     cache_size: int = 10 * 2**30
     max_file_size: int = 4 * 2**30
     connect_timeout: float = 10.0
