@@ -8,6 +8,7 @@ subprocesses, pip and uv run as users run them.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import re
 import subprocess
@@ -237,3 +238,99 @@ def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, tes
         assert gw.publish("app")[1]["timestamp_version"] > seen
     repo = Repository.open(tmp_path / "gw")
     assert repo.status()["roles"]["snapshot"]["version"] > 1  # type: ignore[index]
+
+
+def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: GatewayProcess) -> None:
+    """proxy.gateway.edge against the real gateway, with the edge's real trust core and store."""
+    import asyncio
+
+    from proxy.gateway.edge import MissProtocol
+    from proxy.store import BlobStore
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
+    from proxy.trust.errors import UnknownTarget
+    from proxy.upstream import AiohttpFetcher
+
+    async def run() -> None:
+        TrustedClient.initialize(tmp_path / "meta", gateway.root.read_bytes())
+        fetcher = AiohttpFetcher()
+        trust = TrustedClient(tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher,
+                              TrustConfig(refresh_interval=3600))
+        miss = MissProtocol(gateway.base, trust, BlobStore(tmp_path / "store"))
+        try:
+            await trust.refresh(force=True)
+            with pytest.raises(UnknownTarget):
+                await trust.get_target("simple/lib/index.json")
+            start = time.monotonic()
+            assert await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib")) == [True, True]
+            print(f"edge miss -> publish -> trusted: {time.monotonic() - start:.2f}s")
+            target = await trust.get_target("simple/lib/index.json")
+            assert target.length > 0
+            assert await miss.on_miss("no-such-project") is False
+        finally:
+            await miss.close()
+            trust.close()
+            await fetcher.close()
+
+    asyncio.run(run())
+
+
+def _publish_until_killed(gw: GatewayProcess, project: str) -> None:
+    with contextlib.suppress(OSError):  # the gateway dies under this request on purpose
+        gw.publish(project, timeout=5)
+
+
+@pytest.mark.slow
+def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: TestIndex) -> None:
+    """kill -9 the gateway mid-publish again and again: every restart offers an edge only newer, verifiable metadata."""
+    import asyncio
+    import random
+    import threading
+
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
+    from proxy.trust.errors import UnknownTarget
+    from proxy.upstream import AiohttpFetcher
+
+    for i in range(40):
+        test_index.add(build_wheel(tmp_path / "many", f"crash{i}", "1.0"))
+    _gateway_init(tmp_path / "gw")
+    TrustedClient.initialize(tmp_path / "edge-meta", (tmp_path / "gw" / "public" / "metadata" / "1.root.json").read_bytes())
+    rng = random.Random(19)
+    trusted: list[int] = []
+
+    async def edge_refresh(base: str) -> int:
+        fetcher = AiohttpFetcher()
+        trust = TrustedClient(tmp_path / "edge-meta", [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))
+        try:
+            await trust.refresh(force=True)  # raises on rollback, bad signature, torn metadata
+            for project in ("crash0",):
+                with contextlib.suppress(UnknownTarget):
+                    await trust.get_target(f"simple/{project}/index.json")
+            assert trust.timestamp_version is not None
+            return trust.timestamp_version
+        finally:
+            trust.close()
+            await fetcher.close()
+
+    args = ("--index-url", test_index.url, "--files-origin", test_index.files_url, "--batch-window", "0.05")
+    next_project = 0
+    for _round in range(8):
+        gw = GatewayProcess(tmp_path / "gw", *args).start()
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+        names = [f"crash{(next_project + k) % 40}" for k in range(5)]
+        next_project += 5
+        threads = [threading.Thread(target=_publish_until_killed, args=(gw, n)) for n in names]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.05, 0.4))  # the kill lands at a random point of the publish: that is the test
+        gw.kill()
+        for t in threads:
+            t.join(10)
+    gw = GatewayProcess(tmp_path / "gw", *args).start()
+    try:
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+        assert gw.publish("crash1")[0] == 200
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+    finally:
+        gw.stop()
+    print(f"timestamp versions an edge trusted across 8 kill -9: {trusted}")
+    assert trusted == sorted(trusted) and trusted[-1] > trusted[0]
