@@ -334,3 +334,30 @@ def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: 
         gw.stop()
     print(f"timestamp versions an edge trusted across 8 kill -9: {trusted}")
     assert trusted == sorted(trusted) and trusted[-1] > trusted[0]
+
+
+def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> None:
+    import gzip
+
+    from proxy.gateway.freshness import collect_garbage
+    from proxy.repository import Repository
+
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with urllib.request.urlopen(f"{gateway.base}metadata/timestamp.json", timeout=10) as r:
+        assert r.headers["Cache-Control"] == "no-cache"
+        version = json.loads(r.read())["signed"]["meta"]["snapshot.json"]["version"]
+    req = urllib.request.Request(f"{gateway.base}metadata/{version}.snapshot.json", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Encoding"] == "gzip" and "immutable" in r.headers["Cache-Control"]
+        assert json.loads(gzip.decompress(r.read()))["signed"]["_type"] == "snapshot"
+    for name in ("healthz", "readyz"):
+        assert urllib.request.urlopen(f"{gateway.base}{name}", timeout=10).status == 200
+    repo = Repository.open(gateway.directory)
+    snapshots = lambda: sorted(repo.metadata_dir.glob("*.snapshot.json"))  # noqa: E731
+    assert len(snapshots()) >= 3
+    assert collect_garbage(repo, grace=0) >= 1
+    # The current snapshot and the one before it stay; the edge still refreshes.
+    assert len(snapshots()) == 2
+    with _edge(tmp_path, gateway) as edge:
+        assert install("pip", edge.url, tmp_path / "t", "app").returncode == 0

@@ -110,18 +110,27 @@ class GatewayApp:
         return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
 
     # -- the tree ------------------------------------------------------
-    def _file(self, *segments: str, headers: dict[str, str] | None = None) -> web.FileResponse:
+    def _path(self, *segments: str) -> Path:
+        """The file of the tree a request names; 404 unless every segment is a plain name and it exists."""
         if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
             raise web.HTTPNotFound()
         path = self.public_dir.joinpath(*segments)
         if not path.is_file():
             raise web.HTTPNotFound()
-        return web.FileResponse(path, headers=headers)
+        return path
+
+    def _file(self, *segments: str, headers: dict[str, str] | None = None) -> web.FileResponse:
+        return web.FileResponse(self._path(*segments), headers=headers)
 
     async def _metadata(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
-        mutable = name in ("timestamp.json", "root.json")
-        return self._file("metadata", name, headers=_NO_CACHE if mutable else _IMMUTABLE)
+        headers = _NO_CACHE if name in ("timestamp.json", "root.json") else _IMMUTABLE
+        if not name.endswith(".snapshot.json"):
+            return self._file("metadata", name, headers=headers)
+        # The snapshot is the one file every edge reads after every publish: gzip it for those who accept it.
+        response = web.Response(body=self._path("metadata", name).read_bytes(), content_type="application/json", headers=headers)
+        response.enable_compression()
+        return response
 
     async def _root_page(self, request: web.Request) -> web.StreamResponse:
         name, content_type = _plain_page(request)

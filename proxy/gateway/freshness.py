@@ -77,6 +77,11 @@ def collect_garbage(repo: Repository, grace: float) -> int:
             if entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
                 removed += 1
+    for entry in os.scandir(repo.metadata_dir):
+        # Temp files of a publish killed mid-write (atomic_write's names).
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.stat().st_mtime < cutoff:
+            os.unlink(entry.path)
+            removed += 1
     simple = repo.public_dir / "simple"
     for project in (simple.iterdir() if simple.is_dir() else ()):
         if project.is_dir():
