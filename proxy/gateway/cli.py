@@ -33,6 +33,7 @@ from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
+from proxy.serve import _until_signalled
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -130,16 +131,6 @@ async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-ar
         await runner.cleanup()
         await http.close()
         audit.close()
-
-
-async def _until_signalled() -> None:
-    import signal
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
