@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import random
 import re
 import subprocess
 import sys
@@ -283,7 +284,6 @@ def _publish_until_killed(gw: GatewayProcess, project: str) -> None:
 def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: TestIndex) -> None:
     """kill -9 the gateway mid-publish again and again: every restart offers an edge only newer, verifiable metadata."""
     import asyncio
-    import random
     import threading
 
     from proxy.trust import Mirror, TrustConfig, TrustedClient
@@ -361,3 +361,52 @@ def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> Non
     assert len(snapshots()) == 2
     with _edge(tmp_path, gateway) as edge:
         assert install("pip", edge.url, tmp_path / "t", "app").returncode == 0
+
+
+@pytest.mark.parametrize("tamper", [False, True], ids=["intact", "tampered-tail"])
+def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex,
+                                                     tamper: bool) -> None:
+    """The client gets bytes while the index still holds the rest; the last byte only after the hash matched."""
+    import http.client
+    import threading
+
+    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(1 << 20))  # a wheel of some MB
+    entry = test_index.add(big)
+    assert gateway.publish("bigpkg")[0] == 200
+    if tamper:  # same length, the second half differs from the pinned hash
+        half = len(entry.data) // 2
+        entry.data = entry.data[:half] + bytes(b ^ 0xFF for b in entry.data[half:])
+    gate = test_index.hold[big.name] = threading.Event()
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    conn.request("GET", f"/packages/bigpkg/{big.name}")
+    response = conn.getresponse()
+    assert response.status == 200 and int(response.headers["Content-Length"]) == len(entry.data)
+    first = response.read(64 * 1024)  # arrives while the index is still holding the second half
+    assert len(first) == 64 * 1024 and not gate.is_set()
+    gate.set()
+    if tamper:
+        with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+            response.read()
+        assert not (gateway.directory / "public" / "packages" / "bigpkg" / big.name).exists()
+        _wait_for(lambda: any(a.get("reason") == "hash-mismatch" for a in gateway.audit()), what="audit record")
+    else:
+        assert first + response.read() == big.read_bytes()
+        assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()
+    conn.close()
+
+
+def test_html_only_index_installs(tmp_path: Path) -> None:
+    dists = tmp_path / "dists"
+    with TestIndex(mode="html") as index:
+        for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                     build_wheel(dists, "base", "2.0")):
+            index.add(path)
+        _gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
+            for project in CHAIN:
+                assert gw.publish(project)[0] == 200
+            page = json.loads((gw.directory / "public" / "simple" / "app" / "index.json").read_bytes())
+            assert "size" not in page["files"][0]  # HTML gives none: the edge bounds the length instead
+            with _edge(tmp_path, gw) as edge:
+                r = install("pip", edge.url, tmp_path / "t", "app")
+                assert r.returncode == 0, r.stdout + r.stderr

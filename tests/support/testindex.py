@@ -3,8 +3,9 @@
 It serves real wheels and sdists built by the test, with sha256, PEP 658
 core metadata, PEP 700 size and upload-time, and yanks; JSON or HTML by
 the request's ``Accept`` (or ``mode="html"`` to force HTML).  Tests change
-it while it runs: add a release, yank one, swap a file's bytes, or answer
-a page with raw bytes of their own.  Files can be served from a second
+it while it runs: add a release, yank one, swap a file's bytes, answer a
+page with raw bytes of their own, or hold a file's second half back until
+an event is set.  Files can be served from a second
 port (``files_port``) to play the index's separate file host.
 """
 
@@ -41,6 +42,8 @@ class TestIndex:
         self.mode = mode
         self.projects: dict[str, list[IndexFile]] = {}
         self.raw_pages: dict[str, bytes] = {}
+        # filename -> event: the file's first half is sent, the rest only once the event is set.
+        self.hold: dict[str, threading.Event] = {}
         self.requests: list[str] = []
         self._separate = separate_files_host
         self._loop = asyncio.new_event_loop()
@@ -107,7 +110,17 @@ class TestIndex:
         body = f.core if core else f.data
         if body is None:
             raise web.HTTPNotFound()
-        return web.Response(body=body, content_type="application/octet-stream")
+        gate = None if core else self.hold.get(f.path.name)
+        if gate is None:
+            return web.Response(body=body, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+        await response.write(body[len(body) // 2:])
+        await response.write_eof()
+        return response
 
     def _app(self, pages: bool, files: bool) -> web.Application:
         app = web.Application()
