@@ -42,7 +42,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        recheck=args.recheck, metadata_path=args.metadata_path,
+        metadata_path=args.metadata_path,
     )
 
 
@@ -133,7 +133,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--resign-with", metavar="REPO_DIR", help="also publish the files in this 'tufproxy repo' repository, signed with its keys")
     run.add_argument("--audit-log", metavar="FILE", help="where refusals are recorded (default: DEST/.mirror/audit.log)")
     run.add_argument("--max-file-size", default="4G", metavar="SIZE", help="largest file taken (default: 4G)")
-    run.add_argument("--recheck", action="store_true", help="re-hash files already in DEST instead of trusting the sync journal")
     p.set_defaults(func=_cmd_sync)
 
     p = sub.add_parser(
