@@ -121,7 +121,7 @@ def test_a_tampered_file_is_refused_not_written_and_audited(
 def test_expired_upstream_metadata_is_refused(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     upstream.replace("/metadata/timestamp.json", signed_timestamp(sample_repo.repo, expires_delta=-timedelta(days=3)))
-    assert sync(upstream, sample_repo, tmp_path / "mirror") == 1
+    assert sync(upstream, sample_repo, tmp_path / "mirror") == 2
     assert "expired" in capsys.readouterr().err
     assert not upstream_files(upstream)
 
