@@ -62,12 +62,12 @@ def test_init_refresh_download(sample_repo: SampleRepo, upstream: Upstream, tmp_
     assert names(upstream, before) == ["2.root.json", "timestamp.json"]
 
 
-def test_failures_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+def test_failures_exit_2_with_one_line(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     meta = tmp_path / "meta"
     root = tmp_path / "root.json"
     root.write_bytes(b"{not a root")
     bad = client("--metadata-dir", meta, "init", root)
-    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     root.write_bytes(sample_repo.root_bytes)
     assert client("--metadata-dir", meta, "init", root).returncode == 0
 
@@ -76,7 +76,7 @@ def test_failures_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstre
     targets = tmp_path / "targets"
     done = client("--metadata-dir", meta, "--metadata-url", url, "--target-base-url", upstream.url,
                   "--target-dir", targets, "--target-name", WHEEL, "--target-name", "simple/index.html", "download")
-    assert done.returncode == 1
+    assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert "hash-mismatch" in line
     # Stopped at the first failure: the second target was never fetched, nothing was written.
@@ -86,4 +86,4 @@ def test_failures_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstre
     upstream.clear()
     upstream.replace(r"/metadata/timestamp\.json", b"garbage")
     done = client("--metadata-dir", meta, "--metadata-url", url, "refresh")
-    assert done.returncode == 1 and "bad-metadata" in done.stderr
+    assert done.returncode == 2 and "bad-metadata" in done.stderr

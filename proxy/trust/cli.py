@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from proxy.atomic import atomic_write
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.trust.client import TrustedClient
 from proxy.trust.errors import (
     HashMismatch,
