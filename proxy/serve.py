@@ -182,18 +182,31 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval))
+    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.metrics))
     return Running(runner, proxy, actual, refresher)
 
 
-async def _keep_fresh(trust: TrustedClient, interval: float) -> None:
-    """Refresh in the background, so requests find fresh metadata instead of waiting for it."""
+async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
+    """Refresh in the background, so requests find fresh metadata instead of waiting for it.
+
+    Nothing a refresh raises ends this loop: a failure is logged and counted, and
+    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    """
+    failures = 0
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
         try:
-            await trust.refresh()
+            await trust.refresh(force=failures > 0)
+            failures = 0
+            continue
         except TrustError as e:
+            reason = e.reason
             log.warning("background refresh failed (%s): %s", e.reason, e)
+        except Exception:
+            reason = "internal-error"
+            log.exception("background refresh failed unexpectedly")
+        metrics.refresh_failures.labels(reason).inc()
+        failures += 1
 
 
 async def _until_signalled() -> None:
