@@ -33,6 +33,7 @@ from proxy.store import BlobStore, IndexCache, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.slots import catch_up
 from proxy.trust.model import ExpiryOverride
 from proxy.upstream import AiohttpFetcher, Fetcher
 
@@ -91,7 +92,8 @@ def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride 
     return ExpiryOverride(until, report)
 
 
-def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
+def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig, slots: list[Path]) -> None:
+    """Pin the root in a new slot, then catch up with the newest state any slot trusts (re-verified)."""
     try:
         root_bytes = config.root_file.read_bytes()
     except OSError as e:
@@ -99,7 +101,11 @@ def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
     if config.root is None:
         log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
     try:
-        TrustedClient.initialize(metadata_dir, root_bytes)
+        if not (metadata_dir / "root.json").exists():
+            TrustedClient.initialize(metadata_dir, root_bytes)
+        catch_up(metadata_dir, root_bytes, slots)
+    except MetadataDirLocked:
+        raise
     except TrustError as e:
         raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
 
@@ -111,8 +117,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
     processes sharing the cache (workers, replicas on a shared volume) take
     the first free ``cache/metadata/worker-K``.  Each slot keeps its own
     rollback protection under its own lock, so no metadata file ever has
-    two writers.  Slots are chosen under ``.slots.lock``, so a root is only
-    ever written into a slot that has none, never over a newer one.
+    two writers; a slot taken starts from the newest state any slot trusts,
+    re-verified from the pinned root (:func:`proxy.trust.slots.catch_up`).
+    Slots are chosen under ``.slots.lock``, so a root is only ever written
+    into a slot that has none, never over a newer one.
     """
     base = config.cache_dir / "metadata"
     try:
@@ -130,11 +138,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
                 if time.monotonic() > deadline:
                     raise CommandError(f"{base / '.slots.lock'} stayed locked for {_SLOT_LOCK_WAIT:.0f}s") from None
                 await asyncio.sleep(0.01)
-        for k in range(MAX_METADATA_SLOTS):
-            metadata_dir = base if k == 0 else base / f"worker-{k}"
+        slots = [base if k == 0 else base / f"worker-{k}" for k in range(MAX_METADATA_SLOTS)]
+        for metadata_dir in slots:
             try:
-                if not (metadata_dir / "root.json").exists():
-                    _seed_metadata_dir(metadata_dir, config)
+                _seed_metadata_dir(metadata_dir, config, slots)
                 return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
             except MetadataDirLocked:
                 continue

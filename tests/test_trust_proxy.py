@@ -73,7 +73,7 @@ async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
     with Upstream(repo.public_dir) as up, \
             ProxyProcess(tmp_path / "cache", "--upstream", up.url, "--root", str(root), "--workers", "1",
                          "--refresh-interval", "1", "--miss-wait", "2", "--audit-log", str(audit)) as proxy:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
             assert (await get(session, f"{proxy.url}base/")).status == 200
             repo.add([build_wheel(tmp_path / "new", "fresh", "1.0")])
             meta = repo.metadata_dir
@@ -102,3 +102,28 @@ async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
             up.clear()
             assert (await poll(session, f"{proxy.url}fresh/", lambda a: a.status == 200)).status == 200
         assert "Traceback" not in proxy.log()
+
+
+async def test_a_replica_on_the_shared_cache_never_answers_from_a_state_another_outgrew(
+        signed_tree: tuple[Repository, Path], tmp_path: Path) -> None:
+    """Issue 17, finding 2: 30 requests to a replica whose mirror rolls back gave 12 answers from the old state."""
+    repo, root = signed_tree
+    old_timestamp = (repo.metadata_dir / "timestamp.json").read_bytes()
+    repo.add([build_wheel(tmp_path / "new", "lib", "3.0")])
+    cache = tmp_path / "shared-cache"
+    flags = ("--root", str(root), "--workers", "1", "--refresh-interval", "1", "--miss-wait", "2")
+    with Upstream(repo.public_dir) as up, ProxyProcess(cache, "--upstream", up.url, *flags) as first:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            page = await get(session, f"{first.url}lib/")
+            assert page.status == 200 and b"lib-3.0" in page.body
+            # The mirror rolls back to the previous, still valid, timestamp; a replica starts on the
+            # same cache dir while the first process holds slot 0, so it gets a new slot.
+            up.replace(r"/metadata/timestamp\.json", old_timestamp)
+            with ProxyProcess(cache, "--upstream", up.url, *flags) as replica:
+                assert (cache / "metadata" / "worker-1" / "timestamp.json").exists()
+                answers = [await get(session, f"{replica.url}lib/") for _ in range(30)]
+    rolled_back = [a for a in answers if a.status == 200 and b"lib-3.0" not in a.body]
+    refused = [a for a in answers if a.status == 502 and a.headers.get("x-tufproxy-reason") == "rollback"]
+    assert not rolled_back, f"{len(rolled_back)} of 30 answers came from the rolled-back state"
+    assert refused, [a.status for a in answers]
+    assert all(a.status == 502 or b"lib-3.0" in a.body for a in answers)
