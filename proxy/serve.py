@@ -34,6 +34,7 @@ from proxy.store import BlobStore, IndexCache, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.slots import catch_up
 from proxy.trust.model import ExpiryOverride
 from proxy.upstream import AiohttpFetcher, Fetcher
 
@@ -92,7 +93,8 @@ def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride 
     return ExpiryOverride(until, report)
 
 
-def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
+def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig, slots: list[Path]) -> None:
+    """Pin the root in a new slot, then catch up with the newest state any slot trusts (re-verified)."""
     try:
         root_bytes = config.root_file.read_bytes()
     except OSError as e:
@@ -100,7 +102,11 @@ def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
     if config.root is None:
         log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
     try:
-        TrustedClient.initialize(metadata_dir, root_bytes)
+        if not (metadata_dir / "root.json").exists():
+            TrustedClient.initialize(metadata_dir, root_bytes)
+        catch_up(metadata_dir, root_bytes, slots)
+    except MetadataDirLocked:
+        raise
     except TrustError as e:
         raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
 
@@ -112,8 +118,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
     processes sharing the cache (workers, replicas on a shared volume) take
     the first free ``cache/metadata/worker-K``.  Each slot keeps its own
     rollback protection under its own lock, so no metadata file ever has
-    two writers.  Slots are chosen under ``.slots.lock``, so a root is only
-    ever written into a slot that has none, never over a newer one.
+    two writers; a slot taken starts from the newest state any slot trusts,
+    re-verified from the pinned root (:func:`proxy.trust.slots.catch_up`).
+    Slots are chosen under ``.slots.lock``, so a root is only ever written
+    into a slot that has none, never over a newer one.
     """
     base = config.cache_dir / "metadata"
     try:
@@ -131,11 +139,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
                 if time.monotonic() > deadline:
                     raise CommandError(f"{base / '.slots.lock'} stayed locked for {_SLOT_LOCK_WAIT:.0f}s") from None
                 await asyncio.sleep(0.01)
-        for k in range(MAX_METADATA_SLOTS):
-            metadata_dir = base if k == 0 else base / f"worker-{k}"
+        slots = [base if k == 0 else base / f"worker-{k}" for k in range(MAX_METADATA_SLOTS)]
+        for metadata_dir in slots:
             try:
-                if not (metadata_dir / "root.json").exists():
-                    _seed_metadata_dir(metadata_dir, config)
+                _seed_metadata_dir(metadata_dir, config, slots)
                 return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
             except MetadataDirLocked:
                 continue
@@ -194,18 +201,31 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval))
+    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.metrics))
     return Running(runner, proxy, actual, refresher)
 
 
-async def _keep_fresh(trust: TrustedClient, interval: float) -> None:
-    """Refresh in the background, so requests find fresh metadata instead of waiting for it."""
+async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
+    """Refresh in the background, so requests find fresh metadata instead of waiting for it.
+
+    Nothing a refresh raises ends this loop: a failure is logged and counted, and
+    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    """
+    failures = 0
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
         try:
-            await trust.refresh()
+            await trust.refresh(force=failures > 0)
+            failures = 0
+            continue
         except TrustError as e:
+            reason = e.reason
             log.warning("background refresh failed (%s): %s", e.reason, e)
+        except Exception:
+            reason = "internal-error"
+            log.exception("background refresh failed unexpectedly")
+        metrics.refresh_failures.labels(reason).inc()
+        failures += 1
 
 
 def stop_on_signals() -> asyncio.Event:
