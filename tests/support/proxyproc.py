@@ -27,7 +27,8 @@ class ProxyProcess:
     def url(self) -> str:
         return f"{self.base}simple/"
 
-    def start(self) -> ProxyProcess:
+    def start(self, timeout: float = 20.0) -> ProxyProcess:
+        """Start and wait (at most ``timeout`` seconds) until it listens."""
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--cache-dir", str(self.cache_dir),
@@ -35,7 +36,7 @@ class ProxyProcess:
             stdout=self._log, stderr=subprocess.STDOUT,
         )
         try:
-            wait_for_port(self.port, self.proc)
+            wait_for_port(self.port, self.proc, timeout)
         except RuntimeError as e:
             raise RuntimeError(f"{e}\n{self.log()}") from None
         return self
