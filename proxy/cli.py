@@ -26,6 +26,7 @@ _SUBCOMMANDS = (
     "proxy.audit",
     "proxy.trust.cli",
     "proxy.mirror.cli",
+    "proxy.gateway.cli",
     "proxy.cache_cli",
 )
 
@@ -82,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except CommandError as e:
-        message = str(e)
+        print(f"{args.prog}: error: {e}", file=sys.stderr)
+        return e.exit_status
     except OSError as e:  # a file or socket the command needed, named by the OS
         message = _os_error(e)
     except Exception as e:  # a bug: still one line; -vv logs the traceback

@@ -140,6 +140,8 @@ OPTIONS: tuple[Option, ...] = (
            Path("tufproxy-cache"), Path, metavar="DIR"),
     Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
     Option("refresh_interval", "seconds between checks for a new timestamp", 60.0, _positive_float, metavar="SECONDS"),
+    Option("miss_wait", "seconds a request for an unknown file or project waits for the refresh in flight "
+           "before 503 + Retry-After (pip retries those; hits never wait)", 5.0, _positive_float, metavar="SECONDS"),
     Option("cache_size", "size limit of the blob cache (LRU eviction beyond it)", "10G", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest distribution file accepted", "4G", parse_size, metavar="SIZE"),
     Option("connect_timeout", "seconds to connect to an upstream", 10.0, _positive_float, metavar="SECONDS"),
@@ -170,6 +172,7 @@ class ServeConfig:
     cache_dir: Path = Path("tufproxy-cache")
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     refresh_interval: float = 60.0
+    miss_wait: float = 5.0
     cache_size: int = 10 * 2**30
     max_file_size: int = 4 * 2**30
     connect_timeout: float = 10.0
@@ -199,10 +202,10 @@ class ServeConfig:
         return self.repository / self.layout.metadata_path / "1.root.json"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
     """Add every option as a flag (defaults stay None so we can tell what was given)."""
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
-    for opt in OPTIONS:
+    for opt in options:
         default = opt.default if not isinstance(opt.default, Path) else str(opt.default)
         help_text = f"{opt.help} [env {opt.env}; default: {default if default not in (None, []) else 'none'}]"
         parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar, help=help_text)
@@ -210,17 +213,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
+    config = ServeConfig(**resolve_values(args, OPTIONS, environ))
+    if not config.upstream and config.repository is None:
+        raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
+    if config.upstream and config.repository is not None:
+        raise ConfigError("--upstream and --repository exclude each other")
+    _ = config.root_file  # --upstream without --root fails here, not later in a worker
+    try:
+        config.layout
+    except ValueError as e:
+        raise ConfigError(f"--profile: {e}") from e
+    if config.log_format not in ("text", "json"):
+        raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"--log-level: {config.log_level!r} is not debug, info, warning or error")
+    return config
+
+
+def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Each option's value from flags, environment, TOML file or default (in that order), parsed."""
     file_values: dict[str, Any] = {}
     if args.config is not None:
         try:
             file_values = tomllib.loads(Path(args.config).read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config file {args.config}: {e}") from e
-        unknown = set(file_values) - {o.name for o in OPTIONS}
+        unknown = set(file_values) - {o.name for o in options}
         if unknown:
             raise ConfigError(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
-    for opt in OPTIONS:
+    for opt in options:
         given = getattr(args, opt.name, None)
         # Errors name the setting as it was given: the flag, the variable, or the file and key.
         if given is not None:
@@ -239,18 +261,4 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             values[opt.name] = opt.parse(raw) if raw is not None else None
         except (ConfigError, ValueError, TypeError) as e:
             raise ConfigError(f"{source}: {e}") from e
-    config = ServeConfig(**values)
-    if not config.upstream and config.repository is None:
-        raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
-    if config.upstream and config.repository is not None:
-        raise ConfigError("--upstream and --repository exclude each other")
-    _ = config.root_file  # --upstream without --root fails here, not later in a worker
-    try:
-        config.layout
-    except ValueError as e:
-        raise ConfigError(f"--profile: {e}") from e
-    if config.log_format not in ("text", "json"):
-        raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
-    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"--log-level: {config.log_level!r} is not debug, info, warning or error")
-    return config
+    return values

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -168,7 +169,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     opened.push_async_callback(fetcher.close)
     layout = config.layout
     trust = await _trusted_client(config, fetcher, mirrors,
-                                  TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name,
+                                  TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
+                                              served_name=layout.served_name,
                                               expiry_override=_expiry_override(config.allow_expired_until, audit)))
     opened.callback(trust.close)
     try:
@@ -202,3 +204,12 @@ async def _keep_fresh(trust: TrustedClient, interval: float) -> None:
             await trust.refresh()
         except TrustError as e:
             log.warning("background refresh failed (%s): %s", e.reason, e)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set; install it before saying how to stop us."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 from aiohttp import web
@@ -19,16 +18,7 @@ from aiohttp import web
 from proxy import logs, workers
 from proxy.cmderror import CommandError
 from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
-from proxy.serve import start
-
-
-def _stop_on_signals() -> asyncio.Event:
-    """An event SIGINT and SIGTERM set; install it before saying how to stop us."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
+from proxy.serve import start, stop_on_signals
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -42,7 +32,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         running = await start(config)
-        stop = _stop_on_signals()
+        stop = stop_on_signals()
         print(f"tufproxy serving on http://{config.listen[0]}:{running.port}/simple/", flush=True)
         try:
             await stop.wait()
@@ -119,7 +109,7 @@ async def _demo(args: argparse.Namespace, directory: Path, repo_dir: Path, liste
         cache_dir=directory / "cache", listen=listen, refresh_interval=60.0, audit_log=directory / "audit.log",
     )
     running = await start(config)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     index_url = f"http://{listen[0]}:{running.port}/simple/"
     first = DEMO_DISTS[0][0] if args.dists is None else "<project>"
     print(f"untrusted mirror: {mirror_url} (the signed tree in {repo_dir / 'public'})")

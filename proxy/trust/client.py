@@ -19,9 +19,11 @@ bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
 * Delegated roles are loaded on demand into a bounded LRU, reused across
   cycles while the snapshot lists the same version and the delegator is
   byte-for-byte the one that verified them.
-* Trusted metadata is persisted (atomically, non-versioned names) when a
-  cycle completes, so a restart keeps rollback protection; a refused
-  cycle writes nothing.  Delegated roles are written when verified.
+* Each top-level role is persisted (atomically, non-versioned names) the
+  moment it verifies, as the spec's client workflow says, so a restart
+  keeps rollback protection even when a later step of that cycle failed;
+  a refused role is never written.  Every trusted root is also kept by
+  version (``roots/N.root.json``).  Delegated roles are written when verified.
 * Mirrors are tried in order: transport failures move on; verification
   failures are logged and move on too, and are never accepted.
 """
@@ -65,6 +67,10 @@ T = TypeVar("T")
 _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 # After a failed cycle with nothing usable to serve, retry at most this often.
 _RETRY_FLOOR = 1.0
+# refresh_until's pause between cycles that came back short: doubles from the first to the last.
+_UNTIL_BACKOFF = (0.05, 1.0)
+# Retry-After (seconds) of MetadataPending: the refresh it waits for is already running.
+_PENDING_RETRY_AFTER = 1
 
 
 # What the expiry clock reads while an ExpiryOverride holds: no metadata expires before it.
@@ -143,10 +149,11 @@ class TrustedClient:
     @staticmethod
     def initialize(metadata_dir: Path, root_bytes: bytes) -> None:
         """Trust ``root_bytes`` (it must verify itself) as ``metadata_dir``'s root."""
-        TopLevelSet(root_bytes, _utcnow())
+        top = TopLevelSet(root_bytes, _utcnow())
         store = MetadataStore(Path(metadata_dir))
         try:
             store.write("root", root_bytes)
+            store.keep_root(top.root.version, root_bytes)
         finally:
             store.unlock()
 
@@ -183,49 +190,90 @@ class TrustedClient:
         unusable = self._state is None or self._state.earliest[0] <= self._expiry_clock()
         return unusable and elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR)
 
-    def _refresh_in_background(self) -> None:
-        task = self._refresh_task
-        if task is None or task.done():
-            task = self._refresh_task = asyncio.create_task(self._refresh())
-            # Its outcome lands in _last_error/_state; nobody awaits it, so read the exception here.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
     async def refresh(self, force: bool = False) -> None:
         """Run a refresh cycle if due (always with ``force``); join one in flight."""
         task = self._refresh_task
-        if task is None or task.done():
-            if not force and not self._due():
-                return
-            task = self._refresh_task = asyncio.create_task(self._refresh())
+        if (task is None or task.done()) and not force and not self._due():
+            return
         # Shielded: a cancelled request must not cancel everyone's refresh.
-        await asyncio.shield(task)
+        await asyncio.shield(self._start_refresh())
+
+    @property
+    def timestamp_version(self) -> int | None:
+        """Version of the timestamp lookups are answered from (None before the first verified state)."""
+        return None if self._state is None else self._state.timestamp.version
+
+    def _start_refresh(self) -> asyncio.Task[None]:
+        """The cycle in flight, or a new one."""
+        task = self._refresh_task
+        if task is None or task.done():
+            task = self._refresh_task = asyncio.create_task(self._refresh())
+            # Its outcome lands in _last_error/_state; read the exception here in case nobody awaits it.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def refresh_until(self, version: int, timeout: float) -> None:
+        """Return once lookups are answered from a timestamp of at least ``version``.
+
+        Joins the cycle in flight (it may predate the publication the caller
+        knows about), then starts new ones while the version is still short,
+        pausing a bounded, growing backoff between them.  A cycle refused for
+        verification is re-raised; an unreachable upstream is retried.
+        Raises :class:`~proxy.trust.errors.MetadataPending` once ``timeout``
+        seconds have passed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = _UNTIL_BACKOFF[0]
+        joined_older = self._refresh_task is not None and not self._refresh_task.done()
+        while (self.timestamp_version or 0) < version:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise errors.MetadataPending(f"timestamp version {version}", _PENDING_RETRY_AFTER)
+            try:
+                # Shielded: a caller giving up must not cancel everyone's refresh.
+                await asyncio.wait_for(asyncio.shield(self._start_refresh()), remaining)
+            except TimeoutError:
+                continue  # the deadline check above raises
+            except errors.UpstreamUnreachable:
+                pass
+            if joined_older:
+                joined_older = False  # that cycle began before the call: start the next one at once
+                continue
+            if (self.timestamp_version or 0) < version:
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+                pause = min(2 * pause, _UNTIL_BACKOFF[1])
 
     async def _refresh(self) -> None:
         self._last_attempt = time.monotonic()
-        accepted: dict[str, bytes] = {}
         try:
-            state = await self._cycle(accepted)
+            state = await self._cycle()
         except errors.TrustError as e:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
             raise
-        # The commit point: persist, then swap.  Root first, so a crash in
-        # between leaves older roles that the newer root merely re-checks.
-        for role in ("root", *_TOP_LEVEL):
-            if role in accepted:
-                self._store.write(role, accepted[role])
-                if role == "root":
-                    self._root_bytes = accepted[role]
-                else:
-                    self._local[role] = accepted[role]
         self._state = state
         self._last_success = time.time()
         self._last_error = None
 
-    async def _cycle(self, accepted: dict[str, bytes]) -> _State:
-        """Spec 5.3-5.5 on a fresh set; fills ``accepted`` with new trusted bytes."""
+    def _trust(self, role: str, data: bytes, top: TopLevelSet) -> None:
+        """Persist a role the moment it verified (spec 5.3.8, 5.4.5, 5.5.7, 5.6.6).
+
+        A later step of the same cycle failing does not undo it: a new root or
+        timestamp keeps protecting against rollback after a restart.  The live
+        state is still swapped only when the whole cycle verified.
+        """
+        self._store.write(role, data)
+        if role == "root":
+            self._store.keep_root(top.root.version, data)
+            self._root_bytes = data
+        else:
+            self._local[role] = data
+
+    async def _cycle(self) -> _State:
+        """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
         top = TopLevelSet(self._root_bytes, self._expiry_clock())
-        await self._update_root(top, accepted)
+        rotated = await self._update_root(top)
 
         local_ts = self._local.get("timestamp")
         if local_ts is not None:
@@ -234,8 +282,8 @@ class TrustedClient:
             "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
         )
         if new_ts is not None:
-            accepted["timestamp"] = data
-        elif "root" not in accepted and self._state is not None and self._state.timestamp.version == top.timestamp.version:
+            self._trust("timestamp", data, top)
+        elif not rotated and self._state is not None and self._state.timestamp.version == top.timestamp.version:
             # Nothing changed upstream: the live snapshot stays, if still valid.
             self._state.check_expiry(self._expiry_clock())
             return self._state
@@ -243,12 +291,13 @@ class TrustedClient:
         local_snapshot = self._local.get("snapshot")
         if local_snapshot is None or not top.load_local_snapshot(local_snapshot):
             meta = top.timestamp.snapshot_meta
-            accepted["snapshot"], _ = await self._fetch_verified(
+            data, _ = await self._fetch_verified(
                 "snapshot",
                 self._metadata_name(top.root, "snapshot", meta.version),
                 meta.length or self.config.snapshot_max_length,
                 top.update_snapshot,
             )
+            self._trust("snapshot", data, top)
 
         targets_bytes = self._local.get("targets")
         if targets_bytes is None or not top.load_local_targets(targets_bytes):
@@ -259,11 +308,11 @@ class TrustedClient:
                 meta.length or self.config.targets_max_length,
                 top.update_targets,
             )
-            accepted["targets"] = targets_bytes
+            self._trust("targets", targets_bytes, top)
         return _state_of(top, targets_bytes)
 
-    async def _update_root(self, top: TopLevelSet, accepted: dict[str, bytes]) -> None:
-        """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps."""
+    async def _update_root(self, top: TopLevelSet) -> bool:
+        """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps; True if it moved."""
         first = top.root.version + 1
         for version in range(first, first + self.config.max_root_rotations):
             found = await self._fetch_verified(
@@ -271,7 +320,8 @@ class TrustedClient:
             )
             if found is None:
                 break
-            accepted["root"] = found[0]
+            self._trust("root", found[0], top)
+        return top.root.version >= first
 
     @staticmethod
     def _metadata_name(root: Root, role: str, version: int) -> str:
@@ -325,16 +375,27 @@ class TrustedClient:
         raise errors.UpstreamUnreachable(filename, failed)
 
     # -- lookups -------------------------------------------------------
-    async def _current(self) -> _State:
+    async def _wait_for_refresh(self, target_path: str) -> None:
+        """Wait for the cycle in flight (one is started if none is) at most ``miss_wait`` seconds.
+
+        Raises MetadataPending past that, and the cycle's own error if it failed.
+        """
+        try:
+            # Shielded: a caller giving up must not cancel everyone's refresh.
+            await asyncio.wait_for(asyncio.shield(self._start_refresh()), self.config.miss_wait)
+        except TimeoutError:
+            raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
+
+    async def _current(self, target_path: str) -> _State:
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             live = self._state is not None and self._state.earliest[0] > self._expiry_clock()
             if live and not isinstance(self._last_error, errors.RepositoryError):
                 # Stale-while-refresh: the live state is valid, so answer from it now and
                 # let the cycle run in the background; a stalled mirror delays nobody.
-                self._refresh_in_background()
+                self._start_refresh()
                 return self._state  # type: ignore[return-value]
             try:
-                await self.refresh()
+                await self._wait_for_refresh(target_path)
             except errors.UpstreamUnreachable:
                 if self._state is None:
                     raise
@@ -357,18 +418,19 @@ class TrustedClient:
         when any role the lookup used has expired, and the other
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
-        state = await self._current()
+        state = await self._current(target_path)
         try:
             return await self._lookup(state, target_path)
         except errors.UnknownTarget:
             # Answered from the live state while a cycle runs in the background: a
-            # target published since may be in the new one, so wait for it, once.
+            # target published since may be in the new one, so wait for it, once and
+            # at most miss_wait (MetadataPending then).  Not found only from fresh metadata.
             task = self._refresh_task
             if task is None or task.done():
                 raise
-            with contextlib.suppress(errors.TrustError):
-                await asyncio.shield(task)
-            return await self._lookup(await self._current(), target_path)
+            with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable):
+                await self._wait_for_refresh(target_path)  # _current says what a failure means
+            return await self._lookup(await self._current(target_path), target_path)
 
     async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
         walker = walk(target_path, state.targets, self.config.max_delegations)
