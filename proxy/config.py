@@ -84,7 +84,7 @@ def _url_list(value: str | list[str]) -> list[str]:
     urls = [u if u.endswith("/") else f"{u}/" for u in items if u]
     for u in urls:
         if not re.match(r"https?://", u):
-            raise ConfigError(f"upstream must be an http(s) URL: {u!r}")
+            raise ConfigError(f"not an http(s) URL: {u!r}")
     return urls
 
 
@@ -229,7 +229,10 @@ def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], enviro
     for opt in options:
         given = getattr(args, opt.name, None)
         if given is not None:
-            raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
+            try:
+                raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
+            except ConfigError as e:
+                raise ConfigError(f"{opt.flag}: {e}") from e
         elif opt.env in environ:
             raw = environ[opt.env]
         elif opt.name in file_values:

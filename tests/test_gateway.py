@@ -410,3 +410,19 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
             with _edge(tmp_path, gw) as edge:
                 r = install("pip", edge.url, tmp_path / "t", "app")
                 assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gateway", "serve", "{dir}"], "give --index-url"),
+    (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
+    (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
+    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "2"], "--workers"),
+    (["gateway", "init", "{dir}"], "already holds a repository"),
+    (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
+])
+def test_cli_errors_are_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
+    _gateway_init(tmp_path / "gw")
+    filled = [a.format(dir=tmp_path / "gw", missing=tmp_path / "nope", new=tmp_path / "new") for a in argv]
+    r = subprocess.run([sys.executable, "-m", "proxy", *filled], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
