@@ -426,3 +426,32 @@ def test_cli_errors_are_one_line(tmp_path: Path, argv: list[str], message: str) 
     r = subprocess.run([sys.executable, "-m", "proxy", *filled], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_timestamp_is_resigned_before_it_expires_without_changes(tmp_path: Path, test_index: TestIndex) -> None:
+    from tuf.api.metadata import Metadata
+
+    _gateway_init(tmp_path / "gw", "--online-expiry", "0.0002")  # 17 s: re-signed every ~2 s, due at half life
+    timestamp = tmp_path / "gw" / "public" / "metadata" / "timestamp.json"
+    expires = lambda: Metadata.from_bytes(timestamp.read_bytes()).signed.expires  # noqa: E731
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--page-ttl", "4") as gw:
+        first = expires()
+        _wait_for(lambda: expires() > first, timeout=40, what="timestamp re-signed")
+        assert urllib.request.urlopen(f"{gw.base}readyz", timeout=10).status == 200
+
+
+def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--page-ttl", "1") as gw:
+        assert gw.publish("lib")[0] == 200
+        test_index.raw_pages["lib"] = b'<meta name="pypi:repository-version" content="2.0">'  # a page we refuse
+        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="refused"}') >= 1,
+                  what="a refused refresh")
+        test_index.__exit__()  # now the index is gone altogether
+        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="unreachable"}') >= 1,
+                  what="an unreachable refresh")
+        page = json.loads((gw.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
+        assert [f["filename"] for f in page["files"]] == ["lib-1.0-py3-none-any.whl"]
+        assert gw.publish("lib")[0] == 200  # still published, still answered
