@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 
 from proxy import logs
 from proxy.audit import AuditLog
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.config import ConfigError, Option, _positive_float, _url_list, add_arguments, parse_listen, parse_size, resolve_values
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
@@ -33,7 +33,7 @@ from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
-from proxy.serve import _until_signalled
+from proxy.serve import stop_on_signals
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -118,13 +118,14 @@ async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-ar
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    stop = stop_on_signals()
     publisher.start()
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"]))
     print(f"tufproxy gateway serving {repo.public_dir} on http://{host}:{runner.addresses[0][1]}/ "
           f"(indexes: {', '.join(http.index_urls)})", flush=True)
     try:
-        await _until_signalled()
+        await stop.wait()
     finally:
         fresh.cancel()
         await publisher.stop()
