@@ -456,3 +456,9 @@ def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestInd
         page = json.loads((gw.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
         assert [f["filename"] for f in page["files"]] == ["lib-1.0-py3-none-any.whl"]
         assert gw.publish("lib")[0] == 200  # still published, still answered
+
+
+def test_absent_projects_are_remembered_briefly(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    for _ in range(5):
+        assert gateway.publish("not-there")[0] == 404
+    assert test_index.requests.count("/simple/not-there/") == 1
