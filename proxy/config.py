@@ -99,7 +99,7 @@ def _url_list(value: str | list[str]) -> list[str]:
     urls = [u if u.endswith("/") else f"{u}/" for u in map(str, items) if u]
     for u in urls:
         if not re.match(r"https?://", u):
-            raise ConfigError(f"upstream must be an http(s) URL: {u!r}")
+            raise ConfigError(f"not an http(s) URL: {u!r}")
     return urls
 
 

@@ -54,6 +54,8 @@ class Profile:
     page_target: Callable[[str, PageFormat], str]
     # Where, relative to a mirror's base URL, a target is served under its digest.
     served_name: Callable[[str, str], str]
+    # The upstream publishes unknown projects on request (a ``tufproxy gateway``): see proxy/gateway/edge.py.
+    miss_protocol: bool = False
 
     def page_source_format(self, wanted: PageFormat) -> PageFormat:
         """The signed rendering to verify when a client wants ``wanted``."""
@@ -85,7 +87,7 @@ TUFPROXY = Profile(
     served_name=consistent_name,
 )
 
-GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False)
+GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True)
 
 WAREHOUSE = Profile(
     name="warehouse",

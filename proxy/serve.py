@@ -25,6 +25,7 @@ from aiohttp import web
 from proxy.audit import AuditLog
 from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
+from proxy.gateway.edge import MissProtocol
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
 from proxy.server import Proxy, ProxySettings
@@ -185,10 +186,11 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
+    on_miss = MissProtocol(config.upstream[0], trust, store).on_miss if layout.miss_protocol and config.upstream else None
     proxy = Proxy(trust, fetcher, store, pages, audit, Metrics(),
                   ProxySettings(max_file_size=config.max_file_size,
                                 upstream_freshness=max(3 * config.refresh_interval, 30.0)),
-                  profile=layout, file_origins=tuple(config.files_url))
+                  profile=layout, file_origins=tuple(config.files_url), on_miss=on_miss)
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)

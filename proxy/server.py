@@ -97,8 +97,10 @@ class Proxy:
         settings: ProxySettings = ProxySettings(),
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
+        on_miss: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.trust = trust
+        self.on_miss = on_miss
         self.profile = profile
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
         # and any file host the operator named. Anything else is never fetched.
@@ -277,7 +279,7 @@ class Proxy:
             assert req.project is not None
             target_path = self.profile.page_target(req.project, source)
         request["target"] = target_path
-        target = await self.trust.get_target(target_path)
+        target = await self._page_target(req.project, target_path)
         key = (target.path, _first_hash(target), fmt.value)
         body = self._rendered.get(key)
         if body is None:
@@ -293,6 +295,15 @@ class Proxy:
             self._rendered.move_to_end(key)
             self.metrics.cache_hits.labels("page").inc()
         return web.Response(body=body, headers={"Content-Type": _CONTENT_TYPES[media], "Vary": "Accept"})
+
+    async def _page_target(self, project: str | None, target_path: str) -> VerifiedTarget:
+        """A page's signed target; on a miss, the gateway's miss protocol (proxy/gateway/edge.py) may publish it."""
+        try:
+            return await self.trust.get_target(target_path)
+        except UnknownTarget:
+            if project is None or self.on_miss is None or not await self.on_miss(project):
+                raise
+            return await self.trust.get_target(target_path)
 
     async def _verified_page_bytes(self, request: web.Request, target: VerifiedTarget) -> bytes:
         cache_key = f"{target.path}@{_first_hash(target)}"
@@ -359,7 +370,7 @@ class Proxy:
         """A file trusted through its project's verified page (sha256, and size where given)."""
         assert req.project is not None and req.filename is not None
         page_format = self.profile.signed_formats[0]
-        page_target = await self.trust.get_target(self.profile.page_target(req.project, page_format))
+        page_target = await self._page_target(req.project, self.profile.page_target(req.project, page_format))
         raw = await self._verified_page_bytes(request, page_target)
         try:
             page = _parse(raw, req.project, page_format)

@@ -79,13 +79,15 @@ def _edge(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyProces
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_chain_installs_through_edge_and_gateway(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
-    for project in CHAIN:
-        status, answer = gateway.publish(project)
-        assert status == 200 and answer["project"] == project and answer["timestamp_version"] > 1
-    with _edge(tmp_path, gateway) as edge:
+def test_chain_installs_through_edge_and_gateway_on_first_try(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
+    """Nothing is published yet: the edge's misses ask the gateway (the miss protocol), pip and uv never retry."""
+    edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gateway.base, "--root", str(gateway.root),
+                        "--workers", "2", "--refresh-interval", "3600")
+    with edge:
         r = install(client, edge.url, tmp_path / "target", "app")
         assert r.returncode == 0, r.stdout + r.stderr
+        assert "503" not in r.stdout + r.stderr and "Retry" not in r.stdout + r.stderr
+        assert _metric(gateway.base, "tufproxy_gateway_published_projects_total") == 3
     assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
     # The gateway pinned what it published and fetched each installed file once.
     ledger = json.loads(subprocess.run([sys.executable, "-m", "proxy", "gateway", "ledger", str(gateway.directory), "--json"],
@@ -268,7 +270,6 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
             assert target.length > 0
             assert await miss.on_miss("no-such-project") is False
         finally:
-            await miss.close()
             trust.close()
             await fetcher.close()
 
@@ -410,3 +411,54 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
             with _edge(tmp_path, gw) as edge:
                 r = install("pip", edge.url, tmp_path / "t", "app")
                 assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gateway", "serve", "{dir}"], "give --index-url"),
+    (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
+    (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
+    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "2"], "--workers"),
+    (["gateway", "init", "{dir}"], "already holds a repository"),
+    (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
+])
+def test_cli_errors_are_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
+    _gateway_init(tmp_path / "gw")
+    filled = [a.format(dir=tmp_path / "gw", missing=tmp_path / "nope", new=tmp_path / "new") for a in argv]
+    r = subprocess.run([sys.executable, "-m", "proxy", *filled], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_timestamp_is_resigned_before_it_expires_without_changes(tmp_path: Path, test_index: TestIndex) -> None:
+    from tuf.api.metadata import Metadata
+
+    _gateway_init(tmp_path / "gw", "--online-expiry", "0.0002")  # 17 s: re-signed every ~2 s, due at half life
+    timestamp = tmp_path / "gw" / "public" / "metadata" / "timestamp.json"
+    expires = lambda: Metadata.from_bytes(timestamp.read_bytes()).signed.expires  # noqa: E731
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--page-ttl", "4") as gw:
+        first = expires()
+        _wait_for(lambda: expires() > first, timeout=40, what="timestamp re-signed")
+        assert urllib.request.urlopen(f"{gw.base}readyz", timeout=10).status == 200
+
+
+def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--page-ttl", "1") as gw:
+        assert gw.publish("lib")[0] == 200
+        test_index.raw_pages["lib"] = b'<meta name="pypi:repository-version" content="2.0">'  # a page we refuse
+        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="refused"}') >= 1,
+                  what="a refused refresh")
+        test_index.__exit__()  # now the index is gone altogether
+        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="unreachable"}') >= 1,
+                  what="an unreachable refresh")
+        page = json.loads((gw.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
+        assert [f["filename"] for f in page["files"]] == ["lib-1.0-py3-none-any.whl"]
+        assert gw.publish("lib")[0] == 200  # still published, still answered
+
+
+def test_absent_projects_are_remembered_briefly(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    for _ in range(5):
+        assert gateway.publish("not-there")[0] == 404
+    assert test_index.requests.count("/simple/not-there/") == 1

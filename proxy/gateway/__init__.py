@@ -5,4 +5,17 @@ metadata, checks them against the index's own hashes, pins what it has
 seen, applies the organisation's policy, and publishes what passes as a
 repository signed with the organisation's keys, which edges
 (``tufproxy serve``) and air-gapped mirrors verify from its root.
+
+Modules, lowest first:
+
+* ``indexhttp``: HTTP to an index (TLS, credentials kept to their host, bounded redirects).
+* ``listing``: a project's page from the first index that lists it, validated.
+* ``ledger``: the append-only record of pins, projects' indexes and revocations.
+* ``pages``: listing -> the page to sign (policy seam, revocations, pins).
+* ``publisher``: batched signing through :mod:`proxy.repository`.
+* ``files``: pinned files streamed from the index, checked, then kept.
+* ``service``: publish on demand (single-flight) and refresh; no HTTP.
+* ``freshness``: page ttl, timestamp re-signing, garbage collection.
+* ``app``: the HTTP face (tree, miss protocol, operations); ``cli``: the commands.
+* ``edge``: the edge's side of the miss protocol (used by ``tufproxy serve``).
 """

@@ -44,11 +44,6 @@ class MissProtocol:
         self.trust = trust
         self.store = store
         self.deadline = deadline
-        self._session: aiohttp.ClientSession | None = None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
     async def on_miss(self, project: str) -> bool:
         loop = asyncio.get_running_loop()
@@ -66,11 +61,10 @@ class MissProtocol:
         return True
 
     async def _ask(self, project: str) -> int | None:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
         url = f"{self.gateway_url}_tufproxy/publish/{project}"
         try:
-            async with self._session.post(url) as response:
+            # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
+            async with aiohttp.ClientSession() as session, session.post(url) as response:
                 if response.status == 404:
                     return None
                 if response.status != 200:

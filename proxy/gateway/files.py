@@ -11,7 +11,8 @@ temp file is dropped, and the refusal is audited and counted.  So a cold
 big wheel flows to pip at the index's pace, and no complete unverified
 file ever leaves the gateway or lands in its tree.
 
-One fetch per file at a time: a second request for a file in flight waits
+A client that goes away mid-file does not stop the fetch: the file is
+still checked and kept for the next request.  One fetch per file at a time: a second request for a file in flight waits
 for it and is then served from the tree (streaming one body to several
 clients is left for later).
 """
@@ -91,11 +92,12 @@ class FileSource:
                 async with self.http.get(url, length, allowed) as upstream:
                     await response.prepare(request)
                     held = b""
+                    client = True
                     async for chunk in upstream.body:
                         verifier.update(chunk)
                         out.write(chunk)
-                        if held:
-                            await response.write(held)
+                        if held and client:
+                            client = await _send(response, held)
                         held = chunk
                 verifier.finish()
                 out.flush()
@@ -112,8 +114,8 @@ class FileSource:
                 os.unlink(tmp)
         self.metrics.files.labels("ok").inc()
         self.metrics.file_bytes.inc(verifier.received)
-        await response.write(held)
-        await response.write_eof()
+        if client and await _send(response, held):
+            await response.write_eof()
         return response
 
     def _refused(self, request: web.Request, reason: str, message: str, url: str, target: str,
@@ -132,3 +134,12 @@ class FileSource:
                 request.transport.abort()
             return response
         raise web.HTTPBadGateway(reason=f"refused by the gateway ({reason})", text=f"{message}\n")
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> bool:
+    """Write to the client; False once it has gone (the file is still fetched, checked and kept)."""
+    try:
+        await response.write(data)
+    except (ConnectionError, RuntimeError):  # aiohttp raises ClientConnectionResetError / "closing transport"
+        return False
+    return True

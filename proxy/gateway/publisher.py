@@ -35,7 +35,7 @@ class Publisher:
                  observe: Callable[[int, float], None] | None = None) -> None:
         self.repo = repo
         self.window = window
-        self._observe = observe  # (projects in the batch, seconds it took)
+        self._observe = observe  # (pages the batch changed, seconds it took)
         self._pending: Pages = {}
         self._resign = False
         self._waiters: list[asyncio.Future[int]] = []
@@ -43,7 +43,6 @@ class Publisher:
         self._task: asyncio.Task[None] | None = None
         self.published: set[str] = set(self._read_published())
         self.timestamp_version, self.timestamp_expires = self._read_timestamp()
-        self.batches = 0  # publishes that signed something
 
     def _read_published(self) -> list[str]:
         path = self.repo.public_dir / "simple" / "index.json"
@@ -91,27 +90,28 @@ class Publisher:
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()
             try:
-                await asyncio.to_thread(self._sign, pages, resign)
+                signed = await asyncio.to_thread(self._sign, pages, resign)
             except Exception as e:  # the signer refused or the disk failed: every waiter hears why
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
                 for w in waiters:
                     if not w.done():
                         w.set_exception(e)
                 continue
-            if self._observe is not None and pages:
-                self._observe(len(pages), time.monotonic() - start)
+            if self._observe is not None and signed:
+                self._observe(signed, time.monotonic() - start)
             for w in waiters:
                 if not w.done():
                     w.set_result(self.timestamp_version)
 
-    def _sign(self, pages: Pages, resign: bool) -> None:
-        signed = {}
+    def _sign(self, pages: Pages, resign: bool) -> int:
+        """Sign; how many project pages changed (0 when nothing was signed for pages)."""
+        changed = 0
         if pages:
-            signed.update(self.repo.publish_pages(pages).signed)
+            report = self.repo.publish_pages(pages)
+            changed = len(report.added) + len(report.removed)
         if resign:
-            signed.update(self.repo.refresh().signed)
-        if signed:
-            self.batches += 1
+            self.repo.refresh()
         for project, page in pages.items():
             (self.published.add if page is not None else self.published.discard)(project)
         self.timestamp_version, self.timestamp_expires = self._read_timestamp()
+        return changed

@@ -27,6 +27,8 @@ from proxy.gateway.pages import KeepAll, PagePolicy, Rendered, render
 from proxy.gateway.publisher import Publisher
 
 log = logging.getLogger(__name__)
+ABSENT_TTL = 60.0
+MAX_ABSENT = 100_000
 
 
 class NotListed(Exception):
@@ -54,6 +56,8 @@ class Gateway:
         # Projects by last use (most recent last) and when each page was last fetched (monotonic).
         self.used: OrderedDict[str, float] = OrderedDict()
         self.fetched: dict[str, float] = {}
+        # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
+        self._absent: OrderedDict[str, float] = OrderedDict()
 
     def touch(self, project: str) -> None:
         self.used[project] = time.monotonic()
@@ -68,6 +72,8 @@ class Gateway:
         self.touch(project)
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
+        if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
+            raise NotListed(f"no index lists {project}")
         future = self._inflight.get(project)
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project))
@@ -79,6 +85,10 @@ class Gateway:
     async def _publish_new(self, project: str) -> Published:
         listing = await self.fetch(project)
         if listing is None:
+            self._absent[project] = time.monotonic()
+            self._absent.move_to_end(project)
+            if len(self._absent) > MAX_ABSENT:
+                self._absent.popitem(last=False)
             raise NotListed(f"no index lists {project}")
         version = await self.publisher.publish({project: self.accept(listing).page})
         return Published(project, version)

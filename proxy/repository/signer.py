@@ -586,7 +586,9 @@ class Repository:
                 if page.name != project:
                     raise RepositoryError(f"page for {page.name!r} given as {project!r}")
                 self._write_page(change, page)
-                (change.report.unchanged if project in known else change.report.added).append(project)
+                signed = self.profile.page_target(project, self.profile.signed_formats[0]) in change.content
+                # "added": the page is signed anew (a new project or a changed page); "unchanged": the same bytes.
+                (change.report.added if signed else change.report.unchanged).append(project)
                 known.add(project)
             if self.profile.root_list_signed and known != set(self._projects(change)):
                 self._write_root_list(change, sorted(known))

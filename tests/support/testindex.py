@@ -147,6 +147,9 @@ class TestIndex:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if not self._thread.is_alive():
+            return  # stopped already (a test took the index down on purpose)
+
         async def stop() -> None:
             for r in self._runners:
                 await r.cleanup()
