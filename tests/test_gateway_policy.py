@@ -315,23 +315,31 @@ def test_claimed_private_name_only_comes_from_the_first_index() -> None:
     assert refused is not None and refused.kind is RefusalKind.NOT_FOUND and refused.rule == "private-project"
     assert "never taken from another index" in refused.message
     # The second index is never even asked, whatever the ledger says.
+    assert policy.choose_index("acme-tool", [None, None], 1).probe == 0
     assert policy.choose_index("acme-tool", [A, L], 1).refusal is not None
     unreachable = policy.choose_index("acme-tool", [U, None], None).refusal
     assert unreachable is not None and unreachable.kind is RefusalKind.UNREACHABLE
 
 
-def test_unreachable_index_never_falls_through_for_what_it_served() -> None:
+def test_unreachable_index_never_falls_through() -> None:
     policy = Policy()
+    refused = policy.choose_index("x", [U, L], None).refusal
+    assert refused is not None and refused.kind is RefusalKind.UNREACHABLE and "index 1 is unreachable" in refused.message
+    assert policy.choose_index("x", [A, U], None).refusal is not None
+
+
+def test_the_ledger_pins_a_project_to_its_index() -> None:
+    policy = Policy()
+    # Published from the first index: an unreachable first index is a refusal, never the second.
     refused = policy.choose_index("x", [U, L], 0).refusal
     assert refused is not None and refused.kind is RefusalKind.UNREACHABLE
-    assert "published it before" in refused.message
-    # Never served: the unreachable index might list it, so fail closed too.
-    assert policy.choose_index("x", [U, L], None).refusal is not None
-    # The ledger says it came from the second index: the first being down changes nothing.
-    assert policy.choose_index("x", [U, None], 1).probe == 1
+    # ...and once the first index stops listing it, the second index's "x" is not taken either.
+    gone = policy.choose_index("x", [A, L], 0).refusal
+    assert gone is not None and gone.kind is RefusalKind.NOT_FOUND and "no longer lists it" in gone.message
+    # Published from the second index: only the second is asked.
+    assert policy.choose_index("x", [None, None], 1).probe == 1
     assert policy.choose_index("x", [U, L], 1).index == 1
-    # A reachable first index that lists it now wins (first match).
-    assert policy.choose_index("x", [L, L], 1).index == 0
+    assert policy.choose_index("x", [L, L], 1).index == 1
 
 
 # ---------------------------------------------------------------- settings

@@ -448,34 +448,42 @@ class Policy:
         return _first_match(canonicalize_name(project), self.private_project)
 
     def choose_index(self, project: str, states: Sequence[IndexState | None], served_from: int | None) -> IndexChoice:
-        """Which index supplies ``project``: the first that lists it (uv's ``first-index``).
+        """Which index supplies ``project``: the first that lists it (uv's ``first-index``), never a merge.
 
-        ``states[i]`` is what asking index ``i`` found, None if not asked
-        yet (the answer is then "probe i"); ``served_from`` is the index the
-        ledger says published it before.  A claimed name only ever comes
-        from the first index.  An unreachable index ends the search (it
-        might list the project) unless the ledger says the project came
-        from a later index; so an unreachable index that served the project
-        never lets a later one supply it.
+        ``states[i]`` is what asking index ``i`` found, None if not asked yet
+        (the answer is then "probe i", so indexes are asked lazily, in
+        order).  ``served_from`` is the index the ledger says published the
+        project before.  Only some indexes are candidates: a name claimed
+        private, the first index alone; else a project the ledger knows,
+        the index it came from alone; else every index in order.  An
+        unreachable candidate ends the search: it may list the project, so
+        a later index never answers for it.
         """
         name = canonicalize_name(project)
         claim = self.claimed_private(name)
-        for i in range(1 if claim is not None else len(states)):
+        if claim is not None:
+            candidates: Sequence[int] = (0,)
+        elif served_from is not None:
+            candidates = (served_from,)
+        else:
+            candidates = range(len(states))
+        for i in candidates:
             state = states[i]
             if state is None:
                 return IndexChoice(probe=i)
             if state is IndexState.LISTED:
                 return IndexChoice(index=i)
-            if state is IndexState.UNREACHABLE and not (served_from is not None and served_from > i):
-                why = "which published it before" if served_from == i else "which may list it"
+            if state is IndexState.UNREACHABLE:
                 return IndexChoice(refusal=Refusal(
                     RefusalKind.UNREACHABLE, RULE_FIRST_INDEX,
-                    f"{name}: index {i + 1}, {why}, is unreachable; a later index is not asked"))
+                    f"{name}: index {i + 1} is unreachable and no other index may answer for it"))
         if claim is not None:
-            return IndexChoice(refusal=Refusal(
-                RefusalKind.NOT_FOUND, RULE_PRIVATE,
-                f"{name}: claimed private (private-project {claim!r}) and the first index does not list it; "
-                "never taken from another index"))
+            why = f"claimed private (private-project {claim!r}) and the first index does not list it"
+            return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_PRIVATE,
+                                               f"{name}: {why}; never taken from another index"))
+        if served_from is not None:
+            why = f"index {served_from + 1}, which published it, no longer lists it; never taken from another index"
+            return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
         return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: no index lists it"))
 
     # -------------------------------------------------------- files
