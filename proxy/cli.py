@@ -22,6 +22,7 @@ _SUBCOMMANDS = (
     "proxy.audit",
     "proxy.trust.cli",
     "proxy.mirror.cli",
+    "proxy.gateway.cli",
     "proxy.cache_cli",
 )
 

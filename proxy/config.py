@@ -116,7 +116,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
            "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
-           "(e.g. https://files.pythonhosted.org/); repeatable", [], _url_list, repeat=True, metavar="URL"),
+           "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
@@ -125,6 +125,8 @@ OPTIONS: tuple[Option, ...] = (
            Path("tufproxy-cache"), Path, metavar="DIR"),
     Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
     Option("refresh_interval", "seconds between checks for a new timestamp", 60.0, _positive_float, metavar="SECONDS"),
+    Option("miss_wait", "seconds a request for an unknown file or project waits for the refresh in flight "
+           "before 503 + Retry-After (pip retries those; hits never wait)", 5.0, _positive_float, metavar="SECONDS"),
     Option("cache_size", "size limit of the blob cache (LRU eviction beyond it)", "10G", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest distribution file accepted", "4G", parse_size, metavar="SIZE"),
     Option("connect_timeout", "seconds to connect to an upstream", 10.0, _positive_float, metavar="SECONDS"),
@@ -155,6 +157,7 @@ class ServeConfig:
     cache_dir: Path = Path("tufproxy-cache")
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     refresh_interval: float = 60.0
+    miss_wait: float = 5.0
     cache_size: int = 10 * 2**30
     max_file_size: int = 4 * 2**30
     connect_timeout: float = 10.0
@@ -184,10 +187,10 @@ class ServeConfig:
         raise ConfigError("--root is required with --upstream (the pinned root.json)")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
     """Add every option as a flag (defaults stay None so we can tell what was given)."""
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
-    for opt in OPTIONS:
+    for opt in options:
         default = opt.default if not isinstance(opt.default, Path) else str(opt.default)
         help_text = f"{opt.help} [env {opt.env}; default: {default if default not in (None, []) else 'none'}]"
         parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar, help=help_text)
@@ -195,31 +198,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
-    file_values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            file_values = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read config file {args.config}: {e}") from e
-        unknown = set(file_values) - {o.name for o in OPTIONS}
-        if unknown:
-            raise ConfigError(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
-    for opt in OPTIONS:
-        given = getattr(args, opt.name, None)
-        if given is not None:
-            raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
-        elif opt.env in environ:
-            raw = environ[opt.env]
-        elif opt.name in file_values:
-            raw = file_values[opt.name]
-        else:
-            raw = opt.default
-        try:
-            values[opt.name] = opt.parse(raw) if raw is not None else None
-        except (ConfigError, ValueError, TypeError) as e:
-            raise ConfigError(f"{opt.flag}: {e}") from e
-    config = ServeConfig(**values)
+    config = ServeConfig(**resolve_values(args, OPTIONS, environ))
     if not config.upstream and config.repository is None:
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:
@@ -233,3 +212,32 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level: {config.log_level!r} is not debug, info, warning or error")
     return config
+
+
+def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Each option's value from flags, environment, TOML file or default (in that order), parsed."""
+    file_values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            file_values = tomllib.loads(Path(args.config).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {args.config}: {e}") from e
+        unknown = set(file_values) - {o.name for o in options}
+        if unknown:
+            raise ConfigError(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for opt in options:
+        given = getattr(args, opt.name, None)
+        if given is not None:
+            raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
+        elif opt.env in environ:
+            raw = environ[opt.env]
+        elif opt.name in file_values:
+            raw = file_values[opt.name]
+        else:
+            raw = opt.default
+        try:
+            values[opt.name] = opt.parse(raw) if raw is not None else None
+        except (ConfigError, ValueError, TypeError) as e:
+            raise ConfigError(f"{opt.flag}: {e}") from e
+    return values

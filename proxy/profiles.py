@@ -10,6 +10,13 @@ bins → succinct ``bin-NNNN``; both page renderings, the root list,
 every distribution and ``.metadata`` file are targets, with sha256 and
 sha512; metadata under ``metadata/``.
 
+``gateway`` (what ``tufproxy gateway`` publishes): the ``tufproxy``
+layout, except that distribution and ``.metadata`` files are not targets:
+they are trusted through the signed page's sha256 (and its PEP 700
+``size`` where the index gave one), as in PyPI's draft, so a first
+publish of a project with thousands of files re-signs two page targets,
+not thousands of bins.
+
 ``warehouse`` (PyPI's PEP 458 draft: Warehouse with RSTUF, pypi/warehouse
 PR 15815): targets → succinct ``bins-N`` directly; one target per project,
 its **normalised name**, whose bytes are the HTML simple detail page
@@ -21,6 +28,7 @@ in the verified page; no JSON target, no root-list target; metadata under
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,6 +83,8 @@ TUFPROXY = Profile(
     served_name=consistent_name,
 )
 
+GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False)
+
 WAREHOUSE = Profile(
     name="warehouse",
     metadata_path="tuf-metadata/",
@@ -88,7 +98,7 @@ WAREHOUSE = Profile(
     served_name=_warehouse_served_name,
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (TUFPROXY, WAREHOUSE)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (TUFPROXY, GATEWAY, WAREHOUSE)}
 
 
 def get_profile(name: str) -> Profile:

@@ -160,7 +160,8 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
     fetcher, mirrors = _fetcher_and_mirrors(config)
     layout = config.layout
     trust = await _trusted_client(config, fetcher, mirrors,
-                                  TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name,
+                                  TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
+                                              served_name=layout.served_name,
                                               expiry_override=_expiry_override(config.allow_expired_until, audit)))
     try:
         await trust.refresh()

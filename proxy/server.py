@@ -46,6 +46,7 @@ from proxy.trust.errors import (
     ExpiredMetadata,
     HashMismatch,
     LengthMismatch,
+    MetadataPending,
     RepositoryError,
     TrustError,
     UnknownTarget,
@@ -154,6 +155,11 @@ class Proxy:
         """Status, one-line reason, audit record and metric for a refusal."""
         if isinstance(error, UnknownTarget):
             return _text(404, f"not found: no signed target {error.target}")
+        if isinstance(error, MetadataPending):
+            # Not known yet: pip retries a 503 (honouring Retry-After), while a 404 ends its resolve.
+            response = _text(503, str(error), reason_slug=error.reason)
+            response.headers["Retry-After"] = str(error.retry_after)
+            return response
         if isinstance(error, ExpiredMetadata):
             status, text = 503, f"trusted metadata expired and cannot be refreshed: {error}"
         elif isinstance(error, RepositoryError):

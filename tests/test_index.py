@@ -17,9 +17,9 @@ from proxy.index import DistFile, IndexParseError, MediaType, ProjectList, Proje
 SHA_A = "813202ace4d9301a3c00740c700e012fb9f3f8c73ddcfe02ab558a8df6f175fd"
 SHA_B = "70761cfe03c773ceb22aa2f671b4757976145175cdfca038c02654d061d6dcc6"
 SHA_M = "fa1c9ee8b5d3b6c1bd04c46e1d41d8f5d2a4b9c8e8c7d1a1e3f7b2a9c0d4e5f6"
-FILES = "https://files.pythonhosted.org/packages"
+FILES = "https://files.index.example/packages"
 
-# Shaped like https://pypi.org/simple/requests/ (trimmed).
+# Shaped like the public index's page for requests (trimmed).
 PYPI_HTML = f"""<!DOCTYPE html>
 <html>
   <head>

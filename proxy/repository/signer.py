@@ -35,7 +35,8 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -116,6 +117,9 @@ class Settings:
     bins: int = 16384
     expiry: Expiry = field(default_factory=Expiry)
     layout: str = "tufproxy"
+    # New versions are at least the signing time in Unix milliseconds: they keep increasing across a
+    # restore from an older backup of the tree (what a long-running publisher like the gateway needs).
+    clock_versions: bool = False
 
     @property
     def bit_length(self) -> int:
@@ -184,6 +188,8 @@ class _Change:
         else:
             info = TargetFile.from_data(target_path, data, algorithms)
         name = self.bin_for(target_path)
+        if self.role(name).signed.targets.get(target_path) == info:
+            return info  # the same bytes are signed already: nothing to re-sign
         self.role(name).signed.targets[target_path] = info
         self.dirty.add(name)
         self.content[target_path] = data
@@ -206,7 +212,8 @@ class _Change:
         return self.repo.served_path(target_path, next(iter(info.hashes.values()))).read_bytes()
 
     def _sign(self, role_name: str, md: Metadata) -> None:
-        md.signed.version += 1
+        floor = int(time.time() * 1000) if self.repo.settings.clock_versions else 0
+        md.signed.version = max(md.signed.version + 1, floor)
         md.signed.expires = self.now + self.repo.settings.expiry.for_role(role_name)
         md.signatures.clear()
         for signer in self.repo._signers_for(role_name, self.online):
@@ -331,6 +338,7 @@ class Repository:
         expiry: Expiry | None = None,
         now: datetime | None = None,
         layout: str = "tufproxy",
+        clock_versions: bool = False,
     ) -> Repository:
         """Create keys and the first signed metadata (empty targets) in ``path``.
 
@@ -344,7 +352,7 @@ class Repository:
         if (path / "repository.json").exists():
             raise RepositoryError(f"{path} already holds a repository")
         try:
-            settings = Settings(bins=bins, expiry=expiry or Expiry(), layout=layout)
+            settings = Settings(bins=bins, expiry=expiry or Expiry(), layout=layout, clock_versions=clock_versions)
             profile = settings.profile
         except ValueError as e:
             raise RepositoryError(str(e)) from e
@@ -399,7 +407,8 @@ class Repository:
         # repository.json last: its presence means "a complete repository".
         atomic_write(
             path / "repository.json",
-            json.dumps({"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout}, indent=2).encode(),
+            json.dumps({"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout,
+                        "clock_versions": clock_versions}, indent=2).encode(),
         )
         if profile.root_list_signed:
             # An empty index, so pip pointed at a new repository sees no projects rather than 404.
@@ -415,7 +424,8 @@ class Repository:
         path = Path(path)
         try:
             raw = json.loads((path / "repository.json").read_bytes())
-            settings = Settings(bins=int(raw["bins"]), expiry=Expiry.from_json(raw["expiry"]), layout=raw.get("layout", "tufproxy"))
+            settings = Settings(bins=int(raw["bins"]), expiry=Expiry.from_json(raw["expiry"]), layout=raw.get("layout", "tufproxy"),
+                                clock_versions=bool(raw.get("clock_versions", False)))
         except FileNotFoundError:
             raise RepositoryError(f"{path} is not a repository (no repository.json; run 'tufproxy repo init {path}')") from None
         except (ValueError, KeyError, TypeError) as e:
@@ -544,6 +554,50 @@ class Repository:
             if self.profile.root_list_signed and set(by_project) - set(known):
                 self._write_root_list(change, known + list(by_project))
             return change.commit()
+
+    def current_page(self, project: str) -> index.ProjectPage | None:
+        """The signed page of ``project`` (normalised name) as the current timestamp reaches it, or None."""
+        change = _Change(self, _now(None))
+        if change.get_target(self.profile.page_target(project, self.profile.signed_formats[0])) is None:
+            return None
+        return self._current_page(change, project)
+
+    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None) -> ChangeReport:
+        """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
+
+        For a layout whose files are not targets (the gateway's): the page's
+        hashes are what vouch for its files, and the caller stores the files.
+        Keys are normalised project names; the root list follows.
+        """
+        if self.profile.files_are_targets:
+            raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            known = set(self._projects(change))
+            for project, page in pages.items():
+                if page is None:
+                    for fmt in self.profile.signed_formats:
+                        change.delete_target(self.profile.page_target(project, fmt))
+                    if project in known:
+                        known.discard(project)
+                        change.report.removed.append(project)
+                    continue
+                if page.name != project:
+                    raise RepositoryError(f"page for {page.name!r} given as {project!r}")
+                self._write_page(change, page)
+                (change.report.unchanged if project in known else change.report.added).append(project)
+                known.add(project)
+            if self.profile.root_list_signed and known != set(self._projects(change)):
+                self._write_root_list(change, sorted(known))
+            if not change.dirty:
+                return change.report
+            report = change.commit()
+            for project in report.removed:  # plain names follow the signed state (pip straight at the tree)
+                for fmt in self.profile.signed_formats:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.public_dir / self.plain_name(self.profile.page_target(project, fmt)))
+            return report
 
     def remove(self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None) -> ChangeReport:
         """Yank a file (PEP 592: stays installable when pinned) or delete it outright."""

@@ -65,6 +65,10 @@ T = TypeVar("T")
 _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 # After a failed cycle with nothing usable to serve, retry at most this often.
 _RETRY_FLOOR = 1.0
+# refresh_until's pause between cycles that came back short: doubles from the first to the last.
+_UNTIL_BACKOFF = (0.05, 1.0)
+# Retry-After (seconds) of MetadataPending: the refresh it waits for is already running.
+_PENDING_RETRY_AFTER = 1
 
 
 # What the expiry clock reads while an ExpiryOverride holds: no metadata expires before it.
@@ -183,22 +187,59 @@ class TrustedClient:
         unusable = self._state is None or self._state.earliest[0] <= self._expiry_clock()
         return unusable and elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR)
 
-    def _refresh_in_background(self) -> None:
-        task = self._refresh_task
-        if task is None or task.done():
-            task = self._refresh_task = asyncio.create_task(self._refresh())
-            # Its outcome lands in _last_error/_state; nobody awaits it, so read the exception here.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
     async def refresh(self, force: bool = False) -> None:
         """Run a refresh cycle if due (always with ``force``); join one in flight."""
         task = self._refresh_task
-        if task is None or task.done():
-            if not force and not self._due():
-                return
-            task = self._refresh_task = asyncio.create_task(self._refresh())
+        if (task is None or task.done()) and not force and not self._due():
+            return
         # Shielded: a cancelled request must not cancel everyone's refresh.
-        await asyncio.shield(task)
+        await asyncio.shield(self._start_refresh())
+
+    @property
+    def timestamp_version(self) -> int | None:
+        """Version of the timestamp lookups are answered from (None before the first verified state)."""
+        return None if self._state is None else self._state.timestamp.version
+
+    def _start_refresh(self) -> asyncio.Task[None]:
+        """The cycle in flight, or a new one."""
+        task = self._refresh_task
+        if task is None or task.done():
+            task = self._refresh_task = asyncio.create_task(self._refresh())
+            # Its outcome lands in _last_error/_state; read the exception here in case nobody awaits it.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def refresh_until(self, version: int, timeout: float) -> None:
+        """Return once lookups are answered from a timestamp of at least ``version``.
+
+        Joins the cycle in flight (it may predate the publication the caller
+        knows about), then starts new ones while the version is still short,
+        pausing a bounded, growing backoff between them.  A cycle refused for
+        verification is re-raised; an unreachable upstream is retried.
+        Raises :class:`~proxy.trust.errors.MetadataPending` once ``timeout``
+        seconds have passed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = _UNTIL_BACKOFF[0]
+        joined_older = self._refresh_task is not None and not self._refresh_task.done()
+        while (self.timestamp_version or 0) < version:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise errors.MetadataPending(f"timestamp version {version}", _PENDING_RETRY_AFTER)
+            try:
+                # Shielded: a caller giving up must not cancel everyone's refresh.
+                await asyncio.wait_for(asyncio.shield(self._start_refresh()), remaining)
+            except TimeoutError:
+                continue  # the deadline check above raises
+            except errors.UpstreamUnreachable:
+                pass
+            if joined_older:
+                joined_older = False  # that cycle began before the call: start the next one at once
+                continue
+            if (self.timestamp_version or 0) < version:
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+                pause = min(2 * pause, _UNTIL_BACKOFF[1])
 
     async def _refresh(self) -> None:
         self._last_attempt = time.monotonic()
@@ -325,16 +366,27 @@ class TrustedClient:
         raise errors.UpstreamUnreachable(filename, failed)
 
     # -- lookups -------------------------------------------------------
-    async def _current(self) -> _State:
+    async def _wait_for_refresh(self, target_path: str) -> None:
+        """Wait for the cycle in flight (one is started if none is) at most ``miss_wait`` seconds.
+
+        Raises MetadataPending past that, and the cycle's own error if it failed.
+        """
+        try:
+            # Shielded: a caller giving up must not cancel everyone's refresh.
+            await asyncio.wait_for(asyncio.shield(self._start_refresh()), self.config.miss_wait)
+        except TimeoutError:
+            raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
+
+    async def _current(self, target_path: str) -> _State:
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             live = self._state is not None and self._state.earliest[0] > self._expiry_clock()
             if live and not isinstance(self._last_error, errors.RepositoryError):
                 # Stale-while-refresh: the live state is valid, so answer from it now and
                 # let the cycle run in the background; a stalled mirror delays nobody.
-                self._refresh_in_background()
+                self._start_refresh()
                 return self._state  # type: ignore[return-value]
             try:
-                await self.refresh()
+                await self._wait_for_refresh(target_path)
             except errors.UpstreamUnreachable:
                 if self._state is None:
                     raise
@@ -357,18 +409,19 @@ class TrustedClient:
         when any role the lookup used has expired, and the other
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
-        state = await self._current()
+        state = await self._current(target_path)
         try:
             return await self._lookup(state, target_path)
         except errors.UnknownTarget:
             # Answered from the live state while a cycle runs in the background: a
-            # target published since may be in the new one, so wait for it, once.
+            # target published since may be in the new one, so wait for it, once and
+            # at most miss_wait (MetadataPending then).  Not found only from fresh metadata.
             task = self._refresh_task
             if task is None or task.done():
                 raise
-            with contextlib.suppress(errors.TrustError):
-                await asyncio.shield(task)
-            return await self._lookup(await self._current(), target_path)
+            with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable):
+                await self._wait_for_refresh(target_path)  # _current says what a failure means
+            return await self._lookup(await self._current(target_path), target_path)
 
     async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
         walker = walk(target_path, state.targets, self.config.max_delegations)

@@ -51,6 +51,9 @@ class TrustConfig:
     """Bounds and refresh policy of a :class:`~proxy.trust.TrustedClient`."""
 
     refresh_interval: float = 60.0
+    # How long a lookup of an unknown target (or one with no usable state) waits for the
+    # refresh in flight before MetadataPending: well under pip's 15 s read timeout.
+    miss_wait: float = 5.0
     max_root_rotations: int = 256
     max_delegations: int = 32
     root_max_length: int = 512_000

@@ -27,13 +27,13 @@ class ProxyProcess:
     def url(self) -> str:
         return f"{self.base}simple/"
 
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "proxy", "serve", "--cache-dir", str(self.cache_dir),
+                "--listen", f"127.0.0.1:{self.port}", *self.args]
+
     def start(self) -> ProxyProcess:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--cache-dir", str(self.cache_dir),
-             "--listen", f"127.0.0.1:{self.port}", *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for_port(self.port, self.proc)
         except RuntimeError as e:

@@ -1,0 +1,101 @@
+"""Why the gateway signs files through pages, and why 1024 bins: the measurements behind README.
+
+1. A first publish of one project with FILES files (numpy's page lists
+   ~4,415): as per-file targets (``tufproxy`` layout, ``Repository.add``)
+   against one page whose hashes cover the files (``gateway`` layout,
+   ``Repository.publish_pages``): seconds, bin-n roles re-signed, bytes of
+   metadata written.
+2. For each bin count: snapshot.json size, and what one publish costs every
+   edge: a refresh of a warm edge's trust core (new timestamp + snapshot,
+   verified) after one project was published, median over REPEATS.  With
+   PROJECTS projects published, the size of an average bin-n (what an edge
+   fetches on its first look at a page in that bin).
+
+Usage: ``python bench/gateway_layout.py [--files 4400] [--projects 2000] [--repeats 5]``; prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from proxy import index
+from proxy.local import LocalFetcher
+from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+
+
+def _metadata_bytes(repo: Repository) -> int:
+    return sum(p.stat().st_size for p in repo.metadata_dir.iterdir())
+
+
+def _page(project: str, files: int, seed: str = "") -> index.ProjectPage:
+    entries = tuple(index.DistFile(filename=f"{project}-{i}.0-py3-none-any.whl", url=f"../../packages/{project}/{project}-{i}.0-py3-none-any.whl",
+                                   hashes={"sha256": f"{i:064x}"}, size=1000 + i, core_metadata={"sha256": f"{i + 1:064x}"},
+                                   upload_time="2024-01-01T00:00:00.000000Z") for i in range(files))
+    return index.ProjectPage(name=project, files=entries, versions=tuple(f"{i}.0{seed}" for i in range(files)))
+
+
+def first_publish(tmp: Path, files: int, bins: int) -> dict[str, object]:
+    dists = [build_wheel(tmp / "dists", "big", f"{i}.0") for i in range(files)]
+    out: dict[str, object] = {}
+    for layout in ("tufproxy", "gateway"):
+        repo = Repository.init(tmp / layout, bins=bins, layout=layout)
+        before = _metadata_bytes(repo)
+        start = time.perf_counter()
+        report = repo.add(dists) if layout == "tufproxy" else repo.publish_pages({"big": _page("big", files)})
+        out[layout] = {"seconds": round(time.perf_counter() - start, 2),
+                       "bin_n_signed": sum(1 for r in report.signed if r.startswith("bin-")),
+                       "metadata_bytes_written": _metadata_bytes(repo) - before}
+    return out
+
+
+async def _edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float:
+    TrustedClient.initialize(tmp / "edge", (repo.metadata_dir / "1.root.json").read_bytes())
+    fetcher = LocalFetcher(repo.public_dir)
+    base = fetcher.base_url()
+    client = TrustedClient(tmp / "edge", [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))
+    await client.refresh(force=True)
+    costs = []
+    for i in range(repeats):
+        repo.publish_pages({f"new{i}": _page(f"new{i}", 3)})
+        start = time.perf_counter()
+        await client.refresh(force=True)
+        costs.append(time.perf_counter() - start)
+    client.close()
+    return statistics.median(costs)
+
+
+def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, object]:
+    repo = Repository.init(tmp / f"bins{bins}", bins=bins, layout="gateway", clock_versions=True)
+    repo.publish_pages({f"p{i}": _page(f"p{i}", 3) for i in range(projects)})
+    snapshot = max(repo.metadata_dir.glob("*.snapshot.json"), key=lambda p: int(p.name.split(".")[0]))
+    bin_sizes = [p.stat().st_size for p in repo.metadata_dir.glob("*.bin-*.json")]
+    refresh = asyncio.run(_edge_refresh_cost(repo, repeats, tmp / f"edge{bins}"))
+    return {"snapshot_bytes": snapshot.stat().st_size, "edge_refresh_ms_per_publish": round(refresh * 1e3, 1),
+            "largest_bin_bytes": max(bin_sizes), "median_bin_bytes": int(statistics.median(bin_sizes))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=4400)
+    ap.add_argument("--projects", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--bins", type=int, nargs="*", default=[16384, 1024, 256])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-gw-") as t:
+        tmp = Path(t)
+        result = {"first_publish_of_one_project": {"files": args.files, **first_publish(tmp / "fp", args.files, 1024)},
+                  "bins": {b: bins_cost(tmp, b, args.projects, args.repeats) for b in args.bins},
+                  "projects_published": args.projects}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The gateway's HTTP face: the signed tree, the miss protocol, files on demand, operations.
+
+Routes:
+
+* ``GET /metadata/<file>``: TUF metadata; ``timestamp.json`` and
+  ``root.json`` with ``Cache-Control: no-cache``, versioned files immutable.
+* ``GET /simple/...``: the signed pages (consistent ``HASH.index.*`` names for
+  edges, plain names for pip pointed straight at the gateway; an unpublished
+  project's plain page is published first).
+* ``GET /packages/<p>/<file>[.metadata]``: from the tree, else streamed from
+  the index and checked against its pin (:mod:`proxy.gateway.files`).
+* ``POST /_tufproxy/publish/<project>``: the miss protocol (README, design
+  notes): 200 ``{"project", "timestamp_version"}`` once a timestamp carrying
+  the project is written; 404 ``{"project", "reason"}`` when no index lists
+  it; 502 when the index's answer was refused or unreachable.
+* ``/healthz``, ``/readyz``, ``/metrics``.
+
+Refusals map to status by whose fault they are, in :func:`_status`: the
+index lied (502), the index is unreachable (502, reason
+``upstream-unreachable``), not found (404), our resources (503).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy import index
+from proxy.audit import AuditWriteError
+from proxy.gateway.files import FileSource
+from proxy.gateway.listing import PageRefused
+from proxy.gateway.service import Gateway, NotListed
+from proxy.layout import is_valid_filename, is_valid_project_name, normalize
+from proxy.metrics import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+PUBLISH_PREFIX = "/_tufproxy/publish/"
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
+_NO_CACHE = {"Cache-Control": "no-cache"}
+_IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
+
+
+def _status(error: Exception) -> tuple[int, str]:
+    """The one table: a refusal's HTTP status and reason slug."""
+    if isinstance(error, NotListed):
+        return 404, "not-found"
+    if isinstance(error, PageRefused):
+        return 502, error.reason
+    if isinstance(error, AuditWriteError):
+        return 500, "audit-unwritable"
+    if isinstance(error, OSError):
+        return 503, "gateway-storage"
+    return 500, "internal"
+
+
+class GatewayApp:
+    """aiohttp application over a :class:`Gateway` and its tree."""
+
+    def __init__(self, gateway: Gateway, files: FileSource, public_dir: Path, started: float | None = None) -> None:
+        self.gateway = gateway
+        self.files = files
+        self.public_dir = public_dir
+        self.metrics = gateway.metrics
+        self.started = started or time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware])
+        app.router.add_get("/healthz", self._healthz, name="healthz")
+        app.router.add_get("/readyz", self._readyz, name="readyz")
+        app.router.add_get("/metrics", self._metrics, name="metrics")
+        app.router.add_post(PUBLISH_PREFIX + "{project}", self._publish, name="publish")
+        app.router.add_get("/metadata/{name}", self._metadata, name="metadata")
+        app.router.add_get("/simple/", self._root_page, name="root-page")
+        app.router.add_get("/simple/{project}/", self._project_page, name="project-page")
+        app.router.add_get("/simple/{project}/{name}", self._page_file, name="page-file")
+        app.router.add_get("/packages/{project}/{name}", self._package, name="packages")
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        route = request.match_info.route.name or "other"
+        try:
+            response = await handler(request)
+        except web.HTTPException as e:
+            response = e
+        except (NotListed, PageRefused, OSError) as e:
+            status, reason = _status(e)
+            log.warning("%s %s -> %d %s: %s", request.method, request.path, status, reason, e)
+            response = web.json_response({"reason": reason, "detail": str(e)[:500]}, status=status,
+                                         reason=f"{reason}: {str(e)[:200]}".encode("ascii", "replace").decode())
+        self.metrics.requests.labels(route, str(response.status)).inc()
+        return response
+
+    # -- the miss protocol -----------------------------------------------
+    async def _publish(self, request: web.Request) -> web.Response:
+        name = request.match_info["project"]
+        if not is_valid_project_name(name):
+            return web.json_response({"reason": "bad-project-name"}, status=400)
+        try:
+            published = await self.gateway.ensure(name)
+        except NotListed as e:
+            return web.json_response({"project": normalize(name), "reason": "not-found", "detail": str(e)}, status=404)
+        return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
+
+    # -- the tree ------------------------------------------------------
+    def _path(self, *segments: str) -> Path:
+        """The file of the tree a request names; 404 unless every segment is a plain name and it exists."""
+        if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
+            raise web.HTTPNotFound()
+        path = self.public_dir.joinpath(*segments)
+        if not path.is_file():
+            raise web.HTTPNotFound()
+        return path
+
+    def _file(self, *segments: str, headers: dict[str, str] | None = None) -> web.FileResponse:
+        return web.FileResponse(self._path(*segments), headers=headers)
+
+    async def _metadata(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        headers = _NO_CACHE if name in ("timestamp.json", "root.json") else _IMMUTABLE
+        if not name.endswith(".snapshot.json"):
+            return self._file("metadata", name, headers=headers)
+        # The snapshot is the one file every edge reads after every publish: gzip it for those who accept it.
+        response = web.Response(body=self._path("metadata", name).read_bytes(), content_type="application/json", headers=headers)
+        response.enable_compression()
+        return response
+
+    async def _root_page(self, request: web.Request) -> web.StreamResponse:
+        name, content_type = _plain_page(request)
+        return self._file("simple", name, headers={**_NO_CACHE, "Content-Type": content_type})
+
+    async def _project_page(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["project"]
+        if not is_valid_project_name(name):
+            raise web.HTTPNotFound()
+        project = normalize(name)
+        if project != name:
+            raise web.HTTPMovedPermanently(f"../{project}/")
+        self.gateway.touch(project)
+        if not (self.public_dir / "simple" / project / "index.html").is_file():
+            await self.gateway.ensure(project)
+        name, content_type = _plain_page(request)
+        return self._file("simple", project, name, headers={**_NO_CACHE, "Content-Type": content_type})
+
+    async def _page_file(self, request: web.Request) -> web.StreamResponse:
+        project, name = request.match_info["project"], request.match_info["name"]
+        self.gateway.touch(project)
+        plain = name in ("index.html", "index.json")
+        return self._file("simple", project, name, headers=_NO_CACHE if plain else _IMMUTABLE)
+
+    async def _package(self, request: web.Request) -> web.StreamResponse:
+        project, name = request.match_info["project"], request.match_info["name"]
+        if not is_valid_project_name(project) or normalize(project) != project or not is_valid_filename(name):
+            raise web.HTTPNotFound()
+        core = name.endswith(".metadata")
+        return await self.files.serve(request, project, name.removesuffix(".metadata") if core else name, core)
+
+    # -- operations ----------------------------------------------------
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        publisher = self.gateway.publisher
+        problems = []
+        if publisher.timestamp_expires <= time.time():
+            problems.append("published timestamp has expired")
+        if not (self.public_dir / "metadata" / "timestamp.json").is_file():
+            problems.append("no timestamp.json")
+        status = 503 if problems else 200
+        return web.json_response({"ready": not problems, "problems": problems,
+                                  "timestamp_version": publisher.timestamp_version}, status=status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        publisher = self.gateway.publisher
+        self.metrics.timestamp_version.set(publisher.timestamp_version)
+        self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
+        self.metrics.projects.set(len(publisher.published))
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _plain_page(request: web.Request) -> tuple[str, str]:
+    """The plain page file a client asked for (PEP 691 negotiation), and its content type."""
+    if index.negotiate(request.headers.get("Accept")) is index.MediaType.JSON_V1:
+        return "index.json", index.MediaType.JSON_V1.value
+    return "index.html", "text/html; charset=utf-8"

@@ -1,0 +1,84 @@
+"""The edge's half of the miss protocol: ask the gateway to publish, then trust what it signed.
+
+``tufproxy serve --profile gateway`` calls :meth:`MissProtocol.on_miss`
+when no signed page lists a project.  It POSTs
+``/_tufproxy/publish/<project>`` to the gateway (one worker at a time per
+project, through the blob store's cross-process lock; a worker that
+waited asks again and gets the answer at once), then refreshes its
+trusted metadata until it trusts at least the timestamp version the
+gateway named, and says True so the resolver looks again.  404 from the
+gateway: False (the project does not exist).  The whole exchange has a
+deadline well under pip's 15 s read timeout; past it the request is a
+503 with Retry-After (:class:`MetadataPending`).
+
+The gateway's answer is a hint: the page is still verified from the
+root, so a lying gateway can only make an edge wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+import aiohttp
+
+from proxy.store import BlobStore
+from proxy.trust.errors import MetadataPending, UpstreamUnreachable
+
+log = logging.getLogger(__name__)
+
+DEADLINE = 8.0
+RETRY_AFTER = 2
+
+
+class _Refreshable(Protocol):
+    async def refresh_until(self, version: int, timeout: float) -> None: ...
+
+
+class MissProtocol:
+    """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
+
+    def __init__(self, gateway_url: str, trust: _Refreshable, store: BlobStore, deadline: float = DEADLINE) -> None:
+        self.gateway_url = gateway_url
+        self.trust = trust
+        self.store = store
+        self.deadline = deadline
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def on_miss(self, project: str) -> bool:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.deadline
+        target = f"simple/{project}/"
+        try:
+            async with asyncio.timeout(self.deadline):
+                async with self.store.fetch_lock(f"gateway-publish:{project}", wait=self.deadline):
+                    version = await self._ask(project)
+                if version is None:
+                    return False
+                await self.trust.refresh_until(version, max(0.1, end - loop.time()))
+        except TimeoutError:
+            raise MetadataPending(target, RETRY_AFTER) from None
+        return True
+
+    async def _ask(self, project: str) -> int | None:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        url = f"{self.gateway_url}_tufproxy/publish/{project}"
+        try:
+            async with self._session.post(url) as response:
+                if response.status == 404:
+                    return None
+                if response.status != 200:
+                    raise UpstreamUnreachable(f"publish {project}", [RuntimeError(f"gateway answered HTTP {response.status}")])
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, ValueError) as e:
+            raise UpstreamUnreachable(f"publish {project}", [e]) from e
+        version = answer.get("timestamp_version") if isinstance(answer, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UpstreamUnreachable(f"publish {project}", [ValueError("gateway answer has no timestamp_version")])
+        return version

@@ -1,0 +1,103 @@
+"""Keeping the signed tree fresh: page refreshes, timestamp re-signing, old metadata removal.
+
+Every ``tick`` seconds the gateway re-fetches the published projects whose
+page is older than ``page_ttl``, most recently used first, at most
+``rate`` pages a second, and publishes what changed in one batch.  Online
+roles are re-signed (through the same publisher) every eighth of their
+lifetime, so the timestamp never expires even when nothing changes.
+After that, :func:`collect_garbage` drops metadata versions and page
+files nothing current references, once they are older than ``grace``
+(an edge that read the previous timestamp a moment ago can still finish
+its refresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from tuf.api.metadata import Metadata
+
+from proxy.gateway.service import Gateway
+from proxy.repository import Repository
+from proxy.trust.model import file_digest
+
+log = logging.getLogger(__name__)
+_VERSIONED = re.compile(r"([0-9]+)\.(.+)\.json")
+_HASHED_PAGE = re.compile(r"[0-9a-f]{64,128}\.index\.(html|json)")
+
+
+async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rate: float, tick: float,
+                     grace: float) -> None:
+    """Run until cancelled; see the module docstring."""
+    resign_every = repo.settings.expiry.timestamp.total_seconds() / 8
+    last_resign = -float("inf")
+    while True:
+        now = time.monotonic()
+        if now - last_resign >= resign_every:
+            try:
+                await gateway.publisher.resign()
+                await asyncio.to_thread(collect_garbage, repo, grace)
+            except Exception as e:  # keep the loop alive; the next tick retries
+                log.error("re-signing online roles failed: %s", e)
+            else:
+                last_resign = now
+        due = [p for p in gateway.publisher.published if now - gateway.fetched.get(p, -float("inf")) >= page_ttl]
+        due.sort(key=lambda p: gateway.used.get(p, 0.0), reverse=True)
+        batch = due[: max(1, int(rate * tick))]
+        if batch:
+            try:
+                changed = await gateway.refresh(batch)
+                log.info("refreshed %d page(s), %d published", len(batch), changed)
+            except Exception as e:
+                log.error("page refresh failed: %s", e)
+        await asyncio.sleep(tick)
+
+
+def collect_garbage(repo: Repository, grace: float) -> int:
+    """Remove metadata versions and hashed pages no current metadata references; how many files."""
+    cutoff = time.time() - grace
+    timestamp = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
+    snapshot_version = timestamp.signed.snapshot_meta.version
+    snapshot = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes())
+    current = {"snapshot": snapshot_version} | {k.removesuffix(".json"): v.version for k, v in snapshot.signed.meta.items()}
+    versions: dict[str, list[tuple[int, os.DirEntry[str]]]] = {}
+    for entry in os.scandir(repo.metadata_dir):
+        m = _VERSIONED.fullmatch(entry.name)
+        if m is not None and m.group(2) in current and int(m.group(1)) < current[m.group(2)]:
+            versions.setdefault(m.group(2), []).append((int(m.group(1)), entry))
+    removed = 0
+    for older in versions.values():
+        # The newest superseded version stays: an edge that read the previous timestamp may still want it.
+        for _, entry in sorted(older, key=lambda v: v[0])[:-1]:
+            if entry.stat().st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+    for entry in os.scandir(repo.metadata_dir):
+        # Temp files of a publish killed mid-write (atomic_write's names).
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.stat().st_mtime < cutoff:
+            os.unlink(entry.path)
+            removed += 1
+    simple = repo.public_dir / "simple"
+    for project in (simple.iterdir() if simple.is_dir() else ()):
+        if project.is_dir():
+            removed += _collect_pages(project, cutoff)
+    return removed
+
+
+def _collect_pages(project_dir: Path, cutoff: float) -> int:
+    keep = set()
+    for plain in ("index.html", "index.json"):
+        path = project_dir / plain
+        if path.is_file():
+            keep |= {f"{file_digest(a, path)}.{plain}" for a in ("sha256", "sha512")}
+    removed = 0
+    for entry in os.scandir(project_dir):
+        if _HASHED_PAGE.fullmatch(entry.name) and entry.name not in keep and entry.stat().st_mtime < cutoff:
+            os.unlink(entry.path)
+            removed += 1
+    return removed

@@ -1,0 +1,90 @@
+"""From an index's listing to the page the gateway signs.
+
+:func:`render` is the one place that decides what a project's signed page
+says.  In order: the policy trims the listing (the seam for
+``proxy.gateway.policy``; the default keeps everything), revoked files
+leave, pinned files keep their pinned hashes and size (so a listed file
+whose contents differ from its pin stays signed as pinned; the change is
+reported, never signed).  Every link
+is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
+every field pip and uv use is kept (requires-python, yanked and reason,
+PEP 658/714 core-metadata hashes, PEP 700 size, upload-time, versions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from proxy import index
+from proxy.gateway.ledger import Ledger, Pin
+from proxy.gateway.listing import Listing
+from proxy.layout import page_file_href
+from proxy.trust.hashing import ACCEPTED
+
+
+class PagePolicy(Protocol):
+    """Trims a listing before it is signed (what H-policy's ``policy.py`` implements)."""
+
+    def trim(self, listing: Listing) -> Listing: ...
+
+
+class KeepAll:
+    """The default policy: sign every file the index lists."""
+
+    def trim(self, listing: Listing) -> Listing:
+        return listing
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A pinned file the index now lists with other contents."""
+
+    pin: Pin
+    hashes: dict[str, str]
+    size: int | None
+
+
+@dataclass
+class Rendered:
+    """A page ready to sign, and what the ledger and audit log must learn from it."""
+
+    page: index.ProjectPage
+    new_pins: list[Pin] = field(default_factory=list)
+    changed: list[Changed] = field(default_factory=list)
+
+
+def _accepted(hashes: dict[str, str]) -> dict[str, str]:
+    return {a: v for a, v in hashes.items() if a in ACCEPTED}
+
+
+def render(listing: Listing, ledger: Ledger, policy: PagePolicy = KeepAll()) -> Rendered:
+    """The page to sign for ``listing``; see the module docstring."""
+    listing = policy.trim(listing)
+    project = listing.project
+    out = Rendered(page=index.ProjectPage(name=project, files=()))
+    files: list[index.DistFile] = []
+    for dist in listing.page.files:
+        if ledger.is_revoked(project, dist.filename):
+            continue
+        hashes = _accepted(dist.hashes)
+        core = _accepted(dist.core_metadata) if isinstance(dist.core_metadata, dict) else {}
+        pin = ledger.pins.get((project, dist.filename))
+        if pin is None:
+            pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
+            out.new_pins.append(pin)
+        elif pin.differs_from(hashes, dist.size):
+            # The pinned entry stays signed; the index's new contents never are.
+            out.changed.append(Changed(pin, hashes, dist.size))
+        files.append(dataclasses.replace(
+            dist,
+            url=page_file_href(project, dist.filename),
+            hashes=dict(pin.hashes),
+            size=pin.size if pin.size is not None else dist.size,
+            # A .metadata file the page gives no hash for could not be checked: let pip read the wheel instead.
+            core_metadata=dict(pin.core_metadata) if pin.core_metadata and "sha256" in pin.core_metadata else False,
+        ))
+    files.sort(key=lambda f: f.filename)
+    out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions)
+    return out

@@ -1,0 +1,117 @@
+"""Batched signing: many page changes, one snapshot and one timestamp.
+
+Callers hand :meth:`Publisher.publish` the pages of some projects (None
+removes one) and wait for the timestamp version that carries them.  One
+task signs: while it signs, new requests queue; when it is done it waits
+``window`` seconds for more and signs everything queued in one
+transaction of the signer (:meth:`Repository.publish_pages`), so N
+projects arriving together cost one snapshot and one timestamp signature,
+however many bins they touch.  The signer runs in a thread and keeps its
+own write order (bin-n, snapshot, then timestamp, each atomic), so a
+crash mid-publish leaves the previous timestamp in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from tuf.api.metadata import Metadata
+
+from proxy import index
+from proxy.repository import Repository
+
+log = logging.getLogger(__name__)
+
+Pages = dict[str, index.ProjectPage | None]
+
+
+class Publisher:
+    """The one signer task of a gateway process."""
+
+    def __init__(self, repo: Repository, window: float = 0.2,
+                 observe: Callable[[int, float], None] | None = None) -> None:
+        self.repo = repo
+        self.window = window
+        self._observe = observe  # (projects in the batch, seconds it took)
+        self._pending: Pages = {}
+        self._resign = False
+        self._waiters: list[asyncio.Future[int]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.published: set[str] = set(self._read_published())
+        self.timestamp_version, self.timestamp_expires = self._read_timestamp()
+        self.batches = 0  # publishes that signed something
+
+    def _read_published(self) -> list[str]:
+        path = self.repo.public_dir / "simple" / "index.json"
+        try:
+            return list(index.parse_project_list_json(path.read_bytes()).projects)
+        except (OSError, index.IndexParseError):
+            return []
+
+    def _read_timestamp(self) -> tuple[int, float]:
+        md = Metadata.from_bytes((self.repo.metadata_dir / "timestamp.json").read_bytes())
+        return md.signed.version, md.signed.expires.timestamp()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def publish(self, pages: Pages) -> int:
+        """Queue ``pages``; the timestamp version that first carries them all."""
+        self._pending.update(pages)
+        return await self._enqueue()
+
+    async def resign(self) -> int:
+        """Re-sign online roles past half their lifetime (the timestamp before it expires)."""
+        self._resign = True
+        return await self._enqueue()
+
+    async def _enqueue(self) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            # The batch window: what arrives meanwhile is signed with this batch.
+            await asyncio.sleep(self.window)
+            self._wake.clear()
+            pages, self._pending = self._pending, {}
+            resign, self._resign = self._resign, False
+            waiters, self._waiters = self._waiters, []
+            start = time.monotonic()
+            try:
+                await asyncio.to_thread(self._sign, pages, resign)
+            except Exception as e:  # the signer refused or the disk failed: every waiter hears why
+                log.error("publish of %d project(s) failed: %s", len(pages), e)
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(e)
+                continue
+            if self._observe is not None and pages:
+                self._observe(len(pages), time.monotonic() - start)
+            for w in waiters:
+                if not w.done():
+                    w.set_result(self.timestamp_version)
+
+    def _sign(self, pages: Pages, resign: bool) -> None:
+        signed = {}
+        if pages:
+            signed.update(self.repo.publish_pages(pages).signed)
+        if resign:
+            signed.update(self.repo.refresh().signed)
+        if signed:
+            self.batches += 1
+        for project, page in pages.items():
+            (self.published.add if page is not None else self.published.discard)(project)
+        self.timestamp_version, self.timestamp_expires = self._read_timestamp()

@@ -1,0 +1,155 @@
+"""A plain PEP 503/691 index on 127.0.0.1 (aiohttp, in a thread), as the gateway sees PyPI.
+
+It serves real wheels and sdists built by the test, with sha256, PEP 658
+core metadata, PEP 700 size and upload-time, and yanks; JSON or HTML by
+the request's ``Accept`` (or ``mode="html"`` to force HTML).  Tests change
+it while it runs: add a release, yank one, swap a file's bytes, answer a
+page with raw bytes of their own, or hold a file's second half back until
+an event is set.  Files can be served from a second
+port (``files_port``) to play the index's separate file host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy import index
+from proxy.layout import normalize
+
+
+@dataclass
+class IndexFile:
+    path: Path
+    yanked: bool | str = False
+    upload_time: str = "2024-01-01T00:00:00.000000Z"
+    requires_python: str | None = None
+    core: bytes | None = None
+    data: bytes = field(default=b"", repr=False)  # what the index serves (a swap changes it)
+
+
+class TestIndex:
+    """See the module docstring.  ``url`` is the ``--index-url`` to give the gateway."""
+
+    __test__ = False
+
+    def __init__(self, mode: str = "negotiate", separate_files_host: bool = False) -> None:
+        self.mode = mode
+        self.projects: dict[str, list[IndexFile]] = {}
+        self.raw_pages: dict[str, bytes] = {}
+        # filename -> event: the file's first half is sent, the rest only once the event is set.
+        self.hold: dict[str, threading.Event] = {}
+        self.requests: list[str] = []
+        self._separate = separate_files_host
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.port = self.files_port = 0
+
+    # -- content --------------------------------------------------------
+    def add(self, path: Path, **kw: object) -> IndexFile:
+        import zipfile
+
+        core = None
+        if path.name.endswith(".whl"):
+            with zipfile.ZipFile(path) as zf:
+                core = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA")))
+        entry = IndexFile(path, core=core, data=path.read_bytes(), **kw)  # type: ignore[arg-type]
+        project = normalize(path.name.split("-")[0])
+        self.projects.setdefault(project, []).append(entry)
+        return entry
+
+    def file(self, filename: str) -> IndexFile:
+        return next(f for files in self.projects.values() for f in files if f.path.name == filename)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/simple/"
+
+    @property
+    def files_url(self) -> str:
+        return f"http://127.0.0.1:{self.files_port}/"
+
+    def page(self, project: str) -> index.ProjectPage:
+        files = []
+        for f in self.projects.get(project, []):
+            files.append(index.DistFile(
+                filename=f.path.name, url=f"{self.files_url}files/{project}/{f.path.name}",
+                hashes={"sha256": hashlib.sha256(f.data).hexdigest()}, requires_python=f.requires_python,
+                yanked=f.yanked, core_metadata={"sha256": hashlib.sha256(f.core).hexdigest()} if f.core else False,
+                size=len(f.data), upload_time=f.upload_time))
+        versions = tuple(dict.fromkeys(f.path.name.split("-")[1].removesuffix(".tar.gz") for f in self.projects.get(project, [])))
+        return index.ProjectPage(name=project, files=tuple(files), versions=versions)
+
+    # -- HTTP -----------------------------------------------------------
+    async def _page(self, request: web.Request) -> web.Response:
+        self.requests.append(request.path)
+        project = normalize(request.match_info["project"])
+        if project in self.raw_pages:
+            return web.Response(body=self.raw_pages[project], content_type="text/html")
+        if project not in self.projects:
+            raise web.HTTPNotFound()
+        page = self.page(project)
+        media = index.negotiate(request.headers.get("Accept")) if self.mode == "negotiate" else index.MediaType.HTML
+        if media is index.MediaType.JSON_V1:
+            return web.Response(body=index.render_project_json(page), headers={"Content-Type": media.value})
+        return web.Response(body=index.render_project_html(page), headers={"Content-Type": "text/html"})
+
+    async def _file(self, request: web.Request) -> web.Response:
+        self.requests.append(request.path)
+        name = request.match_info["name"]
+        core = name.endswith(".metadata")
+        try:
+            f = self.file(name.removesuffix(".metadata"))
+        except StopIteration:
+            raise web.HTTPNotFound() from None
+        body = f.core if core else f.data
+        if body is None:
+            raise web.HTTPNotFound()
+        gate = None if core else self.hold.get(f.path.name)
+        if gate is None:
+            return web.Response(body=body, content_type="application/octet-stream")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
+        await response.write(body[len(body) // 2:])
+        await response.write_eof()
+        return response
+
+    def _app(self, pages: bool, files: bool) -> web.Application:
+        app = web.Application()
+        if pages:
+            app.router.add_get("/simple/{project}/", self._page)
+        if files:
+            app.router.add_get("/files/{project}/{name}", self._file)
+        return app
+
+    async def _start(self) -> None:
+        self._runners = []
+        for pages, files in ([(True, False), (False, True)] if self._separate else [(True, True)]):
+            runner = web.AppRunner(self._app(pages, files), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self._runners.append(runner)
+        self.port = self._runners[0].addresses[0][1]
+        self.files_port = self._runners[-1].addresses[0][1]
+
+    def __enter__(self) -> TestIndex:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            for r in self._runners:
+                await r.cleanup()
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

@@ -1,0 +1,412 @@
+"""``tufproxy gateway`` end to end: test index -> gateway -> edge (``serve --profile gateway``) -> pip and uv.
+
+Everything is real: the index is an aiohttp server on 127.0.0.1 serving
+wheels and sdists built here, the gateway and the edge are ``tufproxy``
+subprocesses, pip and uv run as users run them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.repository.sample import build_sdist, build_wheel
+from tests.support.clients import install, uv_path
+from tests.support.gatewayproc import GatewayProcess
+from tests.support.proxyproc import ProxyProcess
+from tests.support.testindex import TestIndex
+
+CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
+CHAIN = ("app", "lib", "base")
+
+
+def _wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def _gateway_init(directory: Path, *args: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "init", str(directory), "--bins", "16", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def _metric(base: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{base}metrics", timeout=10).read().decode()
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture
+def test_index(tmp_path: Path) -> Iterator[TestIndex]:
+    dists = tmp_path / "dists"
+    index = TestIndex(separate_files_host=True)
+    for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                 build_wheel(dists, "base", "2.0"), build_sdist(dists, "base", "2.0"),
+                 build_wheel(dists, "future-only", "1.0", requires_python=">=4")):
+        index.add(path)
+    with index:
+        yield index
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--page-ttl", "1", "--batch-window", "0.1") as gw:
+        yield gw
+
+
+def _edge(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyProcess:
+    return ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                        "--workers", "1", "--refresh-interval", "0.5")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_chain_installs_through_edge_and_gateway(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
+    for project in CHAIN:
+        status, answer = gateway.publish(project)
+        assert status == 200 and answer["project"] == project and answer["timestamp_version"] > 1
+    with _edge(tmp_path, gateway) as edge:
+        r = install(client, edge.url, tmp_path / "target", "app")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
+    # The gateway pinned what it published and fetched each installed file once.
+    ledger = json.loads(subprocess.run([sys.executable, "-m", "proxy", "gateway", "ledger", str(gateway.directory), "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    pinned = {e["filename"] for e in ledger if e["kind"] == "pin"}
+    assert {"app-1.0-py3-none-any.whl", "base-2.0.tar.gz"} <= pinned
+    assert all(e["index"] == gateway_index(ledger) for e in ledger if e["kind"] == "pin")
+
+
+def gateway_index(ledger: list[dict]) -> str:  # type: ignore[type-arg]
+    return next(e["index"] for e in ledger if e["kind"] == "project")
+
+
+def test_publish_answers_404_and_page_is_signed_with_fields(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    status, answer = gateway.publish("no-such-project")
+    assert status == 404 and answer["reason"] == "not-found"
+    test_index.file("lib-1.0-py3-none-any.whl").yanked = "broken"
+    status, answer = gateway.publish("Lib")
+    assert status == 200 and answer["project"] == "lib"
+    page = json.loads((gateway.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
+    (entry,) = page["files"]
+    assert entry["url"] == "../../packages/lib/lib-1.0-py3-none-any.whl"
+    assert entry["yanked"] == "broken" and entry["upload-time"].startswith("2024-01-01")
+    assert entry["size"] == len(test_index.file("lib-1.0-py3-none-any.whl").data)
+    assert set(entry["core-metadata"]) == {"sha256"} and page["versions"] == ["1.0"]
+
+
+def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index: TestIndex) -> None:
+    for i in range(50):
+        test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--batch-window", "0.5") as gw:
+        before = _metric(gw.base, "tufproxy_gateway_publishes_total")
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            answers = list(pool.map(gw.publish, [f"proj{i}" for i in range(50)]))
+        assert all(status == 200 for status, _ in answers)
+        batches = _metric(gw.base, "tufproxy_gateway_publishes_total") - before
+        print(f"50 concurrent cold projects: {batches:.0f} publishes (snapshot + timestamp signatures)")
+        assert 1 <= batches <= 5
+        root = json.loads((gw.directory / "public" / "simple" / "index.json").read_bytes())
+        assert {p["name"] for p in root["projects"]} >= {f"proj{i}" for i in range(50)}
+
+
+def test_changed_file_is_refused_and_pinned_one_still_installs(tmp_path: Path, gateway: GatewayProcess,
+                                                               test_index: TestIndex) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with _edge(tmp_path, gateway) as edge:
+        assert install("pip", edge.url, tmp_path / "t1", "app").returncode == 0
+    # The index now serves other bytes under the pinned name, and lists their hash.
+    swapped = build_wheel(tmp_path / "evil", "base", "2.0", payload=b"evil")
+    test_index.file("base-2.0-py3-none-any.whl").data = swapped.read_bytes()
+    _wait_for(lambda: any(a.get("reason") == "upstream-changed-file" for a in gateway.audit()), what="upstream-changed-file")
+    assert _metric(gateway.base, "tufproxy_gateway_pins_refused_total") >= 1
+    with _edge(tmp_path, gateway, "edge2") as edge:
+        r = install("pip", edge.url, tmp_path / "t2", "app")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert b"evil" not in (tmp_path / "t2" / "base" / "__init__.py").read_bytes()
+
+
+def test_file_differing_from_its_pin_is_a_502_and_never_published(tmp_path: Path, gateway: GatewayProcess,
+                                                                   test_index: TestIndex) -> None:
+    assert gateway.publish("lib")[0] == 200
+    entry = test_index.file("lib-1.0-py3-none-any.whl")
+    # Same length, other bytes: the page still names the pinned hash (it is re-fetched only after the ttl).
+    entry.data = entry.data[:-1] + bytes([entry.data[-1] ^ 1])
+    url = f"{gateway.base}packages/lib/lib-1.0-py3-none-any.whl"
+    with pytest.raises(Exception):
+        urllib.request.urlopen(url, timeout=10).read()
+    assert not (gateway.directory / "public" / "packages" / "lib" / "lib-1.0-py3-none-any.whl").exists()
+    assert any(a.get("reason") == "hash-mismatch" for a in gateway.audit())
+    assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1
+
+
+def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with _edge(tmp_path, gateway) as edge:
+        test_index.add(build_wheel(tmp_path / "new", "lib", "1.1", requires=["base"]))
+        test_index.file("lib-1.0-py3-none-any.whl").yanked = "bad"
+        page = gateway.directory / "public" / "simple" / "lib" / "index.json"
+        _wait_for(lambda: b"lib-1.1" in page.read_bytes(), what="new release signed")
+        _wait_for(lambda: install("pip", edge.url, tmp_path / "t", "lib").returncode == 0
+                  and (tmp_path / "t" / "lib-1.1.dist-info").is_dir(), what="pip sees lib 1.1")
+        yanked = json.loads(page.read_bytes())["files"][0]
+        assert yanked["filename"] == "lib-1.0-py3-none-any.whl" and yanked["yanked"] == "bad"
+
+
+def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: GatewayProcess) -> None:
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "revoke", str(gateway.directory), "base",
+                        "base-2.0-py3-none-any.whl", "--reason", "malware", "--audit-log", str(tmp_path / "revoke.audit")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "published" in r.stdout
+    assert json.loads((tmp_path / "revoke.audit").read_text())["reason"] == "revoked"
+    with _edge(tmp_path, gateway) as edge:
+        r = install("pip", edge.url, tmp_path / "t", "--only-binary", ":all:", "base")
+        assert r.returncode != 0  # only the sdist is left, and binaries were asked for
+        seen = urllib.request.urlopen(f"{edge.url}base/", timeout=10).read().decode()
+        assert "base-2.0.tar.gz" in seen and "base-2.0-py3-none-any.whl" not in seen
+    # Later refreshes (ttl 1 s) keep it out.
+    time_signed = (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime
+    _wait_for(lambda: (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime > time_signed
+              or gateway.log().count("refreshed") >= 2, what="a refresh")
+    page = json.loads((gateway.directory / "public" / "simple" / "base" / "index.json").read_bytes())
+    assert [f["filename"] for f in page["files"]] == ["base-2.0.tar.gz"]
+
+
+def test_page_linking_to_disallowed_origin_is_refused(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    test_index.raw_pages["intruder"] = (
+        b'<html><body><a href="http://10.0.0.1/x/intruder-1.0-py3-none-any.whl#sha256=' + b"a" * 64 + b'">'
+        b"intruder-1.0-py3-none-any.whl</a></body></html>")
+    status, answer = gateway.publish("intruder")
+    assert status == 502 and answer["reason"] == "foreign-origin"
+    assert any(a.get("reason") == "foreign-origin" for a in gateway.audit())
+    assert not (gateway.directory / "public" / "simple" / "intruder").exists()
+    assert gateway.publish("lib")[0] == 200  # the gateway keeps serving
+
+
+def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> None:
+    _gateway_init(tmp_path / "gw")
+    secret = "s3cr3t-pass"
+    url = test_index.url.replace("http://", f"http://user:{secret}@")
+    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url) as gw:
+        test_index.raw_pages["intruder"] = b'<a href="http://10.0.0.1/intruder-1.0.tar.gz#sha256=' + b"b" * 64 + b'">x</a>'
+        assert gw.publish("lib")[0] == 200
+        assert gw.publish("intruder")[0] == 502
+        urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
+        metrics = urllib.request.urlopen(f"{gw.base}metrics", timeout=10).read().decode()
+    ledger = (tmp_path / "gw" / "gateway" / "ledger.jsonl").read_text()
+    for text in (gw.log(), gw.audit_path.read_text(), metrics, ledger):
+        assert secret not in text
+
+
+def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, test_index: TestIndex) -> None:
+    import shutil
+
+    from proxy.repository import Repository
+
+    _gateway_init(tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        assert gw.publish("lib")[0] == 200
+        shutil.copytree(tmp_path / "gw", tmp_path / "backup")
+        seen = max(gw.publish(p)[1]["timestamp_version"] for p in ("app", "base"))
+    shutil.rmtree(tmp_path / "gw")
+    shutil.copytree(tmp_path / "backup", tmp_path / "gw")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        assert gw.publish("app")[1]["timestamp_version"] > seen
+    repo = Repository.open(tmp_path / "gw")
+    assert repo.status()["roles"]["snapshot"]["version"] > 1  # type: ignore[index]
+
+
+def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: GatewayProcess) -> None:
+    """proxy.gateway.edge against the real gateway, with the edge's real trust core and store."""
+    import asyncio
+
+    from proxy.gateway.edge import MissProtocol
+    from proxy.store import BlobStore
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
+    from proxy.trust.errors import UnknownTarget
+    from proxy.upstream import AiohttpFetcher
+
+    async def run() -> None:
+        TrustedClient.initialize(tmp_path / "meta", gateway.root.read_bytes())
+        fetcher = AiohttpFetcher()
+        trust = TrustedClient(tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher,
+                              TrustConfig(refresh_interval=3600))
+        miss = MissProtocol(gateway.base, trust, BlobStore(tmp_path / "store"))
+        try:
+            await trust.refresh(force=True)
+            with pytest.raises(UnknownTarget):
+                await trust.get_target("simple/lib/index.json")
+            start = time.monotonic()
+            assert await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib")) == [True, True]
+            print(f"edge miss -> publish -> trusted: {time.monotonic() - start:.2f}s")
+            target = await trust.get_target("simple/lib/index.json")
+            assert target.length > 0
+            assert await miss.on_miss("no-such-project") is False
+        finally:
+            await miss.close()
+            trust.close()
+            await fetcher.close()
+
+    asyncio.run(run())
+
+
+def _publish_until_killed(gw: GatewayProcess, project: str) -> None:
+    with contextlib.suppress(OSError):  # the gateway dies under this request on purpose
+        gw.publish(project, timeout=5)
+
+
+@pytest.mark.slow
+def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: TestIndex) -> None:
+    """kill -9 the gateway mid-publish again and again: every restart offers an edge only newer, verifiable metadata."""
+    import asyncio
+    import threading
+
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
+    from proxy.trust.errors import UnknownTarget
+    from proxy.upstream import AiohttpFetcher
+
+    for i in range(40):
+        test_index.add(build_wheel(tmp_path / "many", f"crash{i}", "1.0"))
+    _gateway_init(tmp_path / "gw")
+    TrustedClient.initialize(tmp_path / "edge-meta", (tmp_path / "gw" / "public" / "metadata" / "1.root.json").read_bytes())
+    rng = random.Random(19)
+    trusted: list[int] = []
+
+    async def edge_refresh(base: str) -> int:
+        fetcher = AiohttpFetcher()
+        trust = TrustedClient(tmp_path / "edge-meta", [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))
+        try:
+            await trust.refresh(force=True)  # raises on rollback, bad signature, torn metadata
+            for project in ("crash0",):
+                with contextlib.suppress(UnknownTarget):
+                    await trust.get_target(f"simple/{project}/index.json")
+            assert trust.timestamp_version is not None
+            return trust.timestamp_version
+        finally:
+            trust.close()
+            await fetcher.close()
+
+    args = ("--index-url", test_index.url, "--files-origin", test_index.files_url, "--batch-window", "0.05")
+    next_project = 0
+    for _round in range(8):
+        gw = GatewayProcess(tmp_path / "gw", *args).start()
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+        names = [f"crash{(next_project + k) % 40}" for k in range(5)]
+        next_project += 5
+        threads = [threading.Thread(target=_publish_until_killed, args=(gw, n)) for n in names]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.05, 0.4))  # the kill lands at a random point of the publish: that is the test
+        gw.kill()
+        for t in threads:
+            t.join(10)
+    gw = GatewayProcess(tmp_path / "gw", *args).start()
+    try:
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+        assert gw.publish("crash1")[0] == 200
+        trusted.append(asyncio.run(edge_refresh(gw.base)))
+    finally:
+        gw.stop()
+    print(f"timestamp versions an edge trusted across 8 kill -9: {trusted}")
+    assert trusted == sorted(trusted) and trusted[-1] > trusted[0]
+
+
+def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> None:
+    import gzip
+
+    from proxy.gateway.freshness import collect_garbage
+    from proxy.repository import Repository
+
+    for project in CHAIN:
+        assert gateway.publish(project)[0] == 200
+    with urllib.request.urlopen(f"{gateway.base}metadata/timestamp.json", timeout=10) as r:
+        assert r.headers["Cache-Control"] == "no-cache"
+        version = json.loads(r.read())["signed"]["meta"]["snapshot.json"]["version"]
+    req = urllib.request.Request(f"{gateway.base}metadata/{version}.snapshot.json", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Encoding"] == "gzip" and "immutable" in r.headers["Cache-Control"]
+        assert json.loads(gzip.decompress(r.read()))["signed"]["_type"] == "snapshot"
+    for name in ("healthz", "readyz"):
+        assert urllib.request.urlopen(f"{gateway.base}{name}", timeout=10).status == 200
+    repo = Repository.open(gateway.directory)
+    snapshots = lambda: sorted(repo.metadata_dir.glob("*.snapshot.json"))  # noqa: E731
+    assert len(snapshots()) >= 3
+    assert collect_garbage(repo, grace=0) >= 1
+    # The current snapshot and the one before it stay; the edge still refreshes.
+    assert len(snapshots()) == 2
+    with _edge(tmp_path, gateway) as edge:
+        assert install("pip", edge.url, tmp_path / "t", "app").returncode == 0
+
+
+@pytest.mark.parametrize("tamper", [False, True], ids=["intact", "tampered-tail"])
+def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex,
+                                                     tamper: bool) -> None:
+    """The client gets bytes while the index still holds the rest; the last byte only after the hash matched."""
+    import http.client
+    import threading
+
+    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(1 << 20))  # a wheel of some MB
+    entry = test_index.add(big)
+    assert gateway.publish("bigpkg")[0] == 200
+    if tamper:  # same length, the second half differs from the pinned hash
+        half = len(entry.data) // 2
+        entry.data = entry.data[:half] + bytes(b ^ 0xFF for b in entry.data[half:])
+    gate = test_index.hold[big.name] = threading.Event()
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+    conn.request("GET", f"/packages/bigpkg/{big.name}")
+    response = conn.getresponse()
+    assert response.status == 200 and int(response.headers["Content-Length"]) == len(entry.data)
+    first = response.read(64 * 1024)  # arrives while the index is still holding the second half
+    assert len(first) == 64 * 1024 and not gate.is_set()
+    gate.set()
+    if tamper:
+        with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+            response.read()
+        assert not (gateway.directory / "public" / "packages" / "bigpkg" / big.name).exists()
+        _wait_for(lambda: any(a.get("reason") == "hash-mismatch" for a in gateway.audit()), what="audit record")
+    else:
+        assert first + response.read() == big.read_bytes()
+        assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()
+    conn.close()
+
+
+def test_html_only_index_installs(tmp_path: Path) -> None:
+    dists = tmp_path / "dists"
+    with TestIndex(mode="html") as index:
+        for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                     build_wheel(dists, "base", "2.0")):
+            index.add(path)
+        _gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
+            for project in CHAIN:
+                assert gw.publish(project)[0] == 200
+            page = json.loads((gw.directory / "public" / "simple" / "app" / "index.json").read_bytes())
+            assert "size" not in page["files"][0]  # HTML gives none: the edge bounds the length instead
+            with _edge(tmp_path, gw) as edge:
+                r = install("pip", edge.url, tmp_path / "t", "app")
+                assert r.returncode == 0, r.stdout + r.stderr

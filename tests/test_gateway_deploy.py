@@ -1,0 +1,68 @@
+"""deploy/gateway/ and dashboards/tufproxy-gateway.json agree with the gateway's code.
+
+The commands they run parse with the real CLI, the example config names
+only real settings and documents each one, and the dashboard queries only
+metrics that ``proxy.gateway.metrics`` exports.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import build_parser
+from proxy.gateway.cli import OPTIONS
+from proxy.gateway.metrics import GatewayMetrics
+
+ROOT = Path(__file__).resolve().parents[1]
+GATEWAY = ROOT / "deploy" / "gateway"
+_NAME = re.compile(r"\btufproxy_[A-Za-z0-9_:]*")
+_SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created")}
+
+
+def _parse(argv: list[str]) -> object:
+    return build_parser().parse_args(argv)
+
+
+def test_example_config_documents_every_setting() -> None:
+    text = (GATEWAY / "gateway.toml").read_text()
+    commented = tomllib.loads("\n".join(re.findall(r"^#\s*([a-z_]+\s*=.*)$", text, re.M)))
+    assert set(tomllib.loads(text)) | set(commented) == {o.name for o in OPTIONS}
+
+
+def test_compose_k8s_and_systemd_run_real_commands() -> None:
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((GATEWAY / "compose.yaml").read_text())["services"]
+    for service in ("gateway", "edge"):
+        args = _parse(compose[service]["command"])
+        assert args.command == ("gateway" if service == "gateway" else "serve")
+    assert not any("tufproxy-gateway" in v for v in compose["edge"]["volumes"]), "the edge must not see the gateway's keys"
+    docs = list(yaml.safe_load_all((GATEWAY / "k8s" / "gateway.yaml").read_text()))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert _parse(container["args"]).gateway_command == "serve"
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert set(tomllib.loads(cm["data"]["gateway.toml"])) <= {o.name for o in OPTIONS}
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string((GATEWAY / "systemd" / "tufproxy-gateway.service").read_text())
+    argv = shlex.split(unit["Service"]["ExecStart"])[1:]
+    assert _parse(argv).gateway_command == "serve"
+    assert unit["Service"]["ProtectSystem"] == "strict"
+
+
+def test_dashboard_queries_only_exported_metrics() -> None:
+    exported = {f.name + s for f in GatewayMetrics().registry.collect() for s in _SUFFIXES.get(f.type, ("",))}
+    text = (ROOT / "dashboards" / "tufproxy-gateway.json").read_text()
+    exprs = re.findall(r'"(?:expr|definition)": "((?:[^"\\]|\\.)*)"', text)
+    referenced = {n for e in exprs for n in _NAME.findall(e)}
+    assert {"tufproxy_gateway_pages_fetched_total", "tufproxy_gateway_publishes_total",
+            "tufproxy_gateway_publish_duration_seconds_bucket", "tufproxy_gateway_pins_refused_total"} <= referenced
+    assert referenced <= exported, referenced - exported
+    json.loads(text)

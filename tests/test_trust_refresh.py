@@ -1,0 +1,149 @@
+"""Refresh on demand: ``TrustedClient.refresh_until`` against a real repository over HTTP.
+
+The gateway calls it when it knows a newer timestamp was published; it must
+see that version through (even past a cycle that began before the
+publication), give up with MetadataPending after the timeout, and pass a
+verification refusal on unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from proxy.trust import BadSignature
+from proxy.trust.errors import MetadataPending
+from tests.support.trustenv import Env, env, tampered  # noqa: F401 (env is a fixture)
+from tests.support.upstream import Reply
+
+TS = r"/metadata/timestamp\.json"
+
+
+async def test_refresh_until_sees_a_new_publication(env: Env, tmp_path: Path) -> None:
+    client = env.client()
+    await client.refresh(force=True)
+    before = client.timestamp_version
+    assert before == env.version("timestamp")
+    target = env.publish(tmp_path)
+    wanted = env.version("timestamp")
+    assert wanted > before
+    await client.refresh_until(wanted, timeout=10)
+    assert client.timestamp_version == wanted
+    assert (await client.get_target(target)).path == target
+    fetched = env.up.count(TS)
+    await client.refresh_until(wanted, timeout=10)  # already there: no cycle at all
+    assert env.up.count(TS) == fetched
+
+
+async def test_a_cycle_that_predates_the_publication_is_joined_then_another_runs(env: Env, tmp_path: Path) -> None:
+    client = env.client()
+    await client.refresh(force=True)
+    arrived, release = threading.Event(), threading.Event()
+
+    def held(original: bytes | None) -> Reply:
+        # The tree's bytes were read before this runs: the pre-publication timestamp.
+        arrived.set()
+        release.wait(10)
+        return Reply(200, original or b"")
+
+    env.up.override(TS, held)
+    old = asyncio.create_task(client.refresh(force=True))
+    assert await asyncio.to_thread(arrived.wait, 10)
+    env.up.clear()
+    env.publish(tmp_path)
+    wanted = env.version("timestamp")
+    until = asyncio.create_task(client.refresh_until(wanted, timeout=10))
+    await asyncio.sleep(0)  # let it join the held cycle
+    release.set()
+    await old
+    await until
+    assert client.timestamp_version == wanted
+    assert env.up.count(TS) == 3  # the first refresh, the held one, and one more
+
+
+async def test_refresh_until_gives_up_with_metadata_pending(env: Env) -> None:
+    client = env.client()
+    await client.refresh(force=True)
+    never = env.version("timestamp") + 1
+    started = time.monotonic()
+    with pytest.raises(MetadataPending) as info:
+        await client.refresh_until(never, timeout=0.5)
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 3.0
+    assert info.value.retry_after >= 1
+    assert info.value.reason == "metadata-pending"
+    # It kept asking (bounded backoff), not once and not in a tight loop.
+    assert 2 <= env.up.count(TS) <= 20
+
+
+async def test_refresh_until_gives_up_while_the_mirror_stalls(env: Env, tmp_path: Path) -> None:
+    client = env.client()
+    await client.refresh(force=True)
+    release = threading.Event()
+    env.up.override(TS, lambda original: (release.wait(10), Reply(200, original or b""))[1])
+    env.publish(tmp_path)
+    try:
+        with pytest.raises(MetadataPending):
+            await asyncio.wait_for(client.refresh_until(env.version("timestamp"), timeout=0.5), 5)
+    finally:
+        release.set()
+
+
+async def test_refresh_until_reraises_a_refusal(env: Env, tmp_path: Path) -> None:
+    client = env.client()
+    await client.refresh(force=True)
+    env.publish(tmp_path)
+    wanted = env.version("timestamp")
+    env.up.replace(TS, tampered(env.meta("timestamp.json"), lambda s: s.update(version=wanted + 5)))
+    with pytest.raises(BadSignature):
+        await client.refresh_until(wanted, timeout=10)
+
+
+# -- miss-wait: an unknown target waits for the refresh in flight, but only so long ------------
+
+
+async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_path: Path) -> None:
+    from proxy.trust import UnknownTarget
+
+    client = env.client(refresh_interval=0.01, miss_wait=0.5)
+    known = "packages/lib/lib-1.1-py3-none-any.whl"
+    await client.get_target(known)
+    fresh = env.publish(tmp_path)
+    arrived, release = threading.Event(), threading.Event()
+
+    def stalled(original: bytes | None) -> Reply:
+        arrived.set()
+        release.wait(30)
+        return Reply(200, original or b"")
+
+    env.up.override(TS, stalled)
+    try:
+        await poll_until(lambda: client._due())
+        started = time.monotonic()
+        assert (await client.get_target(known)).path == known  # a hit: starts the cycle, waits for nothing
+        assert time.monotonic() - started < 0.4
+        assert await asyncio.to_thread(arrived.wait, 10)
+        started = time.monotonic()
+        with pytest.raises(MetadataPending) as info:
+            await client.get_target(fresh)
+        assert 0.5 <= time.monotonic() - started < 2.0
+        assert info.value.target == fresh and info.value.retry_after >= 1
+    finally:
+        release.set()
+    env.up.clear()
+    # The cycle ends: the new target is found; one absent from fresh metadata is UnknownTarget.
+    await client.refresh()
+    assert (await client.get_target(fresh)).path == fresh
+    with pytest.raises(UnknownTarget):
+        await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
+
+
+async def poll_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
