@@ -340,6 +340,9 @@ def test_the_ledger_pins_a_project_to_its_index() -> None:
     assert policy.choose_index("x", [None, None], 1).probe == 1
     assert policy.choose_index("x", [U, L], 1).index == 1
     assert policy.choose_index("x", [L, L], 1).index == 1
+    # Its index was removed from the configuration: no other index replaces it.
+    removed = policy.choose_index("x", [L], 1).refusal
+    assert removed is not None and "no longer configured" in removed.message
 
 
 # ---------------------------------------------------------------- settings
@@ -425,7 +428,7 @@ def test_describe_and_json_round_trip() -> None:
     policy = resolve_policy(_args("--min-release-age", "400d", "--allow-project", "demo-*"), {},
                             tomllib.loads(TOML), "gw.toml")
     text = policy.describe(NOW)
-    assert "min-release-age: 400 days (files uploaded before 2025-04-27T12:00:00Z)" in text
+    assert "min-release-age: 400 days (files uploaded before 2025-04-27T12:00:00Z now)" in text
     assert "private-project (first index only): acme-*" in text
     assert "allow-project: demo-*" in text
     assert "allow-project: all projects" in Policy().describe()

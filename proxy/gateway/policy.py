@@ -58,6 +58,9 @@ RULE_ALLOW = "allow-project"
 RULE_PRIVATE = "private-project"
 RULE_FIRST_INDEX = "first-index"
 
+# The rules that hide files from a page (the hidden-files metric's label values).
+FILE_RULES = (RULE_MIN_RELEASE_AGE, RULE_UPLOADED_BEFORE, RULE_PROJECT_AGE, RULE_MISSING_UPLOAD_TIME)
+
 DENIED = "denied by policy"
 # An age beyond this is a typo, and "now - age" must stay a valid datetime.
 MAX_AGE = timedelta(days=365_000)
@@ -453,7 +456,8 @@ class Policy:
         ``states[i]`` is what asking index ``i`` found, None if not asked yet
         (the answer is then "probe i", so indexes are asked lazily, in
         order).  ``served_from`` is the index the ledger says published the
-        project before.  Only some indexes are candidates: a name claimed
+        project before (out of range: an index no longer configured, which
+        no other index replaces).  Only some indexes are candidates: a name claimed
         private, the first index alone; else a project the ledger knows,
         the index it came from alone; else every index in order.  An
         unreachable candidate ends the search: it may list the project, so
@@ -464,7 +468,7 @@ class Policy:
         if claim is not None:
             candidates: Sequence[int] = (0,)
         elif served_from is not None:
-            candidates = (served_from,)
+            candidates = (served_from,) if 0 <= served_from < len(states) else ()
         else:
             candidates = range(len(states))
         for i in candidates:
@@ -482,7 +486,8 @@ class Policy:
             return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_PRIVATE,
                                                f"{name}: {why}; never taken from another index"))
         if served_from is not None:
-            why = f"index {served_from + 1}, which published it, no longer lists it; never taken from another index"
+            gone = "no longer lists it" if candidates else "is no longer configured"
+            why = f"index {served_from + 1}, which published it, {gone}; never taken from another index"
             return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
         return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: no index lists it"))
 
@@ -560,7 +565,8 @@ class Policy:
         if self.min_release_age is not None:
             age = format_age(self.min_release_age)
             if now is not None:
-                age += f" (files uploaded before {format_timestamp(now - self.min_release_age)})"
+                cut = (now - self.min_release_age).replace(microsecond=0)
+                age += f" (files uploaded before {format_timestamp(cut)} now)"
         ages = ", ".join(f"{n} {format_age(a)}" for n, a in sorted(self.project_age.items()))
         return "\n".join([
             f"min-release-age: {age}",
