@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -436,3 +438,12 @@ def test_describe_and_json_round_trip() -> None:
     assert data["min_release_age"] == "P400D" and data["project_age"] == {"foo-bar": "P9D", "requests": "P1D"}
     assert set(data) == POLICY_KEYS
     assert resolve_policy(None, {}, data, "policy.json") == policy
+
+
+def test_readme_example_configuration_is_a_valid_policy() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "private_project" in b]
+    values = tomllib.loads(block)
+    policy = resolve_policy(None, {}, {k: v for k, v in values.items() if k in POLICY_KEYS}, "README.md")
+    assert policy.min_release_age == 7 * DAY and policy.private_project == ("acme-*",)
+    assert len(values["index_url"]) == 2  # the claim needs the organisation's own index first
