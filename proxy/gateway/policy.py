@@ -8,8 +8,8 @@ Owns four decisions, all pure (no I/O; the time is passed in):
   ISO 8601 durations such as ``P7D`` and ``PT36H``, of which pip 26's
   ``--uploaded-prior-to`` takes ``P<n>D``).  A day is 24 hours; months and
   years have no fixed length and are refused, as uv refuses them.  A file
-  is kept only if it was uploaded strictly before the cut-off (uv and pip
-  both drop a file uploaded at the cut-off itself).
+  is kept only if it was uploaded strictly before the cut-off (uv drops a
+  file uploaded at its ``exclude-newer`` time itself).
 * **Project rules**: allow and deny globs on PEP 503-normalised names.
 * **Several indexes, first match wins** (uv's ``first-index``), with names
   claimed private that only the first index may ever supply, and the
