@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
+from proxy.cmderror import CommandError
+
 
 class AuditWriteError(OSError):
     """A record could not be written: the caller must refuse the request."""
@@ -126,8 +128,11 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    with (sys.stdin if args.log == "-" else open(args.log, errors="replace")) as f:
-        summary = summarize(f)
+    try:
+        with (sys.stdin if args.log == "-" else open(args.log, errors="replace")) as f:
+            summary = summarize(f)
+    except OSError as e:
+        raise CommandError(f"cannot read the audit log {args.log}: {e.strerror or e}") from e
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import diskcache
 
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.trust.model import file_digest
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")

@@ -42,15 +42,27 @@ def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
     m = re.fullmatch(r"\[?([^\]]*)\]?:(\d{1,5})", value.strip())
     if not m or not 0 <= int(m.group(2)) <= 65535:
-        raise ConfigError(f"--listen wants HOST:PORT, not {value!r}")
+        raise ConfigError(f"wants HOST:PORT, not {value!r}")
     return m.group(1) or "127.0.0.1", int(m.group(2))
 
 
 def _worker_count(value: str | int) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
     if not 1 <= n <= 256:
-        raise ConfigError(f"must be from 1 to 256: {value!r}")
+        raise ConfigError(f"wants a whole number from 1 to 256, not {value!r}")
     return n
+
+
+def _yes_no(value: str | bool) -> bool:
+    word = str(value).strip().lower()
+    if word in ("1", "yes", "true", "on"):
+        return True
+    if word in ("0", "no", "false", "off"):
+        return False
+    raise ConfigError(f"wants yes or no, not {value!r}")
 
 
 def cpu_count() -> int:
@@ -59,9 +71,12 @@ def cpu_count() -> int:
 
 
 def _positive_float(value: str | float) -> float:
-    f = float(value)
-    if f <= 0:
-        raise ConfigError(f"must be more than 0: {value!r}")
+    try:
+        f = float(value)
+    except ValueError:
+        f = 0.0
+    if not f > 0:
+        raise ConfigError(f"wants a number more than 0, not {value!r}")
     return f
 
 
@@ -81,7 +96,7 @@ def parse_datetime(value: str | datetime | date) -> datetime:
 
 def _url_list(value: str | list[str]) -> list[str]:
     items = value if isinstance(value, list) else re.split(r"[\s,]+", value.strip())
-    urls = [u if u.endswith("/") else f"{u}/" for u in items if u]
+    urls = [u if u.endswith("/") else f"{u}/" for u in map(str, items) if u]
     for u in urls:
         if not re.match(r"https?://", u):
             raise ConfigError(f"upstream must be an http(s) URL: {u!r}")
@@ -139,7 +154,7 @@ OPTIONS: tuple[Option, ...] = (
            metavar="DATE"),
     Option("workers", "worker processes sharing the listening socket and the cache; 1: one process, no supervisor",
            cpu_count(), _worker_count, metavar="N"),
-    Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, lambda v: str(v).lower() in ("1", "yes", "true", "on"),
+    Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, _yes_no,
            metavar="YES|NO"),
 )
 
@@ -182,9 +197,9 @@ class ServeConfig:
     def root_file(self) -> Path:
         if self.root is not None:
             return self.root
-        if self.repository is not None:
-            return self.repository / self.layout.metadata_path / "1.root.json"
-        raise ConfigError("--root is required with --upstream (the pinned root.json)")
+        if self.repository is None:
+            raise ConfigError("--root is required with --upstream (the pinned root.json)")
+        return self.repository / self.layout.metadata_path / "1.root.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
@@ -203,6 +218,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:
         raise ConfigError("--upstream and --repository exclude each other")
+    _ = config.root_file  # --upstream without --root fails here, not later in a worker
     try:
         config.layout
     except ValueError as e:
@@ -239,16 +255,21 @@ def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], enviro
     values: dict[str, Any] = {}
     for opt in options:
         given = getattr(args, opt.name, None)
+        # Errors name the setting as it was given: the flag, the variable, or the file and key.
         if given is not None:
-            raw: Any = given if not opt.repeat else [u for g in given for u in _url_list(g)]
+            raw, source = given, opt.flag
         elif opt.env in environ:
-            raw = environ[opt.env]
+            raw, source = environ[opt.env], opt.env
         elif opt.name in file_values:
-            raw = file_values[opt.name]
+            raw, source = file_values[opt.name], f"{args.config}: {opt.name}"
+            # TOML has types; a setting is text unless it is a list (repeatable settings).
+            raw = raw if isinstance(raw, list) and opt.repeat else str(raw) if not isinstance(raw, date) else raw
         else:
-            raw = opt.default
+            raw, source = opt.default, opt.flag
         try:
+            if opt.repeat and isinstance(raw, list):
+                raw = [u for g in raw for u in _url_list(g)]
             values[opt.name] = opt.parse(raw) if raw is not None else None
         except (ConfigError, ValueError, TypeError) as e:
-            raise ConfigError(f"{opt.flag}: {e}") from e
+            raise ConfigError(f"{source}: {e}") from e
     return values

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -24,7 +25,7 @@ from aiohttp import web
 
 from proxy import logs
 from proxy.audit import AuditLog
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
@@ -146,23 +147,34 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
 async def start(config: ServeConfig, sock: socket.socket | None = None) -> Running:
     """Open the cache, load trusted metadata, listen (on ``sock`` if given, else ``config.listen``).
 
-    Errors are :class:`CommandError`.
+    Errors are :class:`CommandError`, with everything opened so far closed again.
     """
+    async with contextlib.AsyncExitStack() as opened:
+        running = await _start(config, sock, opened)
+        opened.pop_all()  # from here on, Running.stop closes them
+        return running
+
+
+async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
     try:
         store = BlobStore(config.cache_dir, max_bytes=config.cache_size)
         pages = IndexCache(config.cache_dir)
     except (StoreError, OSError) as e:
         raise CommandError(f"cache dir {config.cache_dir} is not usable: {e}") from e
+    opened.callback(pages.close)
     try:
         audit = AuditLog(config.audit_log, log_accepted=config.audit_accepted)
     except OSError as e:
         raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
+    opened.callback(audit.close)
     fetcher, mirrors = _fetcher_and_mirrors(config)
+    opened.push_async_callback(fetcher.close)
     layout = config.layout
     trust = await _trusted_client(config, fetcher, mirrors,
                                   TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
                                               served_name=layout.served_name,
                                               expiry_override=_expiry_override(config.allow_expired_until, audit)))
+    opened.callback(trust.close)
     try:
         await trust.refresh()
     except TrustError as e:
@@ -174,12 +186,12 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
                   profile=layout, file_origins=tuple(config.files_url))
     runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
+    opened.push_async_callback(runner.cleanup)
     host, port = config.listen
     site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
     try:
         await site.start()
     except OSError as e:
-        await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval))
@@ -196,12 +208,13 @@ async def _keep_fresh(trust: TrustedClient, interval: float) -> None:
             log.warning("background refresh failed (%s): %s", e.reason, e)
 
 
-async def _until_signalled() -> None:
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set; install it before saying how to stop us."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -217,9 +230,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         running = await start(config)
+        stop = stop_on_signals()
         print(f"tufproxy serving on http://{config.listen[0]}:{running.port}/simple/", flush=True)
         try:
-            await _until_signalled()
+            await stop.wait()
         finally:
             await running.stop()
 
@@ -266,41 +280,46 @@ def _demo_repository(directory: Path, dists: Path | None) -> Path:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    directory = Path(args.dir)
-    repo_dir = _demo_repository(directory, Path(args.dists) if args.dists else None)
     try:
         listen = parse_listen(args.listen)
     except ConfigError as e:
-        raise CommandError(str(e)) from e
+        raise CommandError(f"--listen: {e}") from e
+    directory = Path(args.dir)
+    repo_dir = _demo_repository(directory, Path(args.dists) if args.dists else None)
 
     async def main() -> None:
-        mirror = web.Application()
-        mirror.router.add_static("/", repo_dir / "public", show_index=False)
-        mirror_runner = web.AppRunner(mirror, access_log=None, handle_signals=False)
-        await mirror_runner.setup()
-        await web.TCPSite(mirror_runner, "127.0.0.1", 0).start()
-        mirror_url = f"http://127.0.0.1:{mirror_runner.addresses[0][1]}/"
-        config = ServeConfig(
-            upstream=[mirror_url], root=repo_dir / "public/metadata/1.root.json",
-            cache_dir=directory / "cache", listen=listen, refresh_interval=60.0, audit_log=directory / "audit.log",
-        )
-        running = await start(config)
-        index_url = f"http://{listen[0]}:{running.port}/simple/"
-        first = DEMO_DISTS[0][0] if args.dists is None else "<project>"
-        print(f"untrusted mirror: {mirror_url} (the signed tree in {repo_dir / 'public'})")
-        print(f"tufproxy:         {index_url} (cache {directory / 'cache'}, audit log {directory / 'audit.log'})")
-        print("try, in another shell:")
-        print(f"  pip install --index-url {index_url} {first}")
-        print(f"  uv pip install --index-url {index_url} {first}")
-        print("Ctrl-C stops both.", flush=True)
-        try:
-            await _until_signalled()
-        finally:
-            await running.stop()
-            await mirror_runner.cleanup()
+        async with contextlib.AsyncExitStack() as opened:
+            mirror = web.Application()
+            mirror.router.add_static("/", repo_dir / "public", show_index=False)
+            mirror_runner = web.AppRunner(mirror, access_log=None, handle_signals=False)
+            await mirror_runner.setup()
+            opened.push_async_callback(mirror_runner.cleanup)
+            await web.TCPSite(mirror_runner, "127.0.0.1", 0).start()
+            await _demo(args, directory, repo_dir, listen, f"http://127.0.0.1:{mirror_runner.addresses[0][1]}/")
 
     asyncio.run(main())
     return 0
+
+
+async def _demo(args: argparse.Namespace, directory: Path, repo_dir: Path, listen: tuple[str, int], mirror_url: str) -> None:
+    config = ServeConfig(
+        upstream=[mirror_url], root=repo_dir / "public/metadata/1.root.json",
+        cache_dir=directory / "cache", listen=listen, refresh_interval=60.0, audit_log=directory / "audit.log",
+    )
+    running = await start(config)
+    stop = stop_on_signals()
+    index_url = f"http://{listen[0]}:{running.port}/simple/"
+    first = DEMO_DISTS[0][0] if args.dists is None else "<project>"
+    print(f"untrusted mirror: {mirror_url} (the signed tree in {repo_dir / 'public'})")
+    print(f"tufproxy:         {index_url} (cache {directory / 'cache'}, audit log {directory / 'audit.log'})")
+    print("try, in another shell:")
+    print(f"  pip install --index-url {index_url} {first}")
+    print(f"  uv pip install --index-url {index_url} {first}")
+    print("Ctrl-C stops both.", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

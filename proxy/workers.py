@@ -9,7 +9,10 @@ The supervisor binds the port, forks N workers and then only watches:
   socket they inherit.
 * A worker that dies is restarted; more than ``max(5, N)`` deaths within a
   minute, or a worker failing before the first start completed, stops the
-  rest and exits 1.
+  rest and exits 1.  A worker that cannot start for the operator's reason
+  (a :class:`CommandError`: unreadable root, unusable cache) tells the
+  supervisor why on the pipe it reports readiness on, and the supervisor
+  says it once, as ``serve``'s one error line, and exits 2.
 * SIGTERM or SIGINT is forwarded to every worker, which drains: it stops
   accepting, lets in-flight requests finish (at most
   :data:`proxy.serve.DRAIN_SECONDS`), then exits.  Stragglers are killed.
@@ -29,6 +32,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from proxy import metrics
-from proxy.cli import CommandError
+from proxy.cmderror import EXIT_ERROR, CommandError
 from proxy.config import ServeConfig
 from proxy.serve import DRAIN_SECONDS, start
 
@@ -54,6 +58,8 @@ _KILL_GRACE = 5.0
 _SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
 # A worker publishes its gauges (and eviction count) this often, not only when it serves a scrape.
 _GAUGE_SYNC = 5.0
+# A report on the readiness pipe is one write of at most this many bytes, so reports never interleave.
+_PIPE_BUF = select.PIPE_BUF
 
 
 class WorkersError(CommandError):
@@ -123,8 +129,9 @@ async def _worker_main(config: ServeConfig, sock: socket.socket, ready_fd: int, 
     try:
         running = await start(config, sock)
     except CommandError as e:
-        print(f"tufproxy serve: error: {e}", file=sys.stderr, flush=True)
-        return 1
+        reason = " ".join(str(e).split())
+        os.write(ready_fd, f"{os.getpid()} {reason}\n".encode()[:_PIPE_BUF])
+        return EXIT_ERROR
     # Any worker may answer a scrape, which sums every worker's files: keep this one's current.
     sync = running.proxy.update_gauges
     sync()
@@ -162,6 +169,8 @@ class Supervisor:
         self._serving = False
         self._stopping = False
         self._deadline = 0.0
+        self._ready_buf = b""
+        self._start_error: str | None = None
         self.exit_code = 0
 
     def run(self) -> int:
@@ -182,7 +191,7 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
         self._alive_r, self._alive_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
+        for fd in (self._wake_r, self._wake_w, self._ready_r):
             os.set_blocking(fd, False)
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in _SIGNALS}
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
@@ -193,6 +202,7 @@ class Supervisor:
             for i in range(self.count):
                 self._spawn(i)
             self._loop()
+            self._read_reports()  # a last report may still be in the pipe
         finally:
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
@@ -203,11 +213,12 @@ class Supervisor:
             self._close_socket()
             shutil.rmtree(self._metrics, ignore_errors=True)
             os.close(self._metrics_lock)
+        if self._start_error is not None:
+            raise WorkersError(self._start_error)
         return self.exit_code
 
     # -- the loop ------------------------------------------------------
     def _loop(self) -> None:
-        ready_buf = b""
         while self._workers:
             waiting = self._stopping and self._deadline != float("inf")
             timeout = max(0.0, self._deadline - time.monotonic()) if waiting else None
@@ -219,10 +230,7 @@ class Supervisor:
                                 log.info("signal %s: draining %d worker(s)", signal.Signals(signum).name, len(self._workers))
                                 self._stop()
                 else:
-                    ready_buf += os.read(self._ready_r, 4096)
-                    *lines, ready_buf = ready_buf.split(b"\n")
-                    for line in lines:
-                        self._ready(int(line))
+                    self._read_reports()
             self._reap()
             if self._stopping and time.monotonic() >= self._deadline:
                 for w in self._workers.values():
@@ -230,6 +238,22 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(w.pid, signal.SIGKILL)
                 self._deadline = float("inf")
+
+    def _read_reports(self) -> None:
+        """Workers' lines on the readiness pipe: ``PID`` (ready) or ``PID REASON`` (could not start)."""
+        with contextlib.suppress(BlockingIOError):
+            self._ready_buf += os.read(self._ready_r, 4096)
+        *lines, self._ready_buf = self._ready_buf.split(b"\n")
+        for line in lines:
+            pid, _, reason = line.decode(errors="replace").partition(" ")
+            if not reason:
+                self._ready(int(pid))
+            elif not self._serving:
+                if self._start_error is None:
+                    self._start_error = reason
+                self._stop()
+            else:
+                log.error("worker (pid %s) could not start: %s", pid, reason)
 
     def _ready(self, pid: int) -> None:
         worker = self._workers.get(pid)
@@ -262,6 +286,9 @@ class Supervisor:
     def _died(self, worker: _Worker, code: int) -> None:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         if not self._serving and not worker.ready:
+            if code == EXIT_ERROR:  # it reported why on the pipe: said once, by run()
+                self._stop()
+                return
             log.error("worker %d exited with %s while starting: stopping", worker.index, how)
             self.exit_code = 1
             self._stop()
@@ -301,7 +328,7 @@ class Supervisor:
         if pid == 0:
             self._child()
         self._workers[pid] = _Worker(index, pid)
-        log.info("worker %d started (pid %d)", index, pid)
+        log.debug("worker %d started (pid %d)", index, pid)
 
     def _child(self) -> NoReturn:
         code = 1

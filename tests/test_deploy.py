@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import build_parser
-from proxy.config import OPTIONS, parse_listen, resolve
+from proxy.config import OPTIONS, ServeConfig, parse_listen, resolve
 from proxy.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +180,30 @@ def test_k8s_pod_is_probed_and_locked_down(yaml: ModuleType) -> None:
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def _cpus(quantity: str | int | float) -> float:
+    """A Kubernetes CPU quantity ("2", "500m") in CPUs."""
+    text = str(quantity)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def _workers_match_cpu_request(container: dict[str, Any], toml_text: str, tmp_path: Path) -> ServeConfig:
+    """The pod runs as many workers as CPUs it requests (``--workers``' default would be the node's CPUs)."""
+    config_file = tmp_path / "tufproxy.toml"
+    config_file.write_text(toml_text)
+    args = _parse_command(container["args"])
+    assert args.workers is not None or "workers" in tomllib.loads(toml_text), "--workers must be set explicitly"
+    args.config = config_file
+    config = resolve(args, environ={})
+    assert config.workers == max(1, int(_cpus(container["resources"]["requests"]["cpu"])))
+    return config
+
+
+def test_k8s_base_deployment_runs_one_worker_per_requested_cpu(yaml: ModuleType, tmp_path: Path) -> None:
+    objects = _k8s_objects(yaml)
+    (container,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"]
+    _workers_match_cpu_request(container, objects["ConfigMap"]["data"]["tufproxy.toml"], tmp_path)
+
+
 def test_k8s_mounts_match_the_config(yaml: ModuleType) -> None:
     objects = _k8s_objects(yaml)
     pod = objects["Deployment"]["spec"]["template"]["spec"]
@@ -260,12 +284,8 @@ def test_k8s_replicated_forms_hold_together(overlay: str, yaml: ModuleType, tmp_
 
     # the workers the pod runs are the CPUs it asks for, and the drain fits the grace period
     (cm,) = objects["ConfigMap"]
-    config_file = tmp_path / "tufproxy.toml"
-    config_file.write_text(cm["data"]["tufproxy.toml"])
-    args = _parse_command(container["args"])
-    args.config = config_file
-    config = resolve(args, environ={})
-    assert config.workers >= 2 and float(container["resources"]["requests"]["cpu"]) == config.workers
+    config = _workers_match_cpu_request(container, cm["data"]["tufproxy.toml"], tmp_path)
+    assert config.workers >= 2
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
     assert pod["terminationGracePeriodSeconds"] > DRAIN_SECONDS + 5 + pre_stop
 

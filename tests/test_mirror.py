@@ -121,7 +121,7 @@ def test_a_tampered_file_is_refused_not_written_and_audited(
 def test_expired_upstream_metadata_is_refused(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     upstream.replace("/metadata/timestamp.json", signed_timestamp(sample_repo.repo, expires_delta=-timedelta(days=3)))
-    assert sync(upstream, sample_repo, tmp_path / "mirror") == 1
+    assert sync(upstream, sample_repo, tmp_path / "mirror") == 2
     assert "expired" in capsys.readouterr().err
     assert not upstream_files(upstream)
 
@@ -199,9 +199,12 @@ def test_verify_finds_corrupt_missing_and_extra_files(sample_repo: SampleRepo, u
     assert f"missing simple/lib/{page.name}" in out
     assert "extra packages/base/stray.txt" in out and "NOT SOUND" in out
 
-    # --recheck re-hashes instead of trusting the journal: the damage is repaired from upstream.
+    # A sync re-hashes what it would reuse: the altered wheel is refused and loses its names, the next sync refetches it.
     (dest / "packages/base/stray.txt").unlink()
-    assert sync(upstream, sample_repo, dest, "--recheck") == 0
+    assert sync(upstream, sample_repo, dest) == 1
+    assert f"REFUSED packages/app/app-1.0-py3-none-any.whl: hash-mismatch: the copy in {dest}" in capsys.readouterr().err
+    assert not (dest / "packages/app" / wheel.name).exists()
+    assert sync(upstream, sample_repo, dest) == 0
     assert verify(dest, root) == 0
 
 

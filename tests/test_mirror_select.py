@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from proxy.index import DistFile
 from proxy.mirror.select import (
+    MAX_INCLUDE_DEPTH,
     FileFilter,
     SelectionError,
     Wanted,
@@ -19,13 +22,36 @@ def dist(filename: str, **kw: object) -> DistFile:
     return DistFile(filename=filename, url=filename, hashes={"sha256": "0" * 64}, **kw)  # type: ignore[arg-type]
 
 
-def test_requirements_files_give_names_and_simple_specifiers() -> None:
-    wanted = read_requirements([
-        "# pinned set\n", "Requests[socks]>=2.0,<3  # comment\n", "-r other.txt\n", "\n",
-        "lib==1.0 --hash=sha256:abc\n", "Zope.Interface\n", "lib<2\n",
-    ])
-    by_name = {w.project: str(w.spec) for w in merge(wanted)}
-    assert by_name == {"requests": "<3,>=2.0", "lib": "<2,==1.0", "zope-interface": ""}
+def test_requirements_files_give_names_and_simple_specifiers(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "reqs.txt").write_text(
+        "# pinned set\nRequests[socks]>=2.0,<3  # comment\n-r sub/other.txt\n\n"
+        "lib==1.0 --hash=sha256:abc\nZope.Interface\n-c constraints.txt\nlib<2\n")
+    # Includes are relative to the including file, in every spelling pip accepts.
+    (tmp_path / "sub/other.txt").write_text("base>=2\n--requirement more.txt\n-rlast.txt\n")
+    (tmp_path / "sub/more.txt").write_text("extra\n")
+    (tmp_path / "sub/last.txt").write_text("--requirement=../final.txt\n")
+    (tmp_path / "final.txt").write_text("tail<9\n")
+    by_name = {w.project: str(w.spec) for w in merge(read_requirements(tmp_path / "reqs.txt"))}
+    assert by_name == {"requests": "<3,>=2.0", "lib": "<2,==1.0", "zope-interface": "", "base": ">=2",
+                       "extra": "", "tail": "<9"}
+
+
+def test_requirements_include_cycles_and_depth_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x\n-r b.txt\n")
+    (tmp_path / "b.txt").write_text("-r ./a.txt\n")
+    with pytest.raises(SelectionError, match="include each other"):
+        read_requirements(tmp_path / "a.txt")
+    for i in range(MAX_INCLUDE_DEPTH + 1):
+        (tmp_path / f"d{i}.txt").write_text(f"p{i}\n-r d{i + 1}.txt\n")
+    (tmp_path / f"d{MAX_INCLUDE_DEPTH + 1}.txt").write_text("end\n")
+    with pytest.raises(SelectionError, match="deeper than"):
+        read_requirements(tmp_path / "d0.txt")
+    with pytest.raises(FileNotFoundError):
+        read_requirements(tmp_path / "absent.txt")
+
+
+def test_parse_requirement_refuses_urls_and_bad_names() -> None:
     with pytest.raises(SelectionError, match="direct URL"):
         parse_requirement("pkg @ https://example.com/pkg.whl")
     with pytest.raises(SelectionError, match="not a requirement"):

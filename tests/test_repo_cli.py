@@ -87,7 +87,7 @@ def test_add_status_refresh_remove(cli_repo: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["not-a-dist", "duplicate-other-bytes", "missing-online-key", "missing-file"])
-def test_bad_input_is_one_line_exit_1_and_changes_nothing(cli_repo: Path, tmp_path: Path, case: str) -> None:
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli_repo: Path, tmp_path: Path, case: str) -> None:
     whl = build_wheel(tmp_path / "d", "pkg", "1.0")
     tufproxy("repo", "add", str(cli_repo), str(whl))
     if case == "not-a-dist":
@@ -103,9 +103,9 @@ def test_bad_input_is_one_line_exit_1_and_changes_nothing(cli_repo: Path, tmp_pa
         args = [str(tmp_path / "nope-1.0-py3-none-any.whl")]
     before = tree_state(cli_repo / "public")
     proc = tufproxy("repo", "add", str(cli_repo), *args, check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tufproxy repo: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("tufproxy repo add: error:"), proc.stderr
     assert "Traceback" not in proc.stderr
     after = tree_state(cli_repo / "public")
     # Nothing a client reads changed: timestamp, and everything it can reach, are as they were.
@@ -134,7 +134,7 @@ def test_rotate_root_without_enough_old_keys_fails_and_changes_nothing(tmp_path:
     victim.rename(tmp_path / victim.name)
     before = tree_state(repo.public_dir)
     proc = tufproxy("repo", "rotate-root", str(repo.path), "--threshold", "1", check=False)
-    assert proc.returncode == 1 and "threshold" in proc.stderr
+    assert proc.returncode == 2 and "threshold" in proc.stderr
     assert tree_state(repo.public_dir) == before
 
 
@@ -149,11 +149,11 @@ def test_refresh_resigns_only_what_is_past_half_its_lifetime(tmp_path: Path) -> 
 
 
 def test_init_refuses_bad_settings_and_existing_repositories(tmp_path: Path) -> None:
-    assert tufproxy("repo", "init", str(tmp_path / "a"), "--bins", "1000", check=False).returncode == 1
-    assert tufproxy("repo", "init", str(tmp_path / "b"), "--root-threshold", "2", check=False).returncode == 1
+    assert tufproxy("repo", "init", str(tmp_path / "a"), "--bins", "1000", check=False).returncode == 2
+    assert tufproxy("repo", "init", str(tmp_path / "b"), "--root-threshold", "2", check=False).returncode == 2
     tufproxy("repo", "init", str(tmp_path / "c"), "--bins", "2")
     proc = tufproxy("repo", "init", str(tmp_path / "c"), "--bins", "2", check=False)
-    assert proc.returncode == 1 and "already" in proc.stderr
+    assert proc.returncode == 2 and "already" in proc.stderr
 
 
 def test_help_explains_every_action_and_the_layout() -> None:

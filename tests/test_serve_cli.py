@@ -22,7 +22,8 @@ def parse(argv: list[str], env: dict[str, str] | None = None):
 
 def test_flags_beat_env_which_beats_the_toml_file(tmp_path: Path) -> None:
     conf = tmp_path / "tufproxy.toml"
-    conf.write_text('upstream = ["http://file.example/"]\nrefresh_interval = 5\ncache_size = "1G"\nlisten = "0.0.0.0:9000"\n')
+    conf.write_text('upstream = ["http://file.example/"]\nroot = "root.json"\nrefresh_interval = 5\ncache_size = "1G"\n'
+                    'listen = "0.0.0.0:9000"\n')
     c = parse(["--config", str(conf)])
     assert c.upstream == ["http://file.example/"] and c.refresh_interval == 5 and c.cache_size == 2**30
     assert c.listen == ("0.0.0.0", 9000)
@@ -59,7 +60,7 @@ def test_serve_help_documents_every_option() -> None:
         assert opt.flag in out and opt.env in out, opt.name
 
 
-def test_unusable_cache_dir_is_a_clear_error_and_exit_1(tmp_path: Path, sample_repo) -> None:
+def test_unusable_cache_dir_is_a_clear_error_and_exit_2(tmp_path: Path, sample_repo) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache dir should be")
     proc = subprocess.run(
@@ -67,7 +68,7 @@ def test_unusable_cache_dir_is_a_clear_error_and_exit_1(tmp_path: Path, sample_r
          "--cache-dir", str(blocker / "cache"), "--listen", f"127.0.0.1:{free_port()}"],
         capture_output=True, text=True, timeout=60,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "cache dir" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -1,7 +1,9 @@
 """The attack matrix: a real signed repository behind a lying upstream.
 
 Every attack must be refused with the right error class, leave the live
-trusted state as it was, and write nothing to the metadata directory.
+trusted state as it was, and never write the refused document: only the
+roles of that cycle that verified before it are persisted (the spec's
+client workflow persists each role as soon as it verifies).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from tests.support.trustenv import Env, bin_of, env, tampered  # noqa: F401 (env
 from tests.support.upstream import Upstream
 
 
-async def assert_refused(env: Env, client: TrustedClient, error: type[Exception], **attrs: object) -> Exception:
-    """A forced refresh raises ``error``; status and the metadata dir do not change."""
+async def assert_refused(env: Env, client: TrustedClient, error: type[Exception], persisted: tuple[str, ...] = (),
+                         **attrs: object) -> Exception:
+    """A forced refresh raises ``error``; status does not change, and on disk only the ``persisted`` files do."""
     before_status, before_disk = client.status(), env.on_disk()
     with pytest.raises(error) as info:
         await client.refresh(force=True)
@@ -46,7 +49,8 @@ async def assert_refused(env: Env, client: TrustedClient, error: type[Exception]
         assert getattr(info.value, name) == value, (name, info.value)
     after = client.status()
     assert after["roles"] == before_status["roles"]
-    assert env.on_disk() == before_disk
+    after_disk = env.on_disk()
+    assert {name for name in {*before_disk, *after_disk} if before_disk.get(name) != after_disk.get(name)} == set(persisted)
     return info.value
 
 
@@ -90,7 +94,8 @@ async def test_tampered_top_level_role_is_refused(env: Env, tmp_path: Path, role
         name = "timestamp.json" if role == "timestamp" else f"{env.version('snapshot')}.snapshot.json"
         env.up.replace(rf"/metadata/{name.replace('.', '[.]')}",
                        tampered(env.meta(name), lambda s: s.update(expires="2099-01-01T00:00:00Z")))
-    await assert_refused(env, client, BadSignature, role=role)
+    persisted = {"timestamp": (), "snapshot": ("timestamp.json",), "targets": ("timestamp.json", "snapshot.json")}
+    await assert_refused(env, client, BadSignature, persisted[role], role=role)
 
 
 async def test_tampered_bin_is_refused(env: Env) -> None:
@@ -158,14 +163,18 @@ async def test_snapshot_rollback_and_mix_and_match_are_refused(env: Env, tmp_pat
     env.publish(tmp_path, "extra", "2.0")
     new_version = env.version("snapshot")
     assert new_version == old_version + 2
-    # An older snapshot served under the name the new timestamp asks for.
-    env.up.replace(rf"/metadata/{new_version}\.snapshot\.json", env.meta(f"{old_version}.snapshot.json"))
-    await assert_refused(env, client, Rollback, role="snapshot", expected=new_version, actual=old_version)
-    # A newer one than the timestamp lists (mix and match of repository states).
-    env.up.clear()
-    env.up.replace(r"/metadata/timestamp\.json", signed_timestamp(env.repo, snapshot_version=old_version + 1))
+    # A newer snapshot than the timestamp lists (mix and match of repository states); the
+    # timestamp (one version before the current one) verifies, and is kept.
+    env.up.replace(r"/metadata/timestamp\.json",
+                   signed_timestamp(env.repo, snapshot_version=old_version + 1, version_bump=-1))
     env.up.replace(rf"/metadata/{old_version + 1}\.snapshot\.json", env.meta(f"{new_version}.snapshot.json"))
-    await assert_refused(env, client, VersionMismatch, role="snapshot", expected=old_version + 1, actual=new_version)
+    await assert_refused(env, client, VersionMismatch, ("timestamp.json",),
+                         role="snapshot", expected=old_version + 1, actual=new_version)
+    # An older snapshot served under the name the current timestamp asks for.
+    env.up.clear()
+    env.up.replace(rf"/metadata/{new_version}\.snapshot\.json", env.meta(f"{old_version}.snapshot.json"))
+    await assert_refused(env, client, Rollback, ("timestamp.json",), role="snapshot", expected=new_version,
+                         actual=old_version)
 
 
 async def test_snapshot_rolling_back_a_bin_is_refused(env: Env) -> None:
@@ -176,7 +185,7 @@ async def test_snapshot_rolling_back_a_bin_is_refused(env: Env) -> None:
     version = env.version(name)
     env.up.replace(rf"/metadata/{env.version('snapshot') + 1}\.snapshot\.json", _resign_snapshot(env, {f"{name}.json": version - 1}))
     env.up.replace(r"/metadata/timestamp\.json", signed_timestamp(env.repo, snapshot_version=env.version("snapshot") + 1))
-    await assert_refused(env, client, Rollback, role=name, expected=version, actual=version - 1)
+    await assert_refused(env, client, Rollback, ("timestamp.json",), role=name, expected=version, actual=version - 1)
 
 
 async def test_bin_rollback_is_refused(env: Env, tmp_path: Path) -> None:
@@ -433,3 +442,28 @@ async def test_metadata_dir_is_locked_against_a_second_process(env: Env) -> None
     env.client()
     with pytest.raises(MetadataDirLocked):
         TrustedClient(env.dir, [env.mirror], env.fetcher)
+
+
+async def test_a_role_verified_before_a_failure_is_kept_and_protects_after_restart(env: Env, tmp_path: Path) -> None:
+    """Spec 5.4.5: the new timestamp is trusted as soon as it verifies, even if the snapshot never comes."""
+    old = env.meta("timestamp.json")
+    await env.client().refresh()
+    env.publish(tmp_path)
+    env.up.status(rf"/metadata/{env.version('snapshot')}\.snapshot\.json", 404)
+    with pytest.raises(UpstreamUnreachable):
+        await env.client().refresh(force=True)
+    kept = Metadata.from_bytes((env.dir / "timestamp.json").read_bytes()).signed.version
+    assert kept == env.version("timestamp")
+    restarted = env.client()
+    env.up.clear()
+    env.up.replace(r"/metadata/timestamp\.json", old)
+    await assert_refused(env, restarted, Rollback, role="timestamp", expected=kept)
+
+
+async def test_every_trusted_root_is_kept_by_version(env: Env) -> None:
+    env.repo.rotate_root()
+    env.repo.rotate_root()
+    await env.client().refresh()
+    assert sorted(p.name for p in (env.dir / "roots").iterdir()) == ["1.root.json", "2.root.json", "3.root.json"]
+    assert (env.dir / "roots" / "3.root.json").read_bytes() == (env.dir / "root.json").read_bytes()
+    assert not list(env.dir.glob("*.root.json"))  # the top level holds one file per role

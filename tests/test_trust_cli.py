@@ -62,11 +62,12 @@ def test_init_refresh_download(sample_repo: SampleRepo, upstream: Upstream, tmp_
     assert names(upstream, before) == ["2.root.json", "timestamp.json"]
 
 
-def test_failures_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+def test_refusals_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     meta = tmp_path / "meta"
     root = tmp_path / "root.json"
     root.write_bytes(b"{not a root")
     bad = client("--metadata-dir", meta, "init", root)
+    # CLIENT-CLI.md (TUF conformance): 1 for a failed init, refresh or download.
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
     root.write_bytes(sample_repo.root_bytes)
     assert client("--metadata-dir", meta, "init", root).returncode == 0
@@ -87,3 +88,26 @@ def test_failures_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstre
     upstream.replace(r"/metadata/timestamp\.json", b"garbage")
     done = client("--metadata-dir", meta, "--metadata-url", url, "refresh")
     assert done.returncode == 1 and "bad-metadata" in done.stderr
+
+
+def test_options_work_after_the_action_too(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    """Issue 16: ``client --metadata-dir md download --target-name X`` failed; options now go on either side."""
+    meta, targets = tmp_path / "meta", tmp_path / "targets"
+    root = tmp_path / "root.json"
+    root.write_bytes(sample_repo.root_bytes)
+    assert client("init", "--metadata-dir", meta, root).returncode == 0
+    url = f"{upstream.url}metadata/"
+    other = next(p for p in all_targets(sample_repo.repo) if p != WHEEL)
+    done = client("--metadata-dir", meta, "--target-name", WHEEL, "download", "--metadata-url", url,
+                  "--target-name", other, "--target-base-url", upstream.url, "--target-dir", targets)
+    assert done.returncode == 0, done.stderr
+    # Target names given before and after the action add up, in argument order.
+    assert sorted(p.name for p in targets.iterdir()) == sorted(quote(t, safe="") for t in (WHEEL, other))
+    assert client("refresh", "--metadata-dir", meta, "--metadata-url", url).returncode == 0
+    helped = client("download", "--help")
+    assert helped.returncode == 0
+    for option in ("--metadata-dir", "--metadata-url", "--target-name", "--target-base-url", "--target-dir"):
+        assert option in helped.stdout
+    missing = client("refresh", "--metadata-url", url)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().splitlines() == ["tufproxy client refresh: error: refresh needs --metadata-dir"]

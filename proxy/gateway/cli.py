@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 from proxy import logs
 from proxy.atomic import atomic_write
 from proxy.audit import AuditLog
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.config import (
     ConfigError,
     Option,
@@ -47,7 +47,7 @@ from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
-from proxy.serve import _until_signalled
+from proxy.serve import stop_on_signals
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -142,6 +142,7 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
+    stop = stop_on_signals()
     publisher.start()
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"]))
@@ -149,7 +150,7 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
           f"(indexes: {', '.join(http.index_urls)})", flush=True)
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
     try:
-        await _until_signalled()
+        await stop.wait()
     finally:
         fresh.cancel()
         await publisher.stop()

@@ -7,8 +7,9 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.config import ConfigError, parse_datetime, parse_size
 from proxy.mirror.progress import Progress
 from proxy.mirror.select import (
@@ -22,27 +23,35 @@ from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
 
 
+def _upstream(value: str) -> str:
+    """An http(s) URL with a host, or a directory that exists (a signed tree on disk)."""
+    url = urlsplit(value)
+    if (url.scheme in ("http", "https") and url.hostname) or (not url.scheme and Path(value).is_dir()):
+        return value
+    raise CommandError(f"--upstream must be an http(s) URL or an existing directory, not {value!r}")
+
+
 def _options(args: argparse.Namespace) -> SyncOptions:
+    upstream = _upstream(args.upstream)
     try:
         wanted = [parse_requirement(p) for p in args.project or ()]
         for req_file in args.requirements or ():
-            with open(req_file, encoding="utf-8") as f:
-                wanted += read_requirements(f)
+            wanted += read_requirements(Path(req_file))
         file_filter = FileFilter.of(
             spec=args.version_spec, platforms=args.platform or (), abis=args.abi or (),
             python_versions=args.python_version or (), sdists=not args.no_sdist, yanked=not args.exclude_yanked,
         )
         max_file_size = parse_size(args.max_file_size)
     except OSError as e:
-        raise CommandError(f"cannot read requirements file: {e}") from e
+        raise CommandError(f"cannot read requirements file {e.filename}: {e.strerror or e}") from e
     except (SelectionError, ConfigError) as e:
         raise CommandError(str(e)) from e
     return SyncOptions(
-        upstream=args.upstream, root=Path(args.root), dest=Path(args.dest), projects=tuple(merge(wanted)),
+        upstream=upstream, root=Path(args.root), dest=Path(args.dest), projects=tuple(merge(wanted)),
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        recheck=args.recheck, metadata_path=args.metadata_path,
+        metadata_path=args.metadata_path,
     )
 
 
@@ -118,7 +127,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metadata-path", default="metadata/", metavar="PATH", help="where TUF metadata lives, relative to the upstream (default: metadata/)")
     sel = p.add_argument_group("selection")
     sel.add_argument("--project", action="append", metavar="NAME[SPEC]", help="a project to mirror, optionally with versions ('lib>=1.0'); repeatable")
-    sel.add_argument("--requirements", action="append", metavar="FILE", help="mirror the projects of a requirements file (simple version specifiers honoured)")
+    sel.add_argument("--requirements", action="append", metavar="FILE", help="mirror the projects of a requirements file and "
+                     "the files it includes with -r (simple version specifiers honoured)")
     sel.add_argument("--all", action="store_true", help="mirror every project of the upstream's root list")
     flt = p.add_argument_group("filters")
     flt.add_argument("--version-spec", metavar="SPEC", help="only versions matching this PEP 440 specifier, e.g. '>=2.0'")
@@ -133,7 +143,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--resign-with", metavar="REPO_DIR", help="also publish the files in this 'tufproxy repo' repository, signed with its keys")
     run.add_argument("--audit-log", metavar="FILE", help="where refusals are recorded (default: DEST/.mirror/audit.log)")
     run.add_argument("--max-file-size", default="4G", metavar="SIZE", help="largest file taken (default: 4G)")
-    run.add_argument("--recheck", action="store_true", help="re-hash files already in DEST instead of trusting the sync journal")
     p.set_defaults(func=_cmd_sync)
 
     p = sub.add_parser(

@@ -1,16 +1,19 @@
 """Which projects and which of their files a mirror sync takes.
 
-Pure decisions, no I/O: project names (from ``--project``, a requirements
-file, or the root list), per-project version specifiers, and the file
-filters (versions, wheel platform/ABI/Python tags, sdists, yanked).
+Decisions, with no I/O but reading requirements files: project names (from
+``--project``, a requirements file and its ``-r`` includes, or the root
+list), per-project version specifiers, and the file filters (versions,
+wheel platform/ABI/Python tags, sdists, yanked).
 File names are read with ``packaging`` (the PyPA reference for PEP 427
 wheel names and PEP 440 versions); a name it cannot read is not taken.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -52,16 +55,39 @@ def parse_requirement(text: str) -> Wanted:
     return Wanted(normalize(req.name), req.specifier)
 
 
-def read_requirements(lines: Iterable[str]) -> list[Wanted]:
-    """Requirement lines of a requirements file; comments, blanks and pip options are skipped."""
+# Nested ``-r`` includes deeper than this are a mistake (or a trap), not a requirements set.
+MAX_INCLUDE_DEPTH = 16
+_INCLUDE = re.compile(r"(?:-r\s*|--requirement(?:\s*=\s*|\s+))(\S+)")
+
+
+def read_requirements(path: Path, _including: tuple[Path, ...] = ()) -> list[Wanted]:
+    """The requirements of a requirements file and of the files it includes.
+
+    ``-r FILE`` / ``--requirement FILE`` lines are followed, relative to the
+    including file as pip does; comments, blanks and other pip options
+    (constraints, index options, ``--hash``) are skipped.  An include cycle
+    or nesting deeper than :data:`MAX_INCLUDE_DEPTH` is a
+    :class:`SelectionError`; an unreadable file an ``OSError``.
+    """
+    here = path.resolve()
+    if here in _including:
+        chain = " -> ".join(str(p) for p in (*_including, here))
+        raise SelectionError(f"requirements files include each other: {chain}")
+    if len(_including) >= MAX_INCLUDE_DEPTH:
+        raise SelectionError(f"requirements includes nested deeper than {MAX_INCLUDE_DEPTH} at {path}")
     wanted = []
-    for raw in lines:
-        line = raw.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        # "name==1.0 --hash=sha256:..." : pip options after the requirement.
-        line = line.split(" --", 1)[0].rstrip(" \\")
-        wanted.append(parse_requirement(line))
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            include = _INCLUDE.fullmatch(line)
+            if include:
+                wanted += read_requirements(path.parent / include.group(1), (*_including, here))
+                continue
+            if not line or line.startswith("-"):
+                continue
+            # "name==1.0 --hash=sha256:..." : pip options after the requirement.
+            line = line.split(" --", 1)[0].rstrip(" \\")
+            wanted.append(parse_requirement(line))
     return wanted
 
 

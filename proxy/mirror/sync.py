@@ -14,6 +14,13 @@ every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
 then publication (metadata, timestamp last) and, with ``--resign-with``,
 ``Repository.add`` of the files into the site's own repository.
 
+Nothing already in DEST is trusted: a file the sync would reuse is
+re-hashed against this run's trusted target (:meth:`MirrorTree.has`), and
+re-signing takes only files verified in this run, copied out of DEST into
+a private directory and re-hashed as they are copied, so the site's keys
+sign exactly bytes this run's upstream metadata vouches for.  A copy in
+DEST that does not match is a refusal like any other, and loses its names.
+
 A refused artifact (signed metadata says other bytes, or its metadata
 fails to verify) is not written, is recorded in the audit log, and stops
 the sync before publication unless ``keep_going``.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +93,6 @@ class SyncOptions:
     resign_with: Path | None = None
     audit_log: Path | None = None  # default: DEST/.mirror/audit.log
     max_file_size: int = 4 * 2**30
-    recheck: bool = False  # re-hash files already in the tree instead of trusting the journal
     metadata_path: str = "metadata/"
 
 
@@ -138,12 +145,26 @@ class _Sync:
         self.stopped = False  # a refusal without keep_going: schedule nothing new
         self.mirrored: list[VerifiedTarget] = []  # every target now in the tree, for plain names
 
-    def _refuse(self, path: str, error: RepositoryError, url: str | None = None) -> None:
+    def _refuse(self, path: str, error: RepositoryError, url: str | None = None, where: str = "") -> None:
+        detail = f"{where}{error}"
         self.audit.refused(component="mirror-sync", reason=error.reason, target=path, role=error.role,
-                           expected=error.expected, actual=error.actual, upstream_url=url, detail=str(error))
-        self.progress.refused(path, f"{error.reason}: {error}")
+                           expected=error.expected, actual=error.actual, upstream_url=url, detail=detail)
+        self.progress.refused(path, f"{error.reason}: {detail}")
         if not self.options.keep_going:
             self.stopped = True
+
+    def refuse_altered(self, target: VerifiedTarget, error: RepositoryError) -> None:
+        """The copy of ``target`` in DEST is not what this run's metadata signs (altered or rotted)."""
+        self._refuse(target.path, error, where=f"the copy in {self.options.dest} is not the signed target, removed: ")
+
+    def read_page(self, target: VerifiedTarget) -> bytes | None:
+        """A page's bytes from the tree, re-verified; None (refused) when DEST altered them."""
+        try:
+            return self.tree.read(target)
+        except RepositoryError as e:
+            self.refuse_altered(target, e)
+            self.mirrored.remove(target)
+            return None
 
     async def lookup(self, path: str, required: bool = True) -> VerifiedTarget | None:
         """The signed description of ``path``, or None (reported) if there is none to use."""
@@ -167,7 +188,14 @@ class _Sync:
             if target.length > self.options.max_file_size:
                 self.progress.failed(target.path, f"{target.length} bytes is over the size limit")
                 return False
-            if await asyncio.to_thread(self.tree.has, target):
+            try:
+                present = await asyncio.to_thread(self.tree.has, target)
+            except RepositoryError as e:
+                self.refuse_altered(target, e)
+                if self.stopped:
+                    return False
+                present = False  # --keep-going: fetch it afresh
+            if present:
                 self.progress.present(target.length)
                 self.mirrored.append(target)
                 return True
@@ -213,10 +241,11 @@ class _Sync:
             pass  # reported by the lookup below
         found = await asyncio.gather(*(self.page(project_page_target(wanted.project, f), f is PageFormat.JSON)
                                        for f in _PAGE_FORMATS))
-        if found[0] is None:
+        data = None if found[0] is None else self.read_page(found[0])
+        if data is None:
             return None
         try:
-            page = index.parse_project_json(self.tree.read(found[0]), wanted.project)
+            page = index.parse_project_json(data, wanted.project)
         except index.IndexParseError as e:
             self.progress.failed(json_path, f"signed page does not parse: {e}")
             return None
@@ -228,10 +257,11 @@ class _Sync:
         pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
         if not self.options.all_projects:
             return list(self.options.projects)
-        if pages[0] is None:
+        data = None if pages[0] is None else self.read_page(pages[0])
+        if data is None:
             raise MirrorError("the root project list could not be mirrored: --all needs it")
         try:
-            plist = index.parse_project_list_json(self.tree.read(pages[0]))
+            plist = index.parse_project_list_json(data)
         except index.IndexParseError as e:
             raise MirrorError(f"the signed root project list does not parse: {e}") from e
         given = {w.project: w for w in self.options.projects}
@@ -267,39 +297,66 @@ class _Sync:
         return chain
 
 
-def _resign(repo_dir: Path, tree: MirrorTree, selected: list[_Selected], progress: Progress) -> ChangeReport:
-    """Publish the mirrored distributions under the site's keys; propagate yanks (PEP 592)."""
+def _resign(repo_dir: Path, run: _Sync, selected: list[_Selected]) -> ChangeReport | None:
+    """Publish the distributions verified in this run under the site's keys; propagate yanks (PEP 592).
+
+    Each file is copied out of DEST into a private directory of the site
+    repository, re-hashed against this run's trusted target as it is copied,
+    and only that copy is signed.  A file refused, failed or not verified
+    in this run is never signed from whatever DEST holds under its name.
+    None (nothing signed) when a copy is refused and not ``keep_going``.
+    """
     try:
         repo = Repository.open(repo_dir)
     except SignerError as e:
         raise MirrorError(str(e)) from e
-    files = []
-    for s in selected:
-        for dist in s.kept:
-            path = tree.path(file_target(s.wanted.project, dist.filename))
-            if not path.exists():
-                continue  # refused or failed: reported already
-            try:
-                inspect_distribution(path)
-            except NotADistribution as e:
-                progress.failed(dist.filename, f"cannot re-sign: {e}")
-                continue
-            files.append(path)
+    verified = {t.path: t for t in run.mirrored}
+    unchanged: list[str] = []
     try:
-        report = repo.add(files)
+        with tempfile.TemporaryDirectory(dir=repo_dir, prefix=".resign-") as staging:
+            files = []
+            for s, site in ((s, _site_files(repo, s.wanted.project)) for s in selected):
+                for dist in s.kept:
+                    target = verified.get(file_target(s.wanted.project, dist.filename))
+                    if target is None:
+                        continue  # refused or failed in this run: reported already
+                    signed = site.get(dist.filename)
+                    if signed is not None and signed.hashes.get("sha256") == target.hashes.get("sha256", ""):
+                        unchanged.append(dist.filename)  # the site signed these very bytes already
+                        continue
+                    copy = Path(staging) / dist.filename
+                    try:
+                        run.tree.copy_verified(target, copy)
+                        inspect_distribution(copy)
+                    except RepositoryError as e:
+                        run.refuse_altered(target, e)
+                        continue
+                    except (OSError, NotADistribution) as e:
+                        run.progress.failed(dist.filename, f"cannot re-sign: {e}")
+                        continue
+                    files.append(copy)
+            if run.stopped:
+                return None
+            added = repo.add(files)
+        added.unchanged += unchanged
         for s in selected:
-            site_page = repo.public_dir / project_page_target(s.wanted.project, PageFormat.JSON)
-            if not site_page.exists():
-                continue
-            site = {f.filename: f for f in index.parse_project_json(site_page.read_bytes(), s.wanted.project).files}
+            site = _site_files(repo, s.wanted.project)
             for dist in s.kept:
                 if dist.yanked and dist.filename in site and not site[dist.filename].yanked:
                     yank = repo.remove(dist.filename, reason=dist.yanked if isinstance(dist.yanked, str) else None)
-                    report.yanked += yank.yanked
-                    report.signed.update(yank.signed)
+                    added.yanked += yank.yanked
+                    added.signed.update(yank.signed)
     except SignerError as e:
         raise MirrorError(f"re-signing into {repo_dir} failed: {e}") from e
-    return report
+    return added
+
+
+def _site_files(repo: Repository, project: str) -> dict[str, index.DistFile]:
+    """The files the site repository's page of ``project`` lists, by name."""
+    page = repo.public_dir / project_page_target(project, PageFormat.JSON)
+    if not page.exists():
+        return {}
+    return {f.filename: f for f in index.parse_project_json(page.read_bytes(), project).files}
 
 
 async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
@@ -312,7 +369,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         pinned = options.root.read_bytes()
     except OSError as e:
         raise MirrorError(f"cannot read the pinned root {options.root}: {e.strerror}") from e
-    tree = MirrorTree(options.dest, recheck=options.recheck)
+    tree = MirrorTree(options.dest)
     fetcher, mirror = _upstream(options)
     audit = AuditLog(options.audit_log or tree.state / "audit.log")
     trust: TrustedClient | None = None
@@ -351,7 +408,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             tree.link_plain(target)
         tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored))
         if options.resign_with is not None:
-            result.resigned = await asyncio.to_thread(_resign, options.resign_with, tree, selected, progress)
+            result.resigned = await asyncio.to_thread(_resign, options.resign_with, run, selected)
         return result
     finally:
         if trust is not None:
@@ -359,4 +416,3 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         with contextlib.suppress(Exception):
             await fetcher.close()
         audit.close()
-        tree.close()

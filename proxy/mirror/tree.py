@@ -9,8 +9,7 @@ serve --repository DEST`` and any static HTTP server can serve it)::
                         every target under HASH.name for each signed hash,
                         and under its plain name
     DEST/.mirror/       sync state, never served: trust/ (the trusted
-                        metadata of the sync's TUF client), journal.jsonl
-                        (what is already on disk and verified), tmp/, audit.log,
+                        metadata of the sync's TUF client), tmp/, audit.log,
                         manifest.json (the targets the last sync published)
 
 A download is streamed into ``.mirror/tmp``, hashed with every signed
@@ -18,16 +17,24 @@ algorithm and length-bounded as it arrives; only a file that matches is
 fsynced and renamed to its hash name.  Plain names and the new
 ``timestamp.json`` are published last, so an interrupted sync leaves the
 previous state served plus verified files nobody references yet.
+
+DEST may sit on removable media that anyone could have edited between two
+syncs, so nothing already in it is trusted for its name or size: every
+reuse (a file the sync would otherwise download, a page it parses, a file
+it re-signs) re-hashes the bytes against this run's trusted target first,
+and a copy that does not match loses every name it has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from tuf.api import exceptions as tuf_exc
@@ -36,7 +43,8 @@ from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 from proxy.atomic import atomic_link, atomic_write, fsync_dir
 from proxy.layout import METADATA_DIR, consistent_name
 from proxy.trust import VerifiedTarget
-from proxy.trust.errors import BadMetadata, BadSignature, HashMismatch, LengthMismatch
+from proxy.trust.errors import BadMetadata, BadSignature, HashMismatch, LengthMismatch, RepositoryError
+from proxy.trust.hashing import StreamingVerifier
 from proxy.trust.model import new_hash
 from proxy.upstream import Fetcher
 
@@ -50,60 +58,37 @@ def target_names(target: VerifiedTarget) -> list[str]:
     return [*(consistent_name(target.path, d) for d in target.hashes.values()), target.path]
 
 
+def verify_file(path: Path, target: VerifiedTarget, copy_to: BinaryIO | None = None) -> None:
+    """Re-hash ``path`` against ``target`` (length and every signed hash), optionally copying it.
+
+    Reads at most one byte more than the signed length.  Raises
+    ``FileNotFoundError``, or the typed refusal when the bytes are not the
+    target's; ``copy_to`` then holds bytes nobody may use.
+    """
+    verifier = StreamingVerifier(target.path, target.hashes, target.length, role=target.role)
+    with open(path, "rb") as f:
+        while chunk := f.read(min(_READ_CHUNK, target.length - verifier.received + 1)):
+            verifier.update(chunk)
+            if copy_to is not None:
+                copy_to.write(chunk)
+    verifier.finish()
+
+
 def check_file(path: Path, target: VerifiedTarget) -> str | None:
     """None when ``path`` holds exactly ``target``'s bytes, else what is wrong."""
     try:
-        size = path.stat().st_size
-        if size != target.length:
-            return f"{size} bytes, {target.length} signed"
-        hashers = {a: new_hash(a) for a in target.hashes}
-        with open(path, "rb") as f:
-            while chunk := f.read(_READ_CHUNK):
-                for h in hashers.values():
-                    h.update(chunk)
+        verify_file(path, target)
     except FileNotFoundError:
         return "missing"
-    for algorithm, h in hashers.items():
-        if h.hexdigest() != target.hashes[algorithm]:
-            return f"{algorithm} differs"
+    except RepositoryError as e:
+        return str(e).removeprefix(f"{target.path}: ")
     return None
-
-
-class Journal:
-    """Append-only record of files written and verified, so a rerun skips them.
-
-    One JSON line per file, flushed after the file's rename: a line lost in
-    a crash only costs a re-hash; a torn last line is ignored.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._done: dict[str, int] = {}
-        with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                    self._done[str(record["name"])] = int(record["length"])
-                except (ValueError, KeyError, TypeError):
-                    continue
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held for the whole sync, closed by close())
-
-    def has(self, name: str, length: int) -> bool:
-        return self._done.get(name) == length
-
-    def add(self, name: str, length: int) -> None:
-        self._done[name] = length
-        self._file.write(json.dumps({"name": name, "length": length}) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class MirrorTree:
     """``DEST`` and its state directory; see the module docstring."""
 
-    def __init__(self, root: Path, recheck: bool = False) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.state = self.root / STATE_DIR
         self.trust_dir = self.state / "trust"
@@ -113,43 +98,61 @@ class MirrorTree:
         # Left by an interrupted sync: never verified, never served.
         for stale in self.tmp.iterdir():
             stale.unlink()
-        journal = self.state / "journal.jsonl"
-        if recheck:
-            journal.unlink(missing_ok=True)
-        self.journal = Journal(journal)
-
-    def close(self) -> None:
-        self.journal.close()
 
     def path(self, name: str) -> Path:
         return self.root / name
 
     def read(self, target: VerifiedTarget) -> bytes:
-        """The bytes of a target this sync has verified into the tree (small things: pages)."""
-        return self.path(target_names(target)[0]).read_bytes()
+        """The bytes of a target in the tree (small things: pages), re-verified as they are read.
+
+        Raises the typed refusal (after :meth:`discard`) when they are not the target's.
+        """
+        with io.BytesIO() as out:
+            self._verified(target, out)
+            return out.getvalue()
 
     def has(self, target: VerifiedTarget) -> bool:
-        """True when ``target`` is on disk, verified, under its first hash name.
+        """True when ``target`` is on disk under its first hash name, re-hashed just now.
 
-        A journalled file whose size still matches is trusted to be the one
-        this sync verified (``tufproxy mirror verify`` re-hashes everything);
-        anything else on disk is re-hashed, and removed if it is wrong.
+        False when it is absent; the typed refusal (after :meth:`discard`)
+        when the bytes there are not the target's: DEST was altered.
         """
-        name = target_names(target)[0]
-        path = self.path(name)
         try:
-            size = path.stat().st_size
+            self._verified(target)
         except FileNotFoundError:
             return False
-        if not (size == target.length and self.journal.has(name, target.length)):
-            if check_file(path, target) is not None:
-                path.unlink()
-                return False
-            self.journal.add(name, target.length)
         # An interrupted sync may have renamed the file but not linked its other hash names yet.
+        path = self.path(target_names(target)[0])
         for other in target_names(target)[1:-1]:
             _link(path, self.path(other))
         return True
+
+    def copy_verified(self, target: VerifiedTarget, dest: Path) -> None:
+        """Copy ``target`` out of the tree to ``dest``, checking the very bytes copied.
+
+        What is later read from ``dest`` (a private directory) is what was
+        hashed, whatever happens to DEST meanwhile.  Raises
+        ``FileNotFoundError`` or the typed refusal (after :meth:`discard`,
+        with ``dest`` removed).
+        """
+        try:
+            with open(dest, "xb") as out:
+                self._verified(target, out)
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+
+    def discard(self, target: VerifiedTarget) -> None:
+        """Remove every name of ``target`` from the tree (its bytes there are not the target's)."""
+        for name in target_names(target):
+            self.path(name).unlink(missing_ok=True)
+
+    def _verified(self, target: VerifiedTarget, copy_to: BinaryIO | None = None) -> None:
+        try:
+            verify_file(self.path(target_names(target)[0]), target, copy_to)
+        except RepositoryError:
+            self.discard(target)
+            raise
 
     async def download(self, fetcher: Fetcher, url: str, target: VerifiedTarget) -> int:
         """Stream ``url`` into the tree as ``target``; bytes written, or a RepositoryError."""
@@ -190,7 +193,6 @@ class MirrorTree:
         fsync_dir(dest.parent)
         for name in others:
             _link(dest, self.path(name))
-        self.journal.add(first, target.length)
         return received
 
     def link_plain(self, target: VerifiedTarget) -> None:

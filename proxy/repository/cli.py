@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from proxy.cli import CommandError
+from proxy.cmderror import CommandError
 from proxy.profiles import PROFILES
 from proxy.repository.keys import MissingKey
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
@@ -120,7 +120,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _guarded(func):  # type: ignore[no-untyped-def]
-    """Signer errors become one line on stderr and exit 1."""
+    """Signer errors become one line on stderr and exit 2."""
 
     def run(args: argparse.Namespace) -> int:
         try:

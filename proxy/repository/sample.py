@@ -2,12 +2,14 @@
 
 Wheels are written in the wheel format by hand (a zip with a dist-info
 directory and a RECORD), which is all pip and uv need to install them, so
-a new machine with no index at all can still try the whole chain.
+a new machine with no index at all can still try the whole chain.  Both are
+reproducible: the same arguments give the same bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import tarfile
@@ -16,6 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.layout import normalize
+
+# 2020-01-01T00:00:00Z: every member of every archive we build carries this time.
+_EPOCH = 1577836800
+_ZIP_EPOCH = (2020, 1, 1, 0, 0, 0)
 
 
 def _metadata(name: str, version: str, requires: Sequence[str], requires_python: str | None) -> str:
@@ -60,7 +66,7 @@ def build_wheel(
     out = dest / f"{dist}-{version}-{tag}.whl"
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, data in files.items():
-            info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
+            info = zipfile.ZipInfo(path, date_time=_ZIP_EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     return out
@@ -80,10 +86,14 @@ def build_sdist(dest: Path, name: str, version: str, requires: Sequence[str] = (
     }
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / f"{root}.tar.gz"
-    with tarfile.open(out, "w:gz") as tf:
+    # Same inputs, same bytes (so `tufproxy demo` can rerun over its own repository):
+    # fixed member times, and a gzip header with no time and no file name.
+    with open(out, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for path, data in files.items():
             info = tarfile.TarInfo(path)
             info.size = len(data)
-            info.mtime = 1577836800
+            info.mtime = _EPOCH
+            info.mode = 0o644
             tf.addfile(info, io.BytesIO(data))
     return out

@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from proxy.atomic import atomic_write
-from proxy.cli import CommandError
+from proxy.cmderror import EXIT_REFUSED, CommandError
 from proxy.trust.client import TrustedClient
 from proxy.trust.errors import (
     HashMismatch,
@@ -37,6 +37,45 @@ from proxy.upstream import AiohttpFetcher, DownloadError, DownloadLengthError, F
 _CONFIG = TrustConfig(refresh_interval=3600.0, persist_bins=True)
 
 
+# The options every action takes: (flags, argparse keywords).  They go on ``client`` itself (the
+# conformance protocol puts them before the action) and on each action (after it, as users write them).
+_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, object]], ...] = (
+    (("--metadata-dir",), {"type": Path, "metavar": "DIR", "help": "trusted metadata directory (required)"}),
+    (("--metadata-url",), {"metavar": "URL", "help": "base URL of the repository's metadata"}),
+    (("--target-name",), {"action": "append", "metavar": "PATH",
+                          "help": "target path to download (repeatable, fetched in order)"}),
+    (("--target-base-url",), {"metavar": "URL", "help": "base URL of the repository's targets"}),
+    (("--target-dir",), {"type": Path, "metavar": "DIR", "help": "where downloaded targets are written"}),
+    (("-v", "--verbose"), {"dest": "client_verbose", "action": "count", "help": "more log output (repeatable)"}),
+)
+# Prefix of the destinations of options given after the action.
+_LATE = "late_"
+
+
+def _add_options(parser: argparse.ArgumentParser, late: bool) -> None:
+    for flags, keywords in _OPTIONS:
+        keywords = dict(keywords)
+        dest = str(keywords.pop("dest", flags[-1].lstrip("-").replace("-", "_")))
+        keywords["dest"] = _LATE + dest if late else dest
+        if late:  # unset options after the action must not overwrite the ones given before it
+            keywords["default"] = argparse.SUPPRESS
+        parser.add_argument(*flags, **keywords)  # type: ignore[arg-type]
+
+
+def _merge_late_options(args: argparse.Namespace) -> None:
+    """Options after the action win over the same before it; target names add up, in order."""
+    for name, value in list(vars(args).items()):
+        if name.startswith(_LATE):
+            dest = name.removeprefix(_LATE)
+            early = getattr(args, dest)
+            if dest == "target_name":
+                value = (early or []) + value
+            elif dest == "client_verbose":
+                value += early or 0
+            setattr(args, dest, value)
+            delattr(args, name)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``client`` subcommand."""
     p = subparsers.add_parser(
@@ -47,34 +86,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "metadata directory (no network); 'refresh' updates the top-level metadata; "
             "'download' refreshes, then fetches and verifies each --target-name into "
             "--target-dir (file name: the target path, URL-quoted). Trusted metadata is kept "
-            "in the metadata directory as ROLE.json. Exit status 0 on success, 1 on any failure."
+            "in the metadata directory as ROLE.json. Options go before or after the action. "
+            "Exit status 0 on success, 1 on any failure."
         ),
     )
-    p.add_argument("--metadata-dir", type=Path, required=True, help="trusted metadata directory")
-    p.add_argument("--metadata-url", help="base URL of the repository's metadata")
-    p.add_argument("--target-name", action="append", default=[], metavar="PATH",
-                   help="target path to download (repeatable, fetched in order)")
-    p.add_argument("--target-base-url", help="base URL of the repository's targets")
-    p.add_argument("--target-dir", type=Path, help="where downloaded targets are written")
-    p.add_argument("-v", "--verbose", dest="client_verbose", action="count", default=0,
-                   help="more log output (repeatable)")
+    _add_options(p, late=False)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    init = actions.add_parser("init", help="trust TRUSTED_ROOT (a root.json); no network")
+    init = actions.add_parser("init", help="trust TRUSTED_ROOT (a root.json); no network",
+                              description="Trust TRUSTED_ROOT (a root.json) as the metadata directory's root.")
     init.add_argument("trusted_root", type=Path, metavar="TRUSTED_ROOT")
-    actions.add_parser("refresh", help="update top-level metadata (needs --metadata-url)")
-    actions.add_parser("download", help="refresh, then download each --target-name "
-                       "(needs --metadata-url, --target-base-url, --target-dir)")
+    refresh = actions.add_parser("refresh", help="update top-level metadata (needs --metadata-url)",
+                                 description="Update the top-level metadata (needs --metadata-dir, --metadata-url).")
+    download = actions.add_parser(
+        "download", help="refresh, then download each --target-name (needs --metadata-url, --target-base-url, --target-dir)",
+        description="Refresh, then download and verify each --target-name into --target-dir "
+        "(needs --metadata-dir, --metadata-url, --target-base-url, --target-dir).")
+    for action in (init, refresh, download):
+        _add_options(action, late=True)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    _merge_late_options(args)
+    if args.metadata_dir is None:
+        raise CommandError(f"{args.action} needs --metadata-dir")
     if args.client_verbose:
         logging.getLogger().setLevel(logging.WARNING - 10 * min(args.client_verbose, 2))
     if args.action == "init":
         try:
             TrustedClient.initialize(args.metadata_dir, args.trusted_root.read_bytes())
         except (OSError, TrustError) as e:
-            raise CommandError(str(e)) from e
+            raise CommandError(str(e), EXIT_REFUSED) from e
         return 0
     if not args.metadata_url:
         raise CommandError(f"{args.action} needs --metadata-url")
@@ -83,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_online(args))
     except TrustError as e:
-        raise CommandError(f"{e.reason}: {e}") from e
+        raise CommandError(f"{e.reason}: {e}", EXIT_REFUSED) from e
     except OSError as e:
-        raise CommandError(str(e)) from e
+        raise CommandError(str(e), EXIT_REFUSED) from e
 
 
 async def _online(args: argparse.Namespace) -> int:
@@ -94,7 +136,7 @@ async def _online(args: argparse.Namespace) -> int:
     client = TrustedClient(args.metadata_dir, [mirror], fetcher, _CONFIG)
     try:
         await client.refresh(force=True)
-        for name in args.target_name:
+        for name in args.target_name or []:
             await _download(client, fetcher, await client.get_target(name), args.target_dir)
         return 0
     finally:

@@ -19,9 +19,11 @@ bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
 * Delegated roles are loaded on demand into a bounded LRU, reused across
   cycles while the snapshot lists the same version and the delegator is
   byte-for-byte the one that verified them.
-* Trusted metadata is persisted (atomically, non-versioned names) when a
-  cycle completes, so a restart keeps rollback protection; a refused
-  cycle writes nothing.  Delegated roles are written when verified.
+* Each top-level role is persisted (atomically, non-versioned names) the
+  moment it verifies, as the spec's client workflow says, so a restart
+  keeps rollback protection even when a later step of that cycle failed;
+  a refused role is never written.  Every trusted root is also kept by
+  version (``roots/N.root.json``).  Delegated roles are written when verified.
 * Mirrors are tried in order: transport failures move on; verification
   failures are logged and move on too, and are never accepted.
 """
@@ -147,10 +149,11 @@ class TrustedClient:
     @staticmethod
     def initialize(metadata_dir: Path, root_bytes: bytes) -> None:
         """Trust ``root_bytes`` (it must verify itself) as ``metadata_dir``'s root."""
-        TopLevelSet(root_bytes, _utcnow())
+        top = TopLevelSet(root_bytes, _utcnow())
         store = MetadataStore(Path(metadata_dir))
         try:
             store.write("root", root_bytes)
+            store.keep_root(top.root.version, root_bytes)
         finally:
             store.unlock()
 
@@ -243,30 +246,34 @@ class TrustedClient:
 
     async def _refresh(self) -> None:
         self._last_attempt = time.monotonic()
-        accepted: dict[str, bytes] = {}
         try:
-            state = await self._cycle(accepted)
+            state = await self._cycle()
         except errors.TrustError as e:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
             raise
-        # The commit point: persist, then swap.  Root first, so a crash in
-        # between leaves older roles that the newer root merely re-checks.
-        for role in ("root", *_TOP_LEVEL):
-            if role in accepted:
-                self._store.write(role, accepted[role])
-                if role == "root":
-                    self._root_bytes = accepted[role]
-                else:
-                    self._local[role] = accepted[role]
         self._state = state
         self._last_success = time.time()
         self._last_error = None
 
-    async def _cycle(self, accepted: dict[str, bytes]) -> _State:
-        """Spec 5.3-5.5 on a fresh set; fills ``accepted`` with new trusted bytes."""
+    def _trust(self, role: str, data: bytes, top: TopLevelSet) -> None:
+        """Persist a role the moment it verified (spec 5.3.8, 5.4.5, 5.5.7, 5.6.6).
+
+        A later step of the same cycle failing does not undo it: a new root or
+        timestamp keeps protecting against rollback after a restart.  The live
+        state is still swapped only when the whole cycle verified.
+        """
+        self._store.write(role, data)
+        if role == "root":
+            self._store.keep_root(top.root.version, data)
+            self._root_bytes = data
+        else:
+            self._local[role] = data
+
+    async def _cycle(self) -> _State:
+        """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
         top = TopLevelSet(self._root_bytes, self._expiry_clock())
-        await self._update_root(top, accepted)
+        rotated = await self._update_root(top)
 
         local_ts = self._local.get("timestamp")
         if local_ts is not None:
@@ -275,8 +282,8 @@ class TrustedClient:
             "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
         )
         if new_ts is not None:
-            accepted["timestamp"] = data
-        elif "root" not in accepted and self._state is not None and self._state.timestamp.version == top.timestamp.version:
+            self._trust("timestamp", data, top)
+        elif not rotated and self._state is not None and self._state.timestamp.version == top.timestamp.version:
             # Nothing changed upstream: the live snapshot stays, if still valid.
             self._state.check_expiry(self._expiry_clock())
             return self._state
@@ -284,12 +291,13 @@ class TrustedClient:
         local_snapshot = self._local.get("snapshot")
         if local_snapshot is None or not top.load_local_snapshot(local_snapshot):
             meta = top.timestamp.snapshot_meta
-            accepted["snapshot"], _ = await self._fetch_verified(
+            data, _ = await self._fetch_verified(
                 "snapshot",
                 self._metadata_name(top.root, "snapshot", meta.version),
                 meta.length or self.config.snapshot_max_length,
                 top.update_snapshot,
             )
+            self._trust("snapshot", data, top)
 
         targets_bytes = self._local.get("targets")
         if targets_bytes is None or not top.load_local_targets(targets_bytes):
@@ -300,11 +308,11 @@ class TrustedClient:
                 meta.length or self.config.targets_max_length,
                 top.update_targets,
             )
-            accepted["targets"] = targets_bytes
+            self._trust("targets", targets_bytes, top)
         return _state_of(top, targets_bytes)
 
-    async def _update_root(self, top: TopLevelSet, accepted: dict[str, bytes]) -> None:
-        """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps."""
+    async def _update_root(self, top: TopLevelSet) -> bool:
+        """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps; True if it moved."""
         first = top.root.version + 1
         for version in range(first, first + self.config.max_root_rotations):
             found = await self._fetch_verified(
@@ -312,7 +320,8 @@ class TrustedClient:
             )
             if found is None:
                 break
-            accepted["root"] = found[0]
+            self._trust("root", found[0], top)
+        return top.root.version >= first
 
     @staticmethod
     def _metadata_name(root: Root, role: str, version: int) -> str:

@@ -6,6 +6,11 @@ can never name a path outside the directory).  Writes go through
 leaves either the old or the new trusted bytes, never a mix.  An exclusive
 ``flock`` on ``.lock``, held for the store's lifetime, keeps two processes
 from ever writing the same directory.
+
+Every root ever trusted is also kept by version, as ``roots/N.root.json``
+(a subdirectory: the directory's top level holds one file per role), so
+the chain from the pinned root can be walked again by someone who trusts
+nothing in this directory.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class MetadataStore:
     """Trusted metadata bytes on disk."""
 
     LOCK_NAME = ".lock"
+    ROOTS = "roots"
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
@@ -47,7 +53,7 @@ class MetadataStore:
             raise MetadataDirLocked(f"{self.directory} is in use by another process") from None
         self._lock_fd = fd
         # Temp files of a write that a kill -9 interrupted: never read, and nobody else writes here.
-        for stale in self.directory.glob(".*.tmp"):
+        for stale in [*self.directory.glob(".*.tmp"), *(self.directory / self.ROOTS).glob(".*.tmp")]:
             stale.unlink(missing_ok=True)
 
     def unlock(self) -> None:
@@ -67,3 +73,14 @@ class MetadataStore:
     def write(self, role: str, data: bytes) -> None:
         self.lock()
         atomic_write(self.path(role), data)
+
+    def keep_root(self, version: int, data: bytes) -> None:
+        """Keep a trusted root under its version as well."""
+        self.lock()
+        atomic_write(self.directory / self.ROOTS / f"{version}.root.json", data)
+
+    def kept_root(self, version: int) -> bytes | None:
+        try:
+            return (self.directory / self.ROOTS / f"{version}.root.json").read_bytes()
+        except FileNotFoundError:
+            return None

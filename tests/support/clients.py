@@ -7,6 +7,7 @@ the one under test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -37,6 +38,12 @@ def pip(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def uv_path() -> str | None:
+    """uv as the test extra installed it: beside this Python even when its bin/ is not on PATH
+    (README runs the tests as ``.venv/bin/python -m pytest``); else whatever PATH has."""
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        from uv import find_uv_bin
+
+        return find_uv_bin()
     return shutil.which("uv")
 
 
