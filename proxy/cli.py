@@ -21,7 +21,7 @@ from proxy.cmderror import EXIT_ERROR, CommandError
 
 # module path of each subcommand's ``register``; order is --help order.
 _SUBCOMMANDS = (
-    "proxy.serve",
+    "proxy.serve_cli",
     "proxy.repository.cli",
     "proxy.audit",
     "proxy.trust.cli",

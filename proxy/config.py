@@ -12,7 +12,7 @@ import argparse
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -230,17 +230,28 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     return config
 
 
-def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """Each option's value from flags, environment, TOML file or default (in that order), parsed."""
-    file_values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            file_values = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read config file {args.config}: {e}") from e
-        unknown = set(file_values) - {o.name for o in options}
-        if unknown:
-            raise ConfigError(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+def read_config(path: Path | None, known: Iterable[str]) -> dict[str, Any]:
+    """The settings of the TOML file ``path`` (none without one); a key not in ``known`` is an error."""
+    if path is None:
+        return {}
+    try:
+        file_values = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    unknown = set(file_values) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
+    return file_values
+
+
+def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], environ: Mapping[str, str] = os.environ,
+                   file_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Each option's value from flags, environment, TOML file or default (in that order), parsed.
+
+    ``file_values`` is what :func:`read_config` read, when the caller reads the file for other settings too.
+    """
+    if file_values is None:
+        file_values = read_config(args.config, (o.name for o in options))
     values: dict[str, Any] = {}
     for opt in options:
         given = getattr(args, opt.name, None)

@@ -30,7 +30,9 @@ from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
-from proxy.layout import MAX_FILENAME_LENGTH, normalize
+from packaging.utils import canonicalize_name
+
+from proxy.layout import MAX_FILENAME_LENGTH
 
 API_VERSION = "1.1"
 DEFAULT_MAX_FILES = 100_000
@@ -237,7 +239,7 @@ def parse_project_html(data: bytes, name: str, *, max_files: int = DEFAULT_MAX_F
     version = _check_api_version(collector.api_version) if collector.api_version is not None else "1.0"
     candidates = (_html_dist_file(attrs, text, collector.base) for attrs, text in collector.anchors)
     return ProjectPage(
-        name=normalize(name),
+        name=canonicalize_name(name),
         files=_unique_files(d for d in candidates if d is not None),
         api_version=version,
     )
@@ -323,7 +325,7 @@ def parse_project_json(data: bytes, name: str, *, max_files: int = DEFAULT_MAX_F
     """Parse a PEP 691 project page; its ``name`` must be the project asked for."""
     obj = _load_json(data)
     listed = _typed(obj, "name", (str,))
-    if normalize(listed) != normalize(name):
+    if canonicalize_name(listed) != canonicalize_name(name):
         raise IndexParseError(f"page is for {listed[:80]!r}, not {name[:80]!r}")
     files = _typed(obj, "files", (list,))
     versions = _typed(obj, "versions", (list,), [])
@@ -332,7 +334,7 @@ def parse_project_json(data: bytes, name: str, *, max_files: int = DEFAULT_MAX_F
     if not all(isinstance(v, str) for v in versions):
         raise IndexParseError("'versions' holds a non-string")
     return ProjectPage(
-        name=normalize(name),
+        name=canonicalize_name(name),
         files=_unique_files(_json_dist_file(entry) for entry in files),
         versions=tuple(versions),
         api_version=obj["meta"]["api-version"],
@@ -453,7 +455,7 @@ def render_project_json(page: ProjectPage) -> bytes:
 
 def render_project_list_html(plist: ProjectList) -> bytes:
     """PEP 503 root page; each link is ``<normalised-name>/`` relative to it."""
-    links = (f'<a href="{_attr(quote(normalize(n), safe=""))}/">{_attr(n)}</a><br />' for n in plist.projects)
+    links = (f'<a href="{_attr(quote(canonicalize_name(n), safe=""))}/">{_attr(n)}</a><br />' for n in plist.projects)
     return _html_document("Simple index", API_VERSION, links)
 
 

@@ -17,7 +17,7 @@ Target paths (PEP 458 leaves the exact strings open; see README "Layout"):
 ``packages/<project>/<file>.metadata``  PEP 658 core metadata of a wheel
 =================================  ==========================================
 
-``<project>`` is the PEP 503 normalised name.  The served tree puts
+``<project>`` is the PEP 503 normalised name (``packaging.utils.canonicalize_name``).  The served tree puts
 metadata under ``metadata/`` and targets at the root, each target also
 under ``<hash>.<basename>`` for every hash it is listed with (consistent
 snapshots, TUF spec 5.7.3) so a CDN can cache it forever.
@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import unquote
 
+from packaging.utils import canonicalize_name
+
 METADATA_DIR = "metadata"
 ROOT_INDEX_HTML = "simple/index.html"
 ROOT_INDEX_JSON = "simple/index.json"
 
-_NORMALIZE_RE = re.compile(r"[-_.]+")
 # PEP 508 names: ASCII letters and digits, with . _ - inside.
 _VALID_NAME_RE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 # Distribution file names we accept as one path segment: no separators,
@@ -62,11 +63,6 @@ class TargetKind(str, Enum):
     CORE_METADATA = "core-metadata"
 
 
-def normalize(name: str) -> str:
-    """PEP 503 normalised form of a project name."""
-    return _NORMALIZE_RE.sub("-", name).lower()
-
-
 def is_valid_project_name(name: str) -> bool:
     """True when ``name`` is a PEP 508 project name of sane length."""
     return len(name) <= MAX_NAME_LENGTH and bool(_VALID_NAME_RE.match(name))
@@ -83,7 +79,7 @@ def is_valid_filename(filename: str) -> bool:
 
 def project_page_target(project: str, fmt: PageFormat) -> str:
     """Target path of a project's index page in the given rendering."""
-    return f"simple/{normalize(project)}/index.{fmt.value}"
+    return f"simple/{canonicalize_name(project)}/index.{fmt.value}"
 
 
 def root_page_target(fmt: PageFormat) -> str:
@@ -93,7 +89,7 @@ def root_page_target(fmt: PageFormat) -> str:
 
 def file_target(project: str, filename: str) -> str:
     """Target path of a distribution file."""
-    return f"packages/{normalize(project)}/{filename}"
+    return f"packages/{canonicalize_name(project)}/{filename}"
 
 
 def core_metadata_target(project: str, filename: str) -> str:
@@ -181,10 +177,10 @@ def parse_request_path(path: str) -> TargetRequest:
         name = parts[1]
         if not is_valid_project_name(name):
             raise BadRequestPath(f"not a valid project name: {name[:80]!r}")
-        return TargetRequest(TargetKind.PROJECT_INDEX, normalize(name), requested_name=name, trailing_slash=len(parts) == 3)
+        return TargetRequest(TargetKind.PROJECT_INDEX, canonicalize_name(name), requested_name=name, trailing_slash=len(parts) == 3)
     if len(parts) == 3 and parts[0] == "packages":
         project, filename = parts[1], parts[2]
-        if not is_valid_project_name(project) or normalize(project) != project:
+        if not is_valid_project_name(project) or canonicalize_name(project) != project:
             raise BadRequestPath(f"not a normalised project name: {project[:80]!r}")
         if not is_valid_filename(filename):
             raise BadRequestPath(f"not a valid file name: {filename[:80]!r}")

@@ -70,6 +70,9 @@ class Metrics:
         self.verification_failures = Counter(
             "tufproxy_verification_failures_total", "Artifacts or metadata refused, by reason", ["reason"], registry=r
         )
+        self.refresh_failures = Counter(
+            "tufproxy_refresh_failures_total", "Background metadata refreshes that failed, by reason", ["reason"], registry=r
+        )
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )

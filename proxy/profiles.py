@@ -32,7 +32,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.layout import PageFormat, consistent_name, normalize, project_page_target, root_page_target
+from packaging.utils import canonicalize_name
+
+from proxy.layout import PageFormat, consistent_name, project_page_target, root_page_target
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class Profile:
 
 
 def _warehouse_page_target(project: str, fmt: PageFormat) -> str:
-    return normalize(project)
+    return canonicalize_name(project)
 
 
 def _warehouse_served_name(target_path: str, digest: str) -> str:

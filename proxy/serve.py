@@ -1,14 +1,13 @@
-"""``tufproxy serve`` and ``tufproxy demo``: wire settings into a running proxy.
+"""A running proxy from resolved settings: :func:`start` wires the parts together.
 
 This is the only place that knows how the parts fit together: the store,
 the trust core and its fetcher, the audit log, the metrics and the HTTP
-application.  ``demo`` adds a signed repository of its own, served as an
-untrusted mirror on loopback, so one command shows the whole chain.
+application.  The commands that run it (``tufproxy serve`` and ``demo``)
+are in :mod:`proxy.serve_cli`; :mod:`proxy.workers` runs it in N processes.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -23,10 +22,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy import logs
 from proxy.audit import AuditLog
 from proxy.cmderror import CommandError
-from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
+from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
@@ -35,6 +33,7 @@ from proxy.store import BlobStore, IndexCache, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.slots import catch_up
 from proxy.trust.model import ExpiryOverride
 from proxy.upstream import AiohttpFetcher, Fetcher
 
@@ -93,7 +92,8 @@ def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride 
     return ExpiryOverride(until, report)
 
 
-def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
+def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig, slots: list[Path]) -> None:
+    """Pin the root in a new slot, then catch up with the newest state any slot trusts (re-verified)."""
     try:
         root_bytes = config.root_file.read_bytes()
     except OSError as e:
@@ -101,7 +101,11 @@ def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig) -> None:
     if config.root is None:
         log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
     try:
-        TrustedClient.initialize(metadata_dir, root_bytes)
+        if not (metadata_dir / "root.json").exists():
+            TrustedClient.initialize(metadata_dir, root_bytes)
+        catch_up(metadata_dir, root_bytes, slots)
+    except MetadataDirLocked:
+        raise
     except TrustError as e:
         raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
 
@@ -113,8 +117,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
     processes sharing the cache (workers, replicas on a shared volume) take
     the first free ``cache/metadata/worker-K``.  Each slot keeps its own
     rollback protection under its own lock, so no metadata file ever has
-    two writers.  Slots are chosen under ``.slots.lock``, so a root is only
-    ever written into a slot that has none, never over a newer one.
+    two writers; a slot taken starts from the newest state any slot trusts,
+    re-verified from the pinned root (:func:`proxy.trust.slots.catch_up`).
+    Slots are chosen under ``.slots.lock``, so a root is only ever written
+    into a slot that has none, never over a newer one.
     """
     base = config.cache_dir / "metadata"
     try:
@@ -132,11 +138,10 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
                 if time.monotonic() > deadline:
                     raise CommandError(f"{base / '.slots.lock'} stayed locked for {_SLOT_LOCK_WAIT:.0f}s") from None
                 await asyncio.sleep(0.01)
-        for k in range(MAX_METADATA_SLOTS):
-            metadata_dir = base if k == 0 else base / f"worker-{k}"
+        slots = [base if k == 0 else base / f"worker-{k}" for k in range(MAX_METADATA_SLOTS)]
+        for metadata_dir in slots:
             try:
-                if not (metadata_dir / "root.json").exists():
-                    _seed_metadata_dir(metadata_dir, config)
+                _seed_metadata_dir(metadata_dir, config, slots)
                 return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
             except MetadataDirLocked:
                 continue
@@ -196,18 +201,31 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval))
+    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.metrics))
     return Running(runner, proxy, actual, refresher)
 
 
-async def _keep_fresh(trust: TrustedClient, interval: float) -> None:
-    """Refresh in the background, so requests find fresh metadata instead of waiting for it."""
+async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
+    """Refresh in the background, so requests find fresh metadata instead of waiting for it.
+
+    Nothing a refresh raises ends this loop: a failure is logged and counted, and
+    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    """
+    failures = 0
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
         try:
-            await trust.refresh()
+            await trust.refresh(force=failures > 0)
+            failures = 0
+            continue
         except TrustError as e:
+            reason = e.reason
             log.warning("background refresh failed (%s): %s", e.reason, e)
+        except Exception:
+            reason = "internal-error"
+            log.exception("background refresh failed unexpectedly")
+        metrics.refresh_failures.labels(reason).inc()
+        failures += 1
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -217,132 +235,3 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        config = resolve(args)
-    except ConfigError as e:
-        raise CommandError(str(e)) from e
-    logs.configure(config.log_level, config.log_format)
-    if config.workers > 1:
-        from proxy import workers
-
-        return workers.run(config)
-
-    async def main() -> None:
-        running = await start(config)
-        stop = stop_on_signals()
-        print(f"tufproxy serving on http://{config.listen[0]}:{running.port}/simple/", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await running.stop()
-
-    asyncio.run(main())
-    return 0
-
-
-DEMO_DISTS = (
-    # (name, version, requires): a dependency chain pip must resolve through the proxy.
-    ("demo-app", "1.0", ["demo-lib>=1.0"]),
-    ("demo-lib", "1.0", ["demo-base"]),
-    ("demo-lib", "1.1", ["demo-base"]),
-    ("demo-base", "2.0", []),
-)
-
-
-def _demo_repository(directory: Path, dists: Path | None) -> Path:
-    """Create (or reuse and refresh) the demo's signed repository."""
-    from proxy.repository import Repository, RepositoryError
-    from proxy.repository.sample import build_sdist, build_wheel
-
-    repo_dir = directory / "repo"
-    try:
-        if (repo_dir / "repository.json").exists():
-            repo = Repository.open(repo_dir)
-            repo.refresh()
-            print(f"reusing signed repository {repo_dir}")
-        else:
-            repo = Repository.init(repo_dir, bins=1024)
-            print(f"created signed repository {repo_dir} (1024 bins)")
-        if dists is not None:
-            files = sorted(p for p in dists.iterdir() if p.name.endswith((".whl", ".tar.gz", ".zip")))
-            if not files:
-                raise CommandError(f"no wheels or sdists in {dists}")
-        else:
-            made = directory / "dists"
-            files = [build_wheel(made, n, v, requires=r) for n, v, r in DEMO_DISTS]
-            files.append(build_sdist(made, "demo-base", "2.0"))
-        report = repo.add(files)
-    except RepositoryError as e:
-        raise CommandError(str(e)) from e
-    print(f"signed {len(report.added)} new file(s), {len(report.unchanged)} already there")
-    return repo_dir
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    try:
-        listen = parse_listen(args.listen)
-    except ConfigError as e:
-        raise CommandError(f"--listen: {e}") from e
-    directory = Path(args.dir)
-    repo_dir = _demo_repository(directory, Path(args.dists) if args.dists else None)
-
-    async def main() -> None:
-        async with contextlib.AsyncExitStack() as opened:
-            mirror = web.Application()
-            mirror.router.add_static("/", repo_dir / "public", show_index=False)
-            mirror_runner = web.AppRunner(mirror, access_log=None, handle_signals=False)
-            await mirror_runner.setup()
-            opened.push_async_callback(mirror_runner.cleanup)
-            await web.TCPSite(mirror_runner, "127.0.0.1", 0).start()
-            await _demo(args, directory, repo_dir, listen, f"http://127.0.0.1:{mirror_runner.addresses[0][1]}/")
-
-    asyncio.run(main())
-    return 0
-
-
-async def _demo(args: argparse.Namespace, directory: Path, repo_dir: Path, listen: tuple[str, int], mirror_url: str) -> None:
-    config = ServeConfig(
-        upstream=[mirror_url], root=repo_dir / "public/metadata/1.root.json",
-        cache_dir=directory / "cache", listen=listen, refresh_interval=60.0, audit_log=directory / "audit.log",
-    )
-    running = await start(config)
-    stop = stop_on_signals()
-    index_url = f"http://{listen[0]}:{running.port}/simple/"
-    first = DEMO_DISTS[0][0] if args.dists is None else "<project>"
-    print(f"untrusted mirror: {mirror_url} (the signed tree in {repo_dir / 'public'})")
-    print(f"tufproxy:         {index_url} (cache {directory / 'cache'}, audit log {directory / 'audit.log'})")
-    print("try, in another shell:")
-    print(f"  pip install --index-url {index_url} {first}")
-    print(f"  uv pip install --index-url {index_url} {first}")
-    print("Ctrl-C stops both.", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await running.stop()
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``tufproxy serve`` and ``tufproxy demo``."""
-    p = subparsers.add_parser(
-        "serve",
-        help="run the verifying proxy in front of untrusted mirrors (or a local signed tree)",
-        description="Serve the Simple API (PEP 503/691) to pip and uv. Every page and file is "
-        "verified against TUF metadata rooted in the pinned --root before it is cached or served. "
-        "Settings come from flags, then TUFPROXY_* environment variables, then --config FILE (TOML).",
-    )
-    add_arguments(p)
-    p.set_defaults(func=_cmd_serve)
-
-    p = subparsers.add_parser(
-        "demo",
-        help="one command, no services: a signed repository, a mirror of it and the proxy, on 127.0.0.1",
-        description="Build (or reuse) a signed repository of real distributions in DIR, serve it as an "
-        "untrusted mirror on a loopback port, start tufproxy in front of it, and print the pip line to try.",
-    )
-    p.add_argument("--dir", default="tufproxy-demo", help="where the repository, cache and audit log go (default: ./tufproxy-demo)")
-    p.add_argument("--dists", metavar="DIR", help="sign these wheels/sdists instead of the built-in sample set")
-    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="proxy address (default: 127.0.0.1:8080; port 0 picks one)")
-    p.set_defaults(func=_cmd_demo)

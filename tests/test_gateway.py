@@ -11,12 +11,11 @@ import concurrent.futures
 import contextlib
 import json
 import random
-import re
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,33 +23,14 @@ import pytest
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.proxyproc import ProxyProcess
+from tests.support.gatewayproc import edge_for as _edge
+from tests.support.gatewayproc import gateway_init as _gateway_init
+from tests.support.gatewayproc import metric as _metric
+from tests.support.gatewayproc import wait_for as _wait_for
 from tests.support.testindex import TestIndex
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
 CHAIN = ("app", "lib", "base")
-
-
-def _wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s")
-
-
-def _gateway_init(directory: Path, *args: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "init", str(directory), "--bins", "16", *args],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-
-
-def _metric(base: str, name: str) -> float:
-    text = urllib.request.urlopen(f"{base}metrics", timeout=10).read().decode()
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 @pytest.fixture
@@ -71,11 +51,6 @@ def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
     with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
                         "--page-ttl", "1", "--batch-window", "0.1") as gw:
         yield gw
-
-
-def _edge(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyProcess:
-    return ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
-                        "--workers", "1", "--refresh-interval", "0.5")
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -18,6 +18,7 @@ import pytest
 
 from proxy.cli import build_parser
 from proxy.gateway.cli import OPTIONS
+from proxy.gateway.policy import POLICY_KEYS, resolve_policy
 from proxy.gateway.metrics import GatewayMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,9 @@ def _parse(argv: list[str]) -> object:
 def test_example_config_documents_every_setting() -> None:
     text = (GATEWAY / "gateway.toml").read_text()
     commented = tomllib.loads("\n".join(re.findall(r"^#\s*([a-z_]+\s*=.*)$", text, re.M)))
-    assert set(tomllib.loads(text)) | set(commented) == {o.name for o in OPTIONS}
+    assert set(tomllib.loads(text)) | set(commented) == {o.name for o in OPTIONS} | POLICY_KEYS
+    policy_values = {k: v for k, v in (commented | tomllib.loads(text)).items() if k in POLICY_KEYS}
+    assert resolve_policy(None, {}, policy_values, "gateway.toml").private_project == ("acme-*",)
 
 
 def test_compose_k8s_and_systemd_run_real_commands() -> None:

@@ -29,13 +29,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from packaging.utils import canonicalize_name
 
 from proxy import index
 from proxy.audit import AuditWriteError
 from proxy.gateway.files import FileSource
 from proxy.gateway.listing import PageRefused
 from proxy.gateway.service import Gateway, NotListed
-from proxy.layout import is_valid_filename, is_valid_project_name, normalize
+from proxy.layout import is_valid_filename, is_valid_project_name
 from proxy.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class GatewayApp:
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:
-            return web.json_response({"project": normalize(name), "reason": "not-found", "detail": str(e)}, status=404)
+            return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
 
     # -- the tree ------------------------------------------------------
@@ -140,7 +141,7 @@ class GatewayApp:
         name = request.match_info["project"]
         if not is_valid_project_name(name):
             raise web.HTTPNotFound()
-        project = normalize(name)
+        project = canonicalize_name(name)
         if project != name:
             raise web.HTTPMovedPermanently(f"../{project}/")
         self.gateway.touch(project)
@@ -157,7 +158,7 @@ class GatewayApp:
 
     async def _package(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
-        if not is_valid_project_name(project) or normalize(project) != project or not is_valid_filename(name):
+        if not is_valid_project_name(project) or canonicalize_name(project) != project or not is_valid_filename(name):
             raise web.HTTPNotFound()
         core = name.endswith(".metadata")
         return await self.files.serve(request, project, name.removesuffix(".metadata") if core else name, core)

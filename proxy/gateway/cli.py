@@ -1,8 +1,9 @@
-"""``tufproxy gateway``: init, serve, ledger, revoke.
+"""``tufproxy gateway``: init, serve, ledger, revoke, policy.
 
 ``DIR`` is a repository of the signer (:mod:`proxy.repository`) in the
-``gateway`` layout, plus ``DIR/gateway/`` (the ledger) beside its
-``keys/`` and ``public/``.  Edges pin ``DIR/public/metadata/1.root.json``.
+``gateway`` layout, plus ``DIR/gateway/`` (the ledger, and the effective
+policy ``serve`` last started with) beside its ``keys/`` and ``public/``.
+Edges pin ``DIR/public/metadata/1.root.json``.
 """
 
 from __future__ import annotations
@@ -11,17 +12,29 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
 from proxy import logs
+from proxy.atomic import atomic_write
 from proxy.audit import AuditLog
 from proxy.cmderror import CommandError
-from proxy.config import ConfigError, Option, _positive_float, _url_list, add_arguments, parse_listen, parse_size, resolve_values
+from proxy.config import (
+    ConfigError,
+    Option,
+    _positive_float,
+    _url_list,
+    add_arguments,
+    parse_listen,
+    parse_size,
+    read_config,
+    resolve_values,
+)
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -29,6 +42,7 @@ from proxy.gateway.indexhttp import IndexHTTP
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.repository import Expiry, Repository, RepositoryError
@@ -41,6 +55,11 @@ DEFAULT_BINS = 1024
 
 def ledger_dir(directory: Path) -> Path:
     return Path(directory) / "gateway"
+
+
+def policy_file(directory: Path) -> Path:
+    """Where ``serve`` records its effective policy for ``tufproxy gateway policy``."""
+    return ledger_dir(directory) / "policy.json"
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -90,7 +109,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-arg]
+async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
     try:
         repo = Repository.open(directory)
     except RepositoryError as e:
@@ -108,7 +127,7 @@ async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-ar
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch)
-    gateway = Gateway(client, ledger, publisher, audit, metrics)
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy)
     files = FileSource(repo.public_dir, ledger, http, audit, metrics, files_origins, values["max_file_size"])
     runner = web.AppRunner(GatewayApp(gateway, files, repo.public_dir).app(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -118,12 +137,18 @@ async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-ar
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    try:
+        atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
+    except OSError as e:
+        await runner.cleanup()
+        raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     stop = stop_on_signals()
     publisher.start()
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"]))
     print(f"tufproxy gateway serving {repo.public_dir} on http://{host}:{runner.addresses[0][1]}/ "
           f"(indexes: {', '.join(http.index_urls)})", flush=True)
+    print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
     try:
         await stop.wait()
     finally:
@@ -136,7 +161,10 @@ async def _serve(directory: Path, values: dict) -> None:  # type: ignore[type-ar
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        values = resolve_values(args, OPTIONS)
+        # One read of --config for both tables; every setting is parsed before anything starts.
+        file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
+        values = resolve_values(args, OPTIONS, file_values=file_values)
+        policy = resolve_policy(args, os.environ, file_values, str(args.config))
     except ConfigError as e:
         raise CommandError(str(e)) from e
     if not values["index_url"]:
@@ -144,7 +172,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if values["workers"] != 1:
         raise CommandError("--workers: only 1 is supported by the gateway yet (put replicas of the edge in front)")
     logs.configure(values["log_level"], values["log_format"])
-    asyncio.run(_serve(Path(args.dir), values))
+    asyncio.run(_serve(Path(args.dir), values, policy))
     return 0
 
 
@@ -161,6 +189,20 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
             print(f"pin {e['project']} {e['filename']} sha256={e['hashes'].get('sha256', '?')} size={size} ({e['time']})")
         else:
             print(f"revoked {e['project']} {e['filename'] or '(whole project)'}")
+    return 0
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    path = policy_file(Path(args.dir))
+    try:
+        recorded = json.loads(path.read_text())
+        policy = resolve_policy(None, {}, recorded, str(path))
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no policy recorded; 'tufproxy gateway serve' records its effective policy "
+                           "there when it starts") from None
+    except (OSError, ValueError) as e:  # PolicyError is a ValueError
+        raise CommandError(f"cannot read {path}: {e}") from None
+    print(json.dumps(policy.to_json(), indent=2) if args.json else policy.describe(datetime.now(UTC)))
     return 0
 
 
@@ -217,7 +259,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        epilog=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     add_arguments(p, OPTIONS)
+    add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
+
+    p = sub.add_parser("policy", help="show the policy the gateway in DIR last started with",
+                       description="The effective policy (cooldown, project rules, private names) that "
+                       "'tufproxy gateway serve DIR' recorded when it last started.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
+    p.set_defaults(func=_guarded(_cmd_policy))
 
     p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
     p.add_argument("dir", metavar="DIR")

@@ -1,10 +1,13 @@
 """A project's page at the indexes: fetched, bounded, validated, first index wins.
 
-:meth:`IndexClient.listing` asks each ``--index-url`` in order for the
-project (PEP 691 JSON preferred, PEP 503 HTML accepted) and returns the
-first index's page that lists it, never a merge (uv's ``first-index``).
-A 404 moves on to the next index; any other failure is a refusal, so a
-broken first index never lets a later one answer for it.
+:meth:`IndexClient.listing` asks the ``--index-url`` indexes in order for
+the project (PEP 691 JSON preferred, PEP 503 HTML accepted) and returns
+the first index's page that lists it, never a merge (uv's
+``first-index``); which indexes it may ask is the policy's decision
+(:meth:`proxy.gateway.policy.Policy.choose_index`: the ledger's index
+alone for a project published before, the first alone for a name claimed
+private).  A 404 moves on to the next index; any other failure is a
+refusal, so a broken first index never lets a later one answer for it.
 
 Validation, before anything can be signed: the page is for the project
 asked for; its size is bounded; every file name is a distribution file
@@ -32,6 +35,7 @@ from packaging.utils import (
 
 from proxy import index
 from proxy.gateway.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
+from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
 from proxy.layout import is_valid_filename
 from proxy.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
 
@@ -88,20 +92,36 @@ class IndexClient:
     def index_urls(self) -> list[str]:
         return self.http.index_urls
 
-    async def listing(self, project: str, only: str | None = None) -> Listing | None:
-        """The first index's page listing ``project``; None when every index says 404.
+    async def listing(self, project: str, policy: Policy, only: str | None = None) -> Listing | Refusal:
+        """The page of the index ``policy.choose_index`` picks, asking indexes lazily, in order.
 
-        ``only`` restricts the search to the index a project was published from
-        (the ledger's record), so it is never taken from another one later.
+        ``only`` is the index the ledger says published the project.  The
+        refusal says why no index may supply it (a 404); when the policy
+        will not look past an unreachable index, that index's
+        :class:`IndexUnreachable` is raised.
         """
         project = canonicalize_name(project)
-        for base in self.index_urls:
-            if only is not None and base != only:
+        urls = self.index_urls
+        served = None if only is None else urls.index(only) if only in urls else len(urls)
+        states: list[IndexState | None] = [None] * len(urls)
+        found: dict[int, Listing] = {}
+        unreachable: dict[int, IndexUnreachable] = {}
+        while (choice := policy.choose_index(project, states, served)).probe is not None:
+            i = choice.probe
+            try:
+                listing = await self._from_index(urls[i], project)
+            except IndexUnreachable as e:
+                states[i], unreachable[i] = IndexState.UNREACHABLE, e
                 continue
-            found = await self._from_index(base, project)
-            if found is not None:
-                return found
-        return None
+            states[i] = IndexState.ABSENT if listing is None else IndexState.LISTED
+            if listing is not None:
+                found[i] = listing
+        if choice.index is not None:
+            return found[choice.index]
+        assert choice.refusal is not None
+        if choice.refusal.kind is RefusalKind.UNREACHABLE:
+            raise next(iter(unreachable.values()))
+        return choice.refusal
 
     async def _from_index(self, base: str, project: str) -> Listing | None:
         url = f"{base}{project}/"

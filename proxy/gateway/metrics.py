@@ -28,6 +28,8 @@ class GatewayMetrics:
         self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
+        self.policy_hidden = Gauge("tufproxy_gateway_policy_hidden_files",
+                                   "Files the policy leaves out of signed pages now, by rule", ["rule"], registry=r)
         self.timestamp_version = Gauge("tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r)
         self.timestamp_expiry = Gauge("tufproxy_gateway_timestamp_expiry_seconds", "Seconds until the published timestamp expires",
                                       registry=r)

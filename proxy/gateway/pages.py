@@ -1,12 +1,12 @@
 """From an index's listing to the page the gateway signs.
 
 :func:`render` is the one place that decides what a project's signed page
-says.  In order: the policy trims the listing (the seam for
-``proxy.gateway.policy``; the default keeps everything), revoked files
-leave, pinned files keep their pinned hashes and size (so a listed file
-whose contents differ from its pin stays signed as pinned; the change is
-reported, never signed).  Every link
-is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
+says.  In order: the policy (:mod:`proxy.gateway.policy`) leaves out the
+files uploaded after its cut-off at the time given, and the PEP 700
+versions it left with no file; revoked files leave; pinned files keep
+their pinned hashes and size (so a listed file whose contents differ from
+its pin stays signed as pinned; the change is reported, never signed).
+Every link is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
 every field pip and uv use is kept (requires-python, yanked and reason,
 PEP 658/714 core-metadata hashes, PEP 700 size, upload-time, versions).
 """
@@ -15,26 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
 
 from proxy import index
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.listing import Listing
+from proxy.gateway.policy import Policy, Trimmed
 from proxy.layout import page_file_href
 from proxy.trust.hashing import ACCEPTED
-
-
-class PagePolicy(Protocol):
-    """Trims a listing before it is signed (what H-policy's ``policy.py`` implements)."""
-
-    def trim(self, listing: Listing) -> Listing: ...
-
-
-class KeepAll:
-    """The default policy: sign every file the index lists."""
-
-    def trim(self, listing: Listing) -> Listing:
-        return listing
 
 
 @dataclass(frozen=True)
@@ -51,6 +39,7 @@ class Rendered:
     """A page ready to sign, and what the ledger and audit log must learn from it."""
 
     page: index.ProjectPage
+    trimmed: Trimmed
     new_pins: list[Pin] = field(default_factory=list)
     changed: list[Changed] = field(default_factory=list)
 
@@ -59,11 +48,12 @@ def _accepted(hashes: dict[str, str]) -> dict[str, str]:
     return {a: v for a, v in hashes.items() if a in ACCEPTED}
 
 
-def render(listing: Listing, ledger: Ledger, policy: PagePolicy = KeepAll()) -> Rendered:
-    """The page to sign for ``listing``; see the module docstring."""
-    listing = policy.trim(listing)
+def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> Rendered:
+    """The page to sign for ``listing`` at ``now``; see the module docstring."""
+    trimmed = policy.apply(listing.page, now)
+    listing = dataclasses.replace(listing, page=trimmed.page)
     project = listing.project
-    out = Rendered(page=index.ProjectPage(name=project, files=()))
+    out = Rendered(page=index.ProjectPage(name=project, files=()), trimmed=trimmed)
     files: list[index.DistFile] = []
     for dist in listing.page.files:
         if ledger.is_revoked(project, dist.filename):

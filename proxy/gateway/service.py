@@ -6,6 +6,12 @@ the HTTP face).  :meth:`Gateway.ensure` is the miss protocol's core: the
 project is fetched, rendered and signed once however many callers ask
 (single-flight per project), and they all get the timestamp version that
 carries it.
+
+The policy (:mod:`proxy.gateway.policy`) is applied here before anything
+is signed: a project it denies is a 404 with an audit record, and is
+unpublished at its next refresh if it was signed before; a page it
+trimmed gets one audit record each time what it hides changes, and the
+``tufproxy_gateway_policy_hidden_files`` gauge counts what it hides now.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from packaging.utils import canonicalize_name
 
@@ -23,7 +31,8 @@ from proxy.audit import AuditLog
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.gateway.pages import KeepAll, PagePolicy, Rendered, render
+from proxy.gateway.pages import Rendered, render
+from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -45,7 +54,7 @@ class Gateway:
     """See the module docstring."""
 
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
-                 metrics: GatewayMetrics, policy: PagePolicy = KeepAll()) -> None:
+                 metrics: GatewayMetrics, policy: Policy = Policy()) -> None:
         self.client = client
         self.ledger = ledger
         self.publisher = publisher
@@ -58,6 +67,7 @@ class Gateway:
         self.fetched: dict[str, float] = {}
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
         self._absent: OrderedDict[str, float] = OrderedDict()
+        self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
 
     def touch(self, project: str) -> None:
         self.used[project] = time.monotonic()
@@ -69,6 +79,10 @@ class Gateway:
         self.ledger.reload()
         if self.ledger.is_revoked(project):
             raise NotListed(f"{project} is revoked at this gateway")
+        refusal = self.policy.admit(project)
+        if refusal is not None:
+            self._refused_by_policy(project, refusal)
+            raise NotListed(refusal.message)
         self.touch(project)
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
@@ -84,31 +98,52 @@ class Gateway:
 
     async def _publish_new(self, project: str) -> Published:
         listing = await self.fetch(project)
-        if listing is None:
-            self._absent[project] = time.monotonic()
-            self._absent.move_to_end(project)
-            if len(self._absent) > MAX_ABSENT:
-                self._absent.popitem(last=False)
-            raise NotListed(f"no index lists {project}")
+        if isinstance(listing, Refusal):
+            if listing.rule == RULE_PRIVATE:
+                self._refused_by_policy(project, listing)
+            if listing.kind is RefusalKind.NOT_FOUND:
+                self._absent[project] = time.monotonic()
+                self._absent.move_to_end(project)
+                if len(self._absent) > MAX_ABSENT:
+                    self._absent.popitem(last=False)
+            raise NotListed(listing.message)
         version = await self.publisher.publish({project: self.accept(listing).page})
         return Published(project, version)
 
-    async def fetch(self, project: str) -> Listing | None:
-        """The project's listing from its index (the ledger's, else the first listing it); refusals audited."""
+    async def fetch(self, project: str) -> Listing | Refusal:
+        """The project's listing from the index the policy picks, or why none may supply it; refusals audited."""
         try:
-            listing = await self.client.listing(project, only=self.ledger.project_index.get(project))
+            listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
         except PageRefused as e:
             self.metrics.pages_fetched.labels("refused" if e.reason != "upstream-unreachable" else "unreachable").inc()
             self.metrics.refusals.labels(e.reason).inc()
             self.audit.refused(reason=e.reason, target=f"simple/{project}/", upstream_url=e.url, detail=str(e))
             raise
         self.fetched[project] = time.monotonic()
-        self.metrics.pages_fetched.labels("ok" if listing is not None else "not-found").inc()
+        self.metrics.pages_fetched.labels("ok" if isinstance(listing, Listing) else "not-found").inc()
         return listing
+
+    def _refused_by_policy(self, project: str, refusal: Refusal) -> None:
+        self.metrics.refusals.labels(refusal.rule).inc()
+        self.audit.refused(reason=refusal.rule, target=f"simple/{project}/", detail=refusal.message)
+
+    def _record_trimmed(self, project: str, trimmed: Trimmed | None) -> None:
+        """One audit record when what the policy hides from a page changes; the gauge by rule."""
+        before = self._hidden.pop(project, None)
+        if trimmed is not None and trimmed.hidden:
+            self._hidden[project] = trimmed
+            if before is None or before.hidden != trimmed.hidden:
+                self.audit.refused(reason="policy-hidden", target=f"simple/{project}/", **trimmed.audit_fields())
+        totals = Counter[str]()
+        for kept in self._hidden.values():
+            totals.update(kept.by_rule())
+        for rule in FILE_RULES:
+            self.metrics.policy_hidden.labels(rule).set(totals[rule])
 
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
-        rendered = render(listing, self.ledger, self.policy)
+        rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
+        self._record_trimmed(listing.project, rendered.trimmed)
         records = self.ledger.pin_records(rendered.new_pins)
         if listing.project not in self.ledger.project_index:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
@@ -129,20 +164,30 @@ class Gateway:
         self.ledger.reload()
         pages: dict[str, index.ProjectPage | None] = {}
         for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects))):
-            if result is not None:
+            if isinstance(result, Refusal):
+                # Denied or claimed since it was signed (a new rule): unpublished now.
+                self._refused_by_policy(project, result)
+                self._record_trimmed(project, None)
+                pages[project] = None
+            elif result is not None:
                 pages[project] = result
         if pages:
             await self.publisher.publish(pages)
         return len(pages)
 
-    async def _fresh_page(self, project: str) -> index.ProjectPage | None:
+    async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):
             return None
+        refusal = self.policy.admit(project)
+        if refusal is not None:
+            return refusal
         try:
             listing = await self.fetch(project)
         except PageRefused:
             return None  # an unreachable or lying index never unpublishes what is signed
-        if listing is None:
+        if isinstance(listing, Refusal) and listing.rule == RULE_PRIVATE:
+            return listing
+        if isinstance(listing, Refusal):
             # The index no longer lists it: its files leave the signed page.
             listing = Listing(project, self.ledger.project_index.get(project, ""), index.ProjectPage(name=project, files=()))
         return self.accept(listing).page

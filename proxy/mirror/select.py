@@ -21,13 +21,14 @@ from packaging.tags import Tag
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
+    canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
 
 from proxy.index import DistFile
-from proxy.layout import is_valid_project_name, normalize
+from proxy.layout import is_valid_project_name
 
 
 class SelectionError(ValueError):
@@ -52,7 +53,7 @@ def parse_requirement(text: str) -> Wanted:
         raise SelectionError(f"{text.strip()!r}: direct URL requirements cannot be mirrored")
     if not is_valid_project_name(req.name):
         raise SelectionError(f"not a project name: {req.name!r}")
-    return Wanted(normalize(req.name), req.specifier)
+    return Wanted(canonicalize_name(req.name), req.specifier)
 
 
 # Nested ``-r`` includes deeper than this are a mistake (or a trap), not a requirements set.

@@ -35,6 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
 from proxy import index
@@ -43,7 +44,6 @@ from proxy.layout import (
     PageFormat,
     core_metadata_target,
     file_target,
-    normalize,
     project_page_target,
     root_page_target,
 )
@@ -265,7 +265,7 @@ class _Sync:
         except index.IndexParseError as e:
             raise MirrorError(f"the signed root project list does not parse: {e}") from e
         given = {w.project: w for w in self.options.projects}
-        return [given.get(normalize(p), Wanted(normalize(p))) for p in plist.projects]
+        return [given.get(canonicalize_name(p), Wanted(canonicalize_name(p))) for p in plist.projects]
 
     async def files(self, selected: list[_Selected]) -> None:
         """Look up and fetch every kept file and its ``.metadata``."""

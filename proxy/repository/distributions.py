@@ -1,9 +1,9 @@
 """What a distribution file says about itself: project, version, metadata.
 
 Reads wheels and sdists given to ``tufproxy repo add`` without running any
-of their code: the file name (PEP 427 / PEP 625 conventions) gives project
-and version, the embedded core metadata gives ``Requires-Python`` and, for
-wheels, the PEP 658 ``.metadata`` bytes.
+of their code: the file name (PEP 427 / PEP 625, read by ``packaging.utils``)
+gives project and version, the embedded core metadata gives
+``Requires-Python`` and, for wheels, the PEP 658 ``.metadata`` bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.layout import is_valid_filename, is_valid_project_name, normalize
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+
+from proxy.layout import is_valid_filename, is_valid_project_name
 
 SDIST_SUFFIXES = (".tar.gz", ".zip")
 # Core metadata files are small; a bigger one is hostile or broken.
@@ -45,10 +53,10 @@ def _parse_metadata(data: bytes, filename: str) -> email.message.Message:
 
 
 def _wheel(path: Path) -> Distribution:
-    parts = path.name[: -len(".whl")].split("-")
-    if project_of_filename(path.name) is None:
+    named = _project_and_version(path.name)
+    if named is None:
         raise NotADistribution(f"{path.name}: not a wheel file name (PEP 427)")
-    project, version = parts[0], parts[1]
+    project, version = named
     try:
         with zipfile.ZipFile(path) as zf:
             names = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
@@ -62,15 +70,15 @@ def _wheel(path: Path) -> Distribution:
         raise NotADistribution(f"{path.name}: not a readable zip file ({e})") from e
     msg = _parse_metadata(core, path.name)
     _check_name(path.name, project, msg)
-    return Distribution(path, path.name, normalize(project), version, msg.get("Requires-Python"), core)
+    return Distribution(path, path.name, project, version, msg.get("Requires-Python"), core)
 
 
 def _sdist(path: Path) -> Distribution:
     suffix = next(s for s in SDIST_SUFFIXES if path.name.endswith(s))
-    stem = path.name[: -len(suffix)]
-    project, sep, version = stem.rpartition("-")
-    if not sep or not project or not version:
-        raise NotADistribution(f"{path.name}: not an sdist file name (NAME-VERSION{suffix})")
+    named = _project_and_version(path.name)
+    if named is None:
+        raise NotADistribution(f"{path.name}: not an sdist file name (NAME-VERSION{suffix}, PEP 625)")
+    project, version = named
     pkg_info: bytes | None = None
     try:
         if suffix == ".zip":
@@ -92,14 +100,14 @@ def _sdist(path: Path) -> Distribution:
         raise NotADistribution(f"{path.name}: sdist has no PKG-INFO")
     msg = _parse_metadata(pkg_info, path.name)
     _check_name(path.name, project, msg)
-    return Distribution(path, path.name, normalize(project), version, msg.get("Requires-Python"), None)
+    return Distribution(path, path.name, project, version, msg.get("Requires-Python"), None)
 
 
 def _check_name(filename: str, project: str, msg: email.message.Message) -> None:
     declared = msg.get("Name")
     if not declared or not is_valid_project_name(declared):
         raise NotADistribution(f"{filename}: core metadata has no valid Name")
-    if normalize(declared) != normalize(project):
+    if canonicalize_name(declared) != project:
         raise NotADistribution(f"{filename}: file name says {project!r} but metadata says {declared!r}")
 
 
@@ -116,25 +124,27 @@ def inspect_distribution(path: Path) -> Distribution:
     raise NotADistribution(f"{path.name}: not a wheel (.whl) or sdist (.tar.gz, .zip)")
 
 
+def _project_and_version(filename: str) -> tuple[str, str] | None:
+    """(normalised project, PEP 440 version) a wheel or sdist file name carries, or None."""
+    try:
+        if filename.endswith(".whl"):
+            project, version, _, _ = parse_wheel_filename(filename)
+        elif filename.endswith(SDIST_SUFFIXES):
+            project, version = parse_sdist_filename(filename)
+        else:
+            return None
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+    return project, str(version)
+
+
 def project_of_filename(filename: str) -> str | None:
     """The normalised project a distribution file name belongs to, or None if it is none."""
-    if filename.endswith(".whl"):
-        parts = filename[: -len(".whl")].split("-")
-        return normalize(parts[0]) if len(parts) in (5, 6) else None
-    for suffix in SDIST_SUFFIXES:
-        if filename.endswith(suffix):
-            project, sep, _ = filename[: -len(suffix)].rpartition("-")
-            return normalize(project) if sep and project else None
-    return None
+    named = _project_and_version(filename)
+    return None if named is None else named[0]
 
 
 def version_of_filename(filename: str) -> str | None:
     """The version a distribution file name carries, or None if it is no distribution name."""
-    if filename.endswith(".whl"):
-        parts = filename[: -len(".whl")].split("-")
-        return parts[1] if len(parts) in (5, 6) else None
-    for suffix in SDIST_SUFFIXES:
-        if filename.endswith(suffix):
-            project, sep, version = filename[: -len(suffix)].rpartition("-")
-            return version if sep and project and version else None
-    return None
+    named = _project_and_version(filename)
+    return None if named is None else named[1]

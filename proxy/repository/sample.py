@@ -17,7 +17,8 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.layout import normalize
+from packaging.utils import canonicalize_name
+
 
 # 2020-01-01T00:00:00Z: every member of every archive we build carries this time.
 _EPOCH = 1577836800
@@ -46,7 +47,7 @@ def build_wheel(
     ``payload`` lands in the module as a bytes constant, to make files of a
     chosen size or to make two builds of one version differ.
     """
-    dist = normalize(name).replace("-", "_")
+    dist = canonicalize_name(name).replace("-", "_")
     module = dist
     distinfo = f"{dist}-{version}.dist-info"
     files = {
@@ -74,7 +75,7 @@ def build_wheel(
 
 def build_sdist(dest: Path, name: str, version: str, requires: Sequence[str] = ()) -> Path:
     """Write ``name-version.tar.gz`` (PKG-INFO, pyproject.toml, a module) into ``dest``."""
-    dist = normalize(name).replace("-", "_")
+    dist = canonicalize_name(name).replace("-", "_")
     root = f"{dist}-{version}"
     files = {
         f"{root}/PKG-INFO": _metadata(name, version, requires, None).encode(),

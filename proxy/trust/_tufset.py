@@ -95,8 +95,8 @@ class TopLevelSet:
         def details(e: Exception) -> errors.TrustError | None:
             if isinstance(e, tuf_exc.ExpiredMetadataError):
                 return errors.ExpiredMetadata("timestamp", self._set.timestamp.expires)
-            if isinstance(e, tuf_exc.BadVersionNumberError) and prior is not None:
-                offered = Metadata[Timestamp].from_bytes(data).signed
+            offered = Metadata[Timestamp].from_bytes(data).signed
+            if isinstance(e, tuf_exc.BadVersionNumberError) and prior is not None and isinstance(offered, Timestamp):
                 if offered.version < prior.version:
                     return errors.Rollback("timestamp", prior.version, offered.version)
                 return errors.Rollback(
@@ -126,6 +126,8 @@ class TopLevelSet:
             if isinstance(e, tuf_exc.ExpiredMetadataError):
                 return errors.ExpiredMetadata("snapshot", self._set.snapshot.expires)
             offered = Metadata[Snapshot].from_bytes(data).signed
+            if not isinstance(offered, Snapshot):
+                return None  # another role's document: tuf's "expected snapshot" says it
             if prior is not None:
                 for name, info in prior.meta.items():
                     new = offered.meta.get(name)
@@ -178,7 +180,7 @@ def _swallow(load: Callable[[], object]) -> bool:
     try:
         load()
         return True
-    except (tuf_exc.RepositoryError, ValueError, TypeError, KeyError):
+    except Exception:  # noqa: BLE001 (a local file that does not load is simply not used)
         return False
 
 
@@ -188,7 +190,11 @@ def _guard(
     call: Callable[[], R],
     details: Callable[[Exception], errors.TrustError | None] | None = None,
 ) -> R:
-    """Run a tuf call, turning its exceptions into ours."""
+    """Run a tuf call, turning every exception it raises into a typed refusal of ours.
+
+    Whatever bytes the repository sends, what comes out is a verified object
+    or a :class:`~proxy.trust.errors.RepositoryError`: the repository lied.
+    """
     try:
         return call()
     except tuf_exc.EqualVersionNumberError:
@@ -200,8 +206,12 @@ def _guard(
     except tuf_exc.LengthOrHashMismatchError as e:
         raise errors.HashMismatch(f"{role}: {e}", role=role) from e
     except tuf_exc.RepositoryError as e:
-        mapped = details(e) if details is not None else None
+        try:
+            mapped = details(e) if details is not None else None
+        except Exception:  # noqa: BLE001 (bytes too odd to describe further: tuf's message says enough)
+            mapped = None
         raise mapped or errors.BadMetadata(f"{role}: {e}", role=role) from e
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        # tuf raises these for structurally odd but parseable metadata.
-        raise errors.BadMetadata(f"{role}: invalid metadata: {e}", role=role) from e
+    except Exception as e:  # noqa: BLE001
+        # tuf raises ValueError, TypeError, KeyError, AttributeError... for structurally
+        # odd but parseable metadata: all of them the repository's fault, none a crash.
+        raise errors.BadMetadata(f"{role}: invalid metadata: {type(e).__name__}: {e}", role=role) from e

@@ -235,7 +235,7 @@ class TrustedClient:
                 await asyncio.wait_for(asyncio.shield(self._start_refresh()), remaining)
             except TimeoutError:
                 continue  # the deadline check above raises
-            except errors.UpstreamUnreachable:
+            except (errors.UpstreamUnreachable, errors.RefreshFailed):
                 pass
             if joined_older:
                 joined_older = False  # that cycle began before the call: start the next one at once
@@ -252,6 +252,12 @@ class TrustedClient:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
             raise
+        except Exception as e:
+            # Not the repository's doing (writing the metadata dir failed, a bug): typed, so it
+            # neither kills a refresher nor reaches a client as a crash; the live state stays.
+            logger.exception("refresh failed unexpectedly")
+            self._last_error = errors.RefreshFailed(f"refresh failed: {type(e).__name__}: {e}")
+            raise self._last_error from e
         self._state = state
         self._last_success = time.time()
         self._last_error = None
@@ -396,10 +402,10 @@ class TrustedClient:
                 return self._state  # type: ignore[return-value]
             try:
                 await self._wait_for_refresh(target_path)
-            except errors.UpstreamUnreachable:
+            except (errors.UpstreamUnreachable, errors.RefreshFailed):
                 if self._state is None:
                     raise
-                # Unreachable is not a lie: keep serving the previous state; lookups still check its expiry.
+                # Not a lie: keep serving the previous state; lookups still check its expiry.
             except errors.RepositoryError:
                 pass  # raised below, for this and every lookup until a cycle succeeds
         if isinstance(self._last_error, errors.RepositoryError):
@@ -428,7 +434,7 @@ class TrustedClient:
             task = self._refresh_task
             if task is None or task.done():
                 raise
-            with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable):
+            with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable, errors.RefreshFailed):
                 await self._wait_for_refresh(target_path)  # _current says what a failure means
             return await self._lookup(await self._current(target_path), target_path)
 

@@ -144,3 +144,9 @@ class MetadataPending(TrustError):
         super().__init__(f"{target}: trusted metadata is still being refreshed; retry in {retry_after}s",
                          target=target)
         self.retry_after = retry_after
+
+
+class RefreshFailed(TrustError):
+    """A refresh cycle failed for a reason of ours, not the repository's (a full disk, a bug): logged and retried."""
+
+    reason = "refresh-failed"

@@ -1,14 +1,43 @@
-"""``tufproxy gateway serve`` as a real subprocess on 127.0.0.1, and the miss protocol's client side."""
+"""``tufproxy gateway serve`` as a real subprocess on 127.0.0.1, the miss protocol's client side, and an edge for it."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.proxyproc import ProxyProcess
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """Poll ``condition`` until it is true (its value) or ``timeout`` seconds pass (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def gateway_init(directory: Path, *args: str) -> None:
+    """``tufproxy gateway init DIR`` with few bins (fast), or fail the test."""
+    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "init", str(directory), "--bins", "16", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def metric(base: str, name: str) -> float:
+    """The value of the first sample of ``name`` (labels may be part of it) at ``base``/metrics; 0 if absent."""
+    text = urllib.request.urlopen(f"{base}metrics", timeout=10).read().decode()
+    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 class GatewayProcess(ProxyProcess):
@@ -48,3 +77,9 @@ class GatewayProcess(ProxyProcess):
         self.proc.wait()
         self._log.close()
         self.proc = None
+
+
+def edge_for(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyProcess:
+    """An edge (``tufproxy serve --profile gateway``) pinned to ``gw``'s root, refreshing often."""
+    return ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                        "--workers", "1", "--refresh-interval", "0.5")

@@ -31,11 +31,12 @@ class ProxyProcess:
         return [sys.executable, "-m", "proxy", "serve", "--cache-dir", str(self.cache_dir),
                 "--listen", f"127.0.0.1:{self.port}", *self.args]
 
-    def start(self) -> ProxyProcess:
+    def start(self, timeout: float = 20.0) -> ProxyProcess:
+        """Start and wait (at most ``timeout`` seconds) until it listens."""
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT)
         try:
-            wait_for_port(self.port, self.proc)
+            wait_for_port(self.port, self.proc, timeout)
         except RuntimeError as e:
             raise RuntimeError(f"{e}\n{self.log()}") from None
         return self

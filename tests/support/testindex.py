@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
+from packaging.utils import canonicalize_name
 
 from proxy import index
-from proxy.layout import normalize
 
 
 @dataclass
@@ -59,7 +59,7 @@ class TestIndex:
             with zipfile.ZipFile(path) as zf:
                 core = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA")))
         entry = IndexFile(path, core=core, data=path.read_bytes(), **kw)  # type: ignore[arg-type]
-        project = normalize(path.name.split("-")[0])
+        project = canonicalize_name(path.name.split("-")[0])
         self.projects.setdefault(project, []).append(entry)
         return entry
 
@@ -88,7 +88,7 @@ class TestIndex:
     # -- HTTP -----------------------------------------------------------
     async def _page(self, request: web.Request) -> web.Response:
         self.requests.append(request.path)
-        project = normalize(request.match_info["project"])
+        project = canonicalize_name(request.match_info["project"])
         if project in self.raw_pages:
             return web.Response(body=self.raw_pages[project], content_type="text/html")
         if project not in self.projects:
