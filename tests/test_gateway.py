@@ -23,6 +23,7 @@ import pytest
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
 from tests.support.gatewayproc import GatewayProcess
+from tests.support.proxyproc import ProxyProcess
 from tests.support.gatewayproc import edge_for as _edge
 from tests.support.gatewayproc import gateway_init as _gateway_init
 from tests.support.gatewayproc import metric as _metric
