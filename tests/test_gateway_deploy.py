@@ -69,3 +69,13 @@ def test_dashboard_queries_only_exported_metrics() -> None:
             "tufproxy_gateway_publish_duration_seconds_bucket", "tufproxy_gateway_pins_refused_total"} <= referenced
     assert referenced <= exported, referenced - exported
     json.loads(text)
+
+
+def test_readme_gateway_commands_parse() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Against PyPI today"):]
+    lines = re.sub(r"\\\n\s*", " ", section).splitlines()
+    commands = [line.split("#")[0].strip() for line in lines if line.startswith("tufproxy ")]
+    assert any(c.startswith("tufproxy gateway serve") for c in commands)
+    for command in commands:
+        _parse(shlex.split(command)[1:])
