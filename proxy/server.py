@@ -97,7 +97,7 @@ class Proxy:
         settings: ProxySettings = ProxySettings(),
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
-        on_miss: Callable[[str], Awaitable[bool]] | None = None,
+        on_miss: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.trust = trust
         self.on_miss = on_miss
@@ -156,7 +156,8 @@ class Proxy:
     def _refusal_response(self, request: web.Request, error: Exception) -> web.Response:
         """Status, one-line reason, audit record and metric for a refusal."""
         if isinstance(error, UnknownTarget):
-            return _text(404, f"not found: no signed target {error.target}")
+            why = f" ({error.detail})" if error.detail else ""
+            return _text(404, f"not found: no signed target {error.target}{why}")
         if isinstance(error, MetadataPending):
             # Not known yet: pip retries a 503 (honouring Retry-After), while a 404 ends its resolve.
             response = _text(503, str(error), reason_slug=error.reason)
@@ -301,8 +302,9 @@ class Proxy:
         try:
             return await self.trust.get_target(target_path)
         except UnknownTarget:
-            if project is None or self.on_miss is None or not await self.on_miss(project):
+            if project is None or self.on_miss is None:
                 raise
+            await self.on_miss(project)
             return await self.trust.get_target(target_path)
 
     async def _verified_page_bytes(self, request: web.Request, target: VerifiedTarget) -> bytes:

@@ -240,11 +240,13 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
             with pytest.raises(UnknownTarget):
                 await trust.get_target("simple/lib/index.json")
             start = time.monotonic()
-            assert await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib")) == [True, True]
+            await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib"))
             print(f"edge miss -> publish -> trusted: {time.monotonic() - start:.2f}s")
             target = await trust.get_target("simple/lib/index.json")
             assert target.length > 0
-            assert await miss.on_miss("no-such-project") is False
+            with pytest.raises(UnknownTarget) as missing:
+                await miss.on_miss("no-such-project")
+            assert missing.value.detail == "gateway: no-such-project: no index lists it"
         finally:
             trust.close()
             await fetcher.close()

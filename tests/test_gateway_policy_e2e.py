@@ -2,9 +2,8 @@
 
 Upload times are set on the test index relative to the real clock, far
 from every cut-off, so the answer each client must reach is computed from
-the index's own upload-times, not written down.  Projects are published
-through the miss protocol's request (``GatewayProcess.publish``) before a
-client asks the edge for them.
+the index's own upload-times, not written down.  Nothing is published
+beforehand: the edge's misses ask the gateway (the miss protocol).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from packaging.version import Version
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install, pip, uv_path
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric, wait_for
-from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
@@ -55,16 +53,6 @@ def _newest_before(index: TestIndex, project: str, cutoff: datetime) -> str:
     return str(max(older))
 
 
-def _publish(gw: GatewayProcess, edge: ProxyProcess, *projects: str) -> None:
-    """Publish ``projects`` at the gateway, then wait until ``edge`` trusts a timestamp that carries them."""
-    versions = []
-    for project in projects:
-        status, answer = gw.publish(project)
-        assert status == 200, answer
-        versions.append(answer["timestamp_version"])
-    wait_for(lambda: metric(edge.base, TRUSTED) >= max(versions), what="the edge trusts the new timestamp")
-
-
 def _installed(target: Path, project: str) -> str | None:
     found = [p.name.removesuffix(".dist-info").split("-")[1] for p in target.glob(f"{project}-*.dist-info")]
     return found[0] if found else None
@@ -91,7 +79,6 @@ def _gateway(tmp_path: Path, *indexes: TestIndex, args: tuple[str, ...] = COOLDO
 @pytest.mark.parametrize("client", CLIENTS)
 def test_cooldown_exemption_and_missing_upload_time(tmp_path: Path, test_index: TestIndex, client: str) -> None:
     with _gateway(tmp_path, test_index) as gw, edge_for(tmp_path, gw) as edge:
-        _publish(gw, edge, "cool", "fresh", "nodate")
         r = install(client, edge.url, tmp_path / "t", "cool", "fresh", "nodate")
         assert r.returncode == 0, r.stdout + r.stderr
         expected = _newest_before(test_index, "cool", NOW - timedelta(days=400))
@@ -111,7 +98,6 @@ def test_cooldown_exemption_and_missing_upload_time(tmp_path: Path, test_index: 
 def test_missing_upload_time_include(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, args=(*COOLDOWN, "--missing-upload-time", "include")) as gw, \
             edge_for(tmp_path, gw) as edge:
-        _publish(gw, edge, "nodate")
         r = install("pip", edge.url, tmp_path / "t", "nodate")
         assert r.returncode == 0, r.stdout + r.stderr
         assert _installed(tmp_path / "t", "nodate") == "1.1"
@@ -121,11 +107,11 @@ def test_denied_project_fails_with_its_reason(tmp_path: Path, test_index: TestIn
     with _gateway(tmp_path, test_index) as gw, edge_for(tmp_path, gw) as edge:
         status, answer = gw.publish("EVIL")
         assert status == 404 and "denied by policy" in answer["detail"]
-        assert install("pip", edge.url, tmp_path / "t", "evil").returncode != 0
-        # pip pointed at the gateway itself shows the reason.
-        r = pip("install", "-vvv", "--index-url", f"{gw.base}simple/", "--target", str(tmp_path / "t"), "evil")
-        assert r.returncode != 0
-        assert "evil: denied by policy (deny-project 'evil*')" in r.stdout + r.stderr
+        # pip shows the reason with -vvv, through the edge (which relays the gateway's 404) and straight at the gateway.
+        for index_url in (edge.url, f"{gw.base}simple/"):
+            r = pip("install", "-vvv", "--index-url", index_url, "--target", str(tmp_path / "t"), "evil")
+            assert r.returncode != 0
+            assert "evil: denied by policy (deny-project 'evil*')" in r.stdout + r.stderr, index_url
         denied = [a for a in gw.audit() if a.get("reason") == "deny-project"]
         assert denied and denied[0]["target"] == "simple/evil/" and "denied by policy" in denied[0]["detail"]
         assert not (gw.directory / "public" / "simple" / "evil").exists()
@@ -166,7 +152,6 @@ def test_first_index_wins_and_private_names_never_fall_through(tmp_path: Path, t
                                                                 client: str) -> None:
     first, second = two_indexes
     with _gateway(tmp_path, first, second, args=("--private-project", "acme-*")) as gw, edge_for(tmp_path, gw) as edge:
-        _publish(gw, edge, "shared")
         r = install(client, edge.url, tmp_path / "t", "shared")
         assert r.returncode == 0, r.stdout + r.stderr
         assert _installed(tmp_path / "t", "shared") == "1.0"  # never merged with the second index's 9.0
@@ -183,7 +168,6 @@ def test_policy_change_and_restart_rerenders_with_versions_rising(tmp_path: Path
     first = _gateway(tmp_path, test_index, args=("--min-release-age", "400d")).start()
     try:
         edge = edge_for(tmp_path, first).start()
-        _publish(first, edge, "cool")
         assert install("pip", edge.url, tmp_path / "t1", "cool").returncode == 0
         assert _installed(tmp_path / "t1", "cool") == "1.1"
         seen = [metric(edge.base, TRUSTED)]

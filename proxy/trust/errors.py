@@ -110,12 +110,14 @@ class BadMetadata(RepositoryError):
 
 
 class UnknownTarget(RepositoryError):
-    """No trusted role lists this target: a 404, not an attack."""
+    """No trusted role lists this target: a 404, not an attack.  ``detail``: why, when someone said (a hint)."""
 
     reason = "unknown-target"
 
-    def __init__(self, target: str) -> None:
-        super().__init__(f"no trusted metadata lists {target!r}", target=target)
+    def __init__(self, target: str, detail: str | None = None) -> None:
+        message = f"no trusted metadata lists {target!r}"
+        super().__init__(f"{message}: {detail}" if detail else message, target=target)
+        self.detail = detail
 
 
 class NotInitialized(TrustError):
