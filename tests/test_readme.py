@@ -21,7 +21,7 @@ def test_ci_runs_readmes_test_command_word_for_word() -> None:
     # Both work on a PEP 668 system Python: a virtual environment, and nothing run from outside it.
     for line in (demo, tests):
         first, *rest = line.split(" && ")
-        assert first == "python3 -m venv --upgrade-deps .venv"
+        assert first == "python3 -m venv .venv"
         assert all(step.startswith(".venv/bin/") for step in rest), line
 
 
