@@ -97,7 +97,7 @@ class Proxy:
         settings: ProxySettings = ProxySettings(),
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
-        on_miss: Callable[[str], Awaitable[None]] | None = None,
+        on_miss: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.trust = trust
         self.on_miss = on_miss
@@ -302,9 +302,8 @@ class Proxy:
         try:
             return await self.trust.get_target(target_path)
         except UnknownTarget:
-            if project is None or self.on_miss is None:
+            if project is None or self.on_miss is None or not await self.on_miss(project):
                 raise
-            await self.on_miss(project)
             return await self.trust.get_target(target_path)
 
     async def _verified_page_bytes(self, request: web.Request, target: VerifiedTarget) -> bytes:

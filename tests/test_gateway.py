@@ -240,7 +240,7 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
             with pytest.raises(UnknownTarget):
                 await trust.get_target("simple/lib/index.json")
             start = time.monotonic()
-            await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib"))
+            assert await asyncio.gather(miss.on_miss("lib"), miss.on_miss("lib")) == [True, True]
             print(f"edge miss -> publish -> trusted: {time.monotonic() - start:.2f}s")
             target = await trust.get_target("simple/lib/index.json")
             assert target.length > 0

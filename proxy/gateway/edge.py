@@ -6,10 +6,10 @@ when no signed page lists a project.  It POSTs
 project, through the blob store's cross-process lock; a worker that
 waited asks again and gets the answer at once), then refreshes its
 trusted metadata until it trusts at least the timestamp version the
-gateway named, so the resolver looks again.  A 404 from the gateway is
-:class:`UnknownTarget` carrying the gateway's reason (``denied by
-policy``, ``claimed private``, ``no index lists it``), which the edge's
-404 repeats for pip to show.  The whole exchange has a
+gateway named, and says True so the resolver looks again.  A 404 from
+the gateway is :class:`UnknownTarget` carrying the gateway's reason
+(``denied by policy``, ``claimed private``, ``no index lists it``), which
+the edge's 404 repeats for pip to show.  The whole exchange has a
 deadline well under pip's 15 s read timeout; past it the request is a
 503 with Retry-After (:class:`MetadataPending`).
 
@@ -52,7 +52,8 @@ class MissProtocol:
         self.store = store
         self.deadline = deadline
 
-    async def on_miss(self, project: str) -> None:
+    async def on_miss(self, project: str) -> bool:
+        """True once the edge trusts a timestamp carrying the project (the gateway's 404 raises UnknownTarget)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline
         target = f"simple/{project}/"
@@ -63,6 +64,7 @@ class MissProtocol:
                 await self.trust.refresh_until(version, max(0.1, end - loop.time()))
         except TimeoutError:
             raise MetadataPending(target, RETRY_AFTER) from None
+        return True
 
     async def _ask(self, project: str) -> int:
         url = f"{self.gateway_url}_tufproxy/publish/{project}"
