@@ -70,6 +70,8 @@ class Metrics:
         self.verification_failures = Counter(
             "tufproxy_verification_failures_total", "Artifacts or metadata refused, by reason", ["reason"], registry=r
         )
+        self.refusals = Counter("tufproxy_refusals_total", "Refused requests by whose fault (kind) and reason",
+                                ["kind", "reason"], registry=r)
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )

@@ -29,7 +29,9 @@ from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, 
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
 from proxy.server import Proxy, ProxySettings
-from proxy.store import BlobStore, IndexCache, StoreError
+from proxy.trust.fetch import Pace
+from proxy.pagecache import IndexCache
+from proxy.store import BlobStore, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -53,22 +55,28 @@ class Running:
     proxy: Proxy
     port: int
     refresher: asyncio.Task[None]
+    metadata_fetcher: Fetcher
 
     async def stop(self) -> None:
         self.refresher.cancel()
         await self.runner.cleanup()
         await self.proxy.fetcher.close()
+        await self.metadata_fetcher.close()
         self.proxy.pages.close()
         self.proxy.audit.close()
 
 
-def _fetcher_and_mirrors(config: ServeConfig) -> tuple[Fetcher, list[Mirror]]:
+def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
+    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
     if config.repository is not None:
         local = LocalFetcher(config.repository)
         base = local.base_url()
-        return local, [Mirror(config.metadata_url(base), base)]
-    fetcher = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
-    return fetcher, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+        return local, local, [Mirror(config.metadata_url(base), base)]
+    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+    # No total timeout for files: Pace abandons slow bodies, however big the file.
+    files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                           total_timeout=None, per_host=config.mirror_downloads)
+    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
 
 
 def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
@@ -157,7 +165,7 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
         audit = AuditLog(config.audit_log, log_accepted=config.audit_accepted)
     except OSError as e:
         raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
-    fetcher, mirrors = _fetcher_and_mirrors(config)
+    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
     layout = config.layout
     trust = await _trusted_client(config, fetcher, mirrors,
                                   TrustConfig(refresh_interval=config.refresh_interval, served_name=layout.served_name,
@@ -167,11 +175,15 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    proxy = Proxy(trust, fetcher, store, pages, audit, Metrics(),
+    proxy = Proxy(trust, file_fetcher, store, pages, audit, Metrics(),
                   ProxySettings(max_file_size=config.max_file_size,
-                                upstream_freshness=max(3 * config.refresh_interval, 30.0)),
-                  profile=layout, file_origins=tuple(config.files_url))
-    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
+                                upstream_freshness=max(3 * config.refresh_interval, 30.0),
+                                verify_before_send=config.verify_before_send,
+                                max_connections=config.max_connections,
+                                client_idle_timeout=config.client_timeout,
+                                pace=Pace(stall=config.read_timeout, min_rate=config.min_rate)),
+                  profile=layout, file_origins=tuple(config.files_url), page_fetcher=fetcher)
+    runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     host, port = config.listen
     site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
@@ -182,7 +194,7 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval))
-    return Running(runner, proxy, actual, refresher)
+    return Running(runner, proxy, actual, refresher, fetcher)
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float) -> None:

@@ -258,7 +258,7 @@ class FileSink:
         self.size = 0
 
     async def write(self, data: bytes) -> None:
-        await asyncio.to_thread(_pwrite_all, self.fd, data, self.size)
+        await asyncio.to_thread(pwrite_all, self.fd, data, self.size)
         self.size += len(data)
 
     async def restart(self) -> None:
@@ -266,7 +266,8 @@ class FileSink:
         self.size = 0
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (blocking: run it in a thread)."""
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
