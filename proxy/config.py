@@ -149,7 +149,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); default: "
            "stream it as it arrives and hold back only the final byte until verified", False,
            lambda v: str(v).lower() in ("1", "yes", "true", "on"), metavar="YES|NO"),
-    Option("min_rate", "an upstream body must average this many bytes per second after its first 15 s, "
+    Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
            "or the next mirror is tried", "16K", parse_size, metavar="SIZE"),
     Option("max_connections", "client connections per worker; more are closed at once", 1024, _positive_int,
            metavar="N"),

@@ -49,7 +49,7 @@ from proxy.pagecache import IndexCache
 from proxy.store import Blob, BlobStore, StoreError
 from proxy.trust import TrustedClient, VerifiedTarget
 from proxy.trust.errors import LengthMismatch, RepositoryError, TrustError, UnknownTarget, UpstreamUnreachable
-from proxy.trust.fetch import MissingUpstream, Pace, Want, fetch_bytes
+from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
 from proxy.trust.hashing import accepted_hashes, verify_bytes
 from proxy.upstream import Fetcher
 
@@ -153,7 +153,7 @@ class _Source:
     urls: list[str]
 
 
-class _AuditingObserver:
+class _AuditingObserver(Observer):
     """Each mirror attempt as a metric; each lie as an audit record naming the request."""
 
     def __init__(self, resolver: Resolver, asker: Asker) -> None:

@@ -28,7 +28,8 @@ from proxy.cli import CommandError
 from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
-from proxy.server import Proxy, ProxySettings
+from proxy.resolver import ProxySettings, Resolver
+from proxy.server import Proxy
 from proxy.trust.fetch import Pace
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError
@@ -60,10 +61,10 @@ class Running:
     async def stop(self) -> None:
         self.refresher.cancel()
         await self.runner.cleanup()
-        await self.proxy.fetcher.close()
+        await self.proxy.resolver.fetcher.close()
         await self.metadata_fetcher.close()
-        self.proxy.pages.close()
-        self.proxy.audit.close()
+        self.proxy.resolver.pages.close()
+        self.proxy.resolver.audit.close()
 
 
 def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
@@ -175,14 +176,14 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    proxy = Proxy(trust, file_fetcher, store, pages, audit, Metrics(),
-                  ProxySettings(max_file_size=config.max_file_size,
-                                upstream_freshness=max(3 * config.refresh_interval, 30.0),
-                                verify_before_send=config.verify_before_send,
-                                max_connections=config.max_connections,
-                                client_idle_timeout=config.client_timeout,
-                                pace=Pace(stall=config.read_timeout, min_rate=config.min_rate)),
-                  profile=layout, file_origins=tuple(config.files_url), page_fetcher=fetcher)
+    settings = ProxySettings(max_file_size=config.max_file_size,
+                             upstream_freshness=max(3 * config.refresh_interval, 30.0),
+                             verify_before_send=config.verify_before_send,
+                             max_connections=config.max_connections,
+                             client_idle_timeout=config.client_timeout,
+                             pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
+    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, Metrics(), settings, layout,
+                           tuple(config.files_url), page_fetcher=fetcher))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     host, port = config.listen

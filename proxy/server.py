@@ -26,31 +26,23 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.audit import AuditLog
 from proxy.connections import BoundedRunner, ClientBounds
 from proxy.downloads import Download
 from proxy.logs import new_request_id, request_id
-from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
-from proxy.profiles import TUFPROXY, Profile
+from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.refusals import Answer
 from proxy.resolver import (
     Ask,
     CachedFile,
-    OnMiss,
     Page,
-    ProxySettings,
     Redirect,
     Refused,
     Resolver,
     Streamed,
     UPSTREAM_FAILURES,
 )
-from proxy.pagecache import IndexCache
-from proxy.store import BlobStore, StoreError
-from proxy.trust import TrustedClient
-from proxy.upstream import Fetcher
+from proxy.store import StoreError
 
-__all__ = ["Proxy", "ProxySettings"]
 log = logging.getLogger(__name__)
 # Streamed files go out in pieces of at most this much.
 _SEND_CHUNK = 2**20
@@ -69,30 +61,13 @@ _FILE_HEADERS = {
 class Proxy:
     """The aiohttp application over a :class:`~proxy.resolver.Resolver`."""
 
-    def __init__(
-        self,
-        trust: TrustedClient,
-        fetcher: Fetcher,
-        store: BlobStore,
-        pages: IndexCache,
-        audit: AuditLog,
-        metrics: Metrics,
-        settings: ProxySettings = ProxySettings(),
-        profile: Profile = TUFPROXY,
-        file_origins: tuple[str, ...] = (),
-        on_miss: OnMiss | None = None,
-        page_fetcher: Fetcher | None = None,
-    ) -> None:
-        self.trust = trust
-        self.fetcher = fetcher
-        self.store = store
-        self.pages = pages
-        self.audit = audit
-        self.metrics = metrics
-        self.settings = settings
-        self.resolver = Resolver(trust, fetcher, store, pages, audit, metrics, settings, profile, file_origins, on_miss,
-                                 page_fetcher)
-        self.clients = ClientBounds(settings.max_connections, settings.client_idle_timeout)
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self.trust = resolver.trust
+        self.store = resolver.store
+        self.metrics = resolver.metrics
+        self.settings = resolver.settings
+        self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
         self._evictions_reported = 0
 
     def runner(self, **kwargs: Any) -> web.AppRunner:
@@ -152,10 +127,11 @@ class Proxy:
     async def _stream(self, request: web.Request, ask: Ask, decision: Streamed) -> web.StreamResponse:
         """Send a cold file as it arrives, the final byte only once it is verified."""
         download = decision.download
-        first = await _first_bytes(download)
+        joined = decision.again is not None
+        first = await _first_bytes(download, joined)
         if first is not None and decision.again is not None and isinstance(first, UPSTREAM_FAILURES):
             download = decision.again()
-            first = await _first_bytes(download)
+            first = await _first_bytes(download, joined=False)
         if first is not None:
             return self._refused(ask, first)
         response = web.StreamResponse(headers=_FILE_HEADERS)
@@ -250,12 +226,15 @@ class Proxy:
         return web.json_response(body, status=200 if not problems else 503)
 
 
-async def _first_bytes(download: Download) -> BaseException | None:
+async def _first_bytes(download: Download, joined: bool) -> BaseException | None:
     """Wait until streaming is worth starting; the download's refusal if it failed first.
 
-    Streaming starts once ``_STREAM_AFTER`` bytes arrived or ``_STREAM_DELAY``
-    passed: a small file is usually verified by then and answered whole,
-    and a refusal keeps its clear status instead of a reset connection.
+    Streaming starts once ``_STREAM_AFTER`` bytes arrived or, for the request
+    that started the fetch, ``_STREAM_DELAY`` passed: a small file is
+    usually verified by then and answered whole, so a refusal keeps its
+    clear status instead of a reset connection.  A request that joined a
+    fetch waits for the bytes alone: if that fetch is a slow one that gets
+    abandoned, it has sent nothing yet and gets a fresh fetch of its own.
     """
     deadline = time.monotonic() + _STREAM_DELAY
     while True:
@@ -263,10 +242,11 @@ async def _first_bytes(download: Download) -> BaseException | None:
         result = download.result
         if result.done():
             return None if result.cancelled() else result.exception()
-        if download.available > _STREAM_AFTER or (download.available > 1 and time.monotonic() >= deadline):
+        if download.available > _STREAM_AFTER or (
+                not joined and download.available > 1 and time.monotonic() >= deadline):
             return None
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic()) or None):
+            async with asyncio.timeout(None if joined else max(0.0, deadline - time.monotonic()) or None):
                 await changed.wait()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.trust.errors import HashMismatch, LengthMismatch, RepositoryError, UpstreamUnreachable
-from proxy.trust.fetch import BytesSink, MissingUpstream, Pace, Want, fetch_verified
+from proxy.trust.fetch import BytesSink, MissingUpstream, Observer, Pace, Want, fetch_verified
 from proxy.trust.hashing import UnsupportedHashes
 from proxy.upstream import AiohttpFetcher
 from tests.support.faults import Fault, FaultyUpstream
@@ -22,7 +22,7 @@ WANT = Want(PATH, {"sha256": hashlib.sha256(DATA).hexdigest(),
                    "blake2b-256": hashlib.blake2b(DATA, digest_size=32).hexdigest()}, len(DATA))
 
 
-class Seen:
+class Seen(Observer):
     """An observer that keeps what it heard."""
 
     def __init__(self) -> None:

@@ -57,7 +57,7 @@ from proxy.trust.errors import (
     TrustError,
     UnknownTarget,
 )
-from proxy.trust.fetch import Want, fetch_verified
+from proxy.trust.fetch import Observer, Want, fetch_verified
 from proxy.upstream import AiohttpFetcher, Fetcher
 
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
@@ -116,14 +116,11 @@ def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
     return fetcher, Mirror(meta if meta.endswith("/") else f"{meta}/", base)
 
 
-class _RefusedAt:
+class _RefusedAt(Observer):
     """Which mirror URL told each lie, for the audit record."""
 
     def __init__(self) -> None:
         self.url: dict[int, str] = {}
-
-    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
-        pass
 
     def refused(self, error: RepositoryError, url: str) -> None:
         self.url[id(error)] = url

@@ -77,7 +77,7 @@ class Pace:
 
     stall: float = 30.0
     min_rate: float = 16 * 1024
-    grace: float = 15.0
+    grace: float = 5.0
 
 
 class Sink(Protocol):
@@ -89,20 +89,14 @@ class Sink(Protocol):
         """Drop everything written: the body starts over."""
 
 
-class Observer(Protocol):
-    """Hears each mirror attempt (for metrics) and each refusal (for audit)."""
+class Observer:
+    """Hears each mirror attempt (for metrics) and each refusal (for audit); override what you need."""
 
-    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None: ...
-
-    def refused(self, error: RepositoryError, url: str) -> None: ...
-
-
-class _Quiet:
     def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
-        pass
+        """One mirror tried: outcome ``ok``, ``error`` (transport) or ``refused`` (a lie)."""
 
     def refused(self, error: RepositoryError, url: str) -> None:
-        pass
+        """``url``'s bytes did not verify."""
 
 
 class BytesSink:
@@ -130,7 +124,7 @@ async def fetch_verified(fetcher: Fetcher, want: Want, urls: list[str], sink: Si
     hash we check is refused before any byte is fetched.
     """
     verifier = StreamingVerifier(want.path, want.hashes, want.length, exact=want.exact, role=want.role, also=also)
-    return await _Fetch(fetcher, want, verifier, sink, pace, observer or _Quiet()).run(urls)
+    return await _Fetch(fetcher, want, verifier, sink, pace, observer or Observer()).run(urls)
 
 
 async def fetch_bytes(fetcher: Fetcher, want: Want, urls: list[str], *, pace: Pace = Pace(),
