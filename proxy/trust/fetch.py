@@ -38,8 +38,11 @@ from proxy.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, Downloa
 
 # Batches at least this big are hashed in a thread (hashlib releases the GIL); smaller ones inline.
 _THREAD_HASH_MIN = 256 * 1024
+# Received bytes are handed to the hasher and the sink in batches of this much, or after this long.
+_BATCH = 1 * 2**20
+_BATCH_DELAY = 0.05
 # Received bytes waiting for the hasher/writer are capped here (memory per download).
-_MAX_BUFFERED = 4 * 2**20
+_MAX_BUFFERED = 2 * 2**20
 
 
 class MissingUpstream(NotFound):
@@ -191,6 +194,7 @@ class _Fetch:
                     self.fetcher.stream(url, self.want.length) as body:
                 chunks = aiter(body)
                 began, got = time.monotonic(), 0
+                handed = began
                 while True:
                     try:
                         async with asyncio.timeout(self._wait(time.monotonic() - began, got)):
@@ -206,9 +210,12 @@ class _Fetch:
                     if pending is not None and (pending.done() or len(buffered) >= _MAX_BUFFERED):
                         await pending
                         pending = None
-                    if pending is None:
+                    # Hand over batches, not chunks (fewer thread hops), but never sit on bytes long.
+                    now = time.monotonic()
+                    if pending is None and (len(buffered) >= _BATCH or now - handed >= _BATCH_DELAY):
                         pending = asyncio.ensure_future(self._keep(bytes(buffered)))
                         buffered.clear()
+                        handed = now
         except DownloadError:
             # What arrived before the failure is good for the next mirror to continue from.
             if pending is not None:
