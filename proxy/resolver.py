@@ -399,9 +399,7 @@ class Resolver:
             raw_hashes, suffix = dist.hashes, ""
             exact = dist.size is not None
             length = dist.size if dist.size is not None else self.settings.max_file_size
-        if not raw_hashes:
-            # Without a hash the page vouches for nothing: refuse rather than serve it unverified.
-            raise UnknownTarget(path)
+        # No hash we check (none, md5 only, malformed): the page vouches for nothing; typed refusal.
         hashes = accepted_hashes(path, raw_hashes, role)
         urls = []
         for page_url in self.trust.target_urls(page_target):

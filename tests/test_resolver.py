@@ -8,6 +8,7 @@ decision value.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy import index
 from proxy.audit import AuditLog
 from proxy.local import LocalFetcher
 from proxy.metrics import Metrics
@@ -190,3 +192,22 @@ async def test_upstream_unreachable_names_the_target_not_a_role(world: World) ->
     Refusals(world.resolver.audit, world.metrics, world.trust).answer(Asker("rid", None, "/p"), error)
     (record,) = world.audit()
     assert record["target"] == "packages/x/x-1.whl" and record["role"] is None
+
+
+@pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
+@pytest.mark.parametrize("digest", ["abc", "Z" * 64, "0" * 63])
+async def test_a_malformed_sha256_on_a_signed_page_is_a_typed_refusal(world: World, digest: str) -> None:
+    profile = world.repo.profile
+    page_path = profile.page_target("base", profile.signed_formats[0])
+    info = (await world.trust.get_target(page_path))
+    raw = world.repo.served_path(page_path, next(iter(info.hashes.values()))).read_bytes()
+    page = index.parse_project_html(raw, "base")
+    bad = dataclasses.replace(page, files=tuple(dataclasses.replace(f, hashes={"sha256": digest}) for f in page.files))
+    with world.repo._locked():
+        change = _Change(world.repo, datetime.now(UTC).replace(microsecond=0))
+        change.put_target(page_path, index.render_project_html(bad))
+        change.commit()
+    await world.trust.refresh(force=True)
+    decision = await world.ask(WHEEL)
+    assert isinstance(decision, Refused) and isinstance(decision.error, UnsupportedHashes), decision
+    assert world.resolver.refusals.answer(Asker("rid", None, WHEEL), decision.error).status == 502
