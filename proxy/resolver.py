@@ -62,7 +62,7 @@ CONTENT_TYPES = {
 _RENDERED_CACHE_SIZE = 4096
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
-OnMiss = Callable[[str], Awaitable[bool]]
+OnMiss = Callable[[str], Awaitable[bool | None]]
 
 
 @dataclass(frozen=True)
@@ -264,13 +264,17 @@ class Resolver:
         return Page(body, CONTENT_TYPES[media])
 
     async def _page_target(self, ask: Ask, project: str, fmt: PageFormat) -> VerifiedTarget:
-        """A project page's signed target; an unknown one is offered to ``on_miss`` once."""
+        """A project page's signed target; an unknown one is offered to ``on_miss`` once.
+
+        ``on_miss`` returning False means "still unknown" (404); True (or None,
+        for hooks that signal only by raising) means "look up once more".
+        """
         path = self.profile.page_target(project, fmt)
         ask.target = path
         try:
             return await self.trust.get_target(path)
         except UnknownTarget:
-            if self.on_miss is None or not await self.on_miss(project):
+            if self.on_miss is None or await self.on_miss(project) is False:
                 raise
         return await self.trust.get_target(path)
 
