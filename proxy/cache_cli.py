@@ -1,9 +1,10 @@
-"""``tufproxy cache verify DIR``: re-hash every blob of a cache directory, offline.
+"""``tufproxy cache verify DIR``: re-hash every blob and page of a cache directory, offline.
 
 What a store shared by processes or hosts must keep true, checked from
 outside: each file under ``blobs/`` holds exactly the bytes its sha256
-name says, and the index cache's database is consistent.  Nothing is
-changed; exit status 1 if anything is unsound.
+name says, each page in the index cache the bytes its key's signed digest
+says, and the index cache's database is consistent.  Nothing is changed;
+exit status 1 if anything is unsound.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 import diskcache
 
 from proxy.cmderror import CommandError
+from proxy.pagecache import IndexCache
+from proxy.trust.errors import RepositoryError
+from proxy.trust.hashing import verify_bytes
 from proxy.trust.model import file_digest
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -27,6 +31,7 @@ class CacheReport:
 
     sound: int = 0
     bytes: int = 0
+    pages: int = 0
     unsound: list[str] = field(default_factory=list)
     index_warnings: list[str] = field(default_factory=list)
 
@@ -61,7 +66,27 @@ def verify_cache(cache_dir: Path) -> CacheReport:
     if (cache_dir / "index").is_dir():
         with diskcache.Cache(str(cache_dir / "index")) as pages:
             report.index_warnings = [str(w.message) for w in pages.check(fix=False)]
+            _verify_pages(pages, report)
     return report
+
+
+def _verify_pages(pages: diskcache.Cache, report: CacheReport) -> None:
+    """Re-hash every cached page against the signed digest its key names (the one hash check)."""
+    for key in pages.iterkeys():
+        parsed = IndexCache.parse_key(key) if isinstance(key, str) else None
+        data = pages.get(key, default=None, retry=True)
+        if data is None:
+            continue  # evicted by a running proxy meanwhile
+        if parsed is None or not isinstance(data, bytes):
+            report.unsound.append(f"index/{str(key)[:200]}: not a page the proxy stored")
+            continue
+        path, algorithm, digest = parsed
+        try:
+            verify_bytes(path, {algorithm: digest}, len(data), data)
+        except RepositoryError as e:
+            report.unsound.append(f"index/{path}: {e.reason}: {e}")
+            continue
+        report.pages += 1
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -70,7 +95,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"UNSOUND {problem}")
     for warning in report.index_warnings:
         print(f"INDEX {warning}")
-    print(f"{report.sound} blob(s) sound ({report.bytes} bytes), {len(report.unsound)} unsound, "
+    print(f"{report.sound} blob(s) sound ({report.bytes} bytes), {report.pages} page(s) sound, {len(report.unsound)} unsound, "
           f"{len(report.index_warnings)} index warning(s)")
     return 0 if report.ok else 1
 
@@ -80,8 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("cache", help="inspect a proxy's cache directory",
                               description="Offline checks of a tufproxy cache directory (safe while proxies run).")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    v = actions.add_parser("verify", help="re-hash every blob; exit 1 if any is not what its name says",
-                           description="Re-hash every blob under DIR/blobs against its sha256 name and check the "
-                           "index cache database. Exit status 0 if all is sound, 1 otherwise.")
+    v = actions.add_parser("verify", help="re-hash every blob and page; exit 1 if any is not what its name says",
+                           description="Re-hash every blob under DIR/blobs against its sha256 name, every cached "
+                           "page against its signed digest, and check the index cache database. "
+                           "Exit status 0 if all is sound, 1 otherwise.")
     v.add_argument("dir", metavar="DIR", help="the cache directory (--cache-dir of tufproxy serve)")
     v.set_defaults(func=_cmd_verify)

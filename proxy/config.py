@@ -65,6 +65,13 @@ def _yes_no(value: str | bool) -> bool:
     raise ConfigError(f"wants yes or no, not {value!r}")
 
 
+def _positive_int(value: str | int) -> int:
+    n = int(value)
+    if n < 1:
+        raise ConfigError(f"must be 1 or more: {value!r}")
+    return n
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (the default number of workers)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -156,6 +163,17 @@ OPTIONS: tuple[Option, ...] = (
            cpu_count(), _worker_count, metavar="N"),
     Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, _yes_no,
            metavar="YES|NO"),
+    Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); default: "
+           "stream it as it arrives and hold back only the final byte until verified", False,
+           _yes_no, metavar="YES|NO"),
+    Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
+           "or the next mirror is tried", "16K", parse_size, metavar="SIZE"),
+    Option("max_connections", "client connections per worker; more are closed at once", 1024, _positive_int,
+           metavar="N"),
+    Option("client_timeout", "seconds a client connection may sit idle or take to send a request head",
+           15.0, _positive_float, metavar="SECONDS"),
+    Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
+           16, _positive_int, metavar="N"),
 )
 
 
@@ -183,6 +201,11 @@ class ServeConfig:
     audit_accepted: bool = False
     allow_expired_until: datetime | None = None
     workers: int = 1
+    verify_before_send: bool = False
+    min_rate: int = 16 * 1024
+    mirror_downloads: int = 16
+    max_connections: int = 1024
+    client_timeout: float = 15.0
 
     @property
     def layout(self) -> Profile:

@@ -37,11 +37,11 @@ class LocalFetcher(Fetcher):
             raise DownloadError(url, "outside the served tree")
         return path
 
-    def stream(self, url: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
-        return self._stream(url, max_length)
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
+        return self._stream(url, max_length, start)
 
     @asynccontextmanager
-    async def _stream(self, url: str, max_length: int) -> AsyncIterator[ByteStream]:
+    async def _stream(self, url: str, max_length: int, start: int) -> AsyncIterator[ByteStream]:
         path = self._path(url)
         try:
             f = await asyncio.to_thread(open, path, "rb")
@@ -52,15 +52,16 @@ class LocalFetcher(Fetcher):
         try:
             size = await asyncio.to_thread(lambda: Path(f.name).stat().st_size)
             if size > max_length:
-                raise DownloadLengthError(url, max_length)
-            yield ByteStream(self._chunks(url, f, max_length), size)
+                raise DownloadLengthError(url, max_length, size)
+            f.seek(start)
+            yield ByteStream(self._chunks(url, f, max_length, start), size - start)
         finally:
             f.close()
 
-    async def _chunks(self, url: str, f, max_length: int) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
-        received = 0
+    async def _chunks(self, url: str, f, max_length: int, start: int) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+        received = start
         while chunk := await asyncio.to_thread(f.read, CHUNK_SIZE):
             received += len(chunk)
             if received > max_length:
-                raise DownloadLengthError(url, max_length)
+                raise DownloadLengthError(url, max_length, received)
             yield chunk

@@ -73,6 +73,8 @@ class Metrics:
         self.refresh_failures = Counter(
             "tufproxy_refresh_failures_total", "Background metadata refreshes that failed, by reason", ["reason"], registry=r
         )
+        self.refusals = Counter("tufproxy_refusals_total", "Refused requests by whose fault (kind) and reason",
+                                ["kind", "reason"], registry=r)
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )

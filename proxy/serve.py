@@ -27,9 +27,13 @@ from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
 from proxy.local import LocalFetcher
+from proxy.locks import FetchLocks
 from proxy.metrics import Metrics
-from proxy.server import Proxy, ProxySettings
-from proxy.store import BlobStore, IndexCache, StoreError
+from proxy.resolver import ProxySettings, Resolver
+from proxy.server import Proxy
+from proxy.trust.fetch import Pace
+from proxy.pagecache import IndexCache
+from proxy.store import BlobStore, StoreError
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -54,22 +58,28 @@ class Running:
     proxy: Proxy
     port: int
     refresher: asyncio.Task[None]
+    metadata_fetcher: Fetcher
 
     async def stop(self) -> None:
         self.refresher.cancel()
         await self.runner.cleanup()
-        await self.proxy.fetcher.close()
-        self.proxy.pages.close()
-        self.proxy.audit.close()
+        await self.proxy.resolver.fetcher.close()
+        await self.metadata_fetcher.close()
+        self.proxy.resolver.pages.close()
+        self.proxy.resolver.audit.close()
 
 
-def _fetcher_and_mirrors(config: ServeConfig) -> tuple[Fetcher, list[Mirror]]:
+def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
+    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
     if config.repository is not None:
         local = LocalFetcher(config.repository)
         base = local.base_url()
-        return local, [Mirror(config.metadata_url(base), base)]
-    fetcher = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
-    return fetcher, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+        return local, local, [Mirror(config.metadata_url(base), base)]
+    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+    # No total timeout for files: Pace abandons slow bodies, however big the file.
+    files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                           total_timeout=None, per_host=config.mirror_downloads)
+    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
 
 
 def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
@@ -173,8 +183,10 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
     opened.callback(audit.close)
-    fetcher, mirrors = _fetcher_and_mirrors(config)
+    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
     opened.push_async_callback(fetcher.close)
+    if file_fetcher is not fetcher:
+        opened.push_async_callback(file_fetcher.close)
     layout = config.layout
     trust = await _trusted_client(config, fetcher, mirrors,
                                   TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
@@ -186,12 +198,16 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    on_miss = MissProtocol(config.upstream[0], trust, store).on_miss if layout.miss_protocol and config.upstream else None
-    proxy = Proxy(trust, fetcher, store, pages, audit, Metrics(),
-                  ProxySettings(max_file_size=config.max_file_size,
-                                upstream_freshness=max(3 * config.refresh_interval, 30.0)),
-                  profile=layout, file_origins=tuple(config.files_url), on_miss=on_miss)
-    runner = web.AppRunner(proxy.app(), access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
+    on_miss = MissProtocol(config.upstream[0], trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and config.upstream else None
+    settings = ProxySettings(max_file_size=config.max_file_size,
+                             upstream_freshness=max(3 * config.refresh_interval, 30.0),
+                             verify_before_send=config.verify_before_send,
+                             max_connections=config.max_connections,
+                             client_idle_timeout=config.client_timeout,
+                             pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
+    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, Metrics(), settings, layout,
+                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher))
+    runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
     host, port = config.listen
@@ -201,8 +217,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.metrics))
-    return Running(runner, proxy, actual, refresher)
+    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
+    return Running(runner, proxy, actual, refresher, fetcher)
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

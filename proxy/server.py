@@ -1,121 +1,78 @@
-"""The HTTP face of the proxy: the Simple API and files, served only once verified.
+"""The HTTP face of the proxy: thin aiohttp handlers that send what the resolver decided.
 
-Request flow: the path is resolved by :mod:`proxy.layout` to a target; the
-trust core says what that target must be (length, hashes) under the
-freshest trusted metadata; the bytes come from the verified store or are
-streamed from a mirror into it, checked as they arrive; then they are
-served — pages re-rendered from their verified bytes with links to this
-proxy, files with sendfile, ranges and conditional requests.
+:class:`~proxy.resolver.Resolver` decides every Simple API and file
+request (no aiohttp there); this module turns its decision into a
+response: a page, a pinned blob (sendfile, ``Range``, ``If-None-Match``,
+``HEAD``), a cold file streamed as it arrives, or a refusal answered as
+:mod:`proxy.refusals` says (status, reason phrase pip prints, audit
+record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
 
-Every refusal is typed: :func:`_refusal_response` turns it into an HTTP
-error whose reason phrase pip prints, an audit record and a metric.
+A streamed cold file holds back its final byte until every signed hash
+matched; on a refusal the connection is reset instead, so no client ever
+holds a complete file that was not verified.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
-import re
+import os
+import socket
+import struct
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from urllib.parse import urljoin
+from typing import Any
 
 from aiohttp import web
 
-from proxy import index
-from proxy.audit import AuditLog, AuditWriteError
+from proxy.connections import BoundedRunner, ClientBounds
+from proxy.downloads import Download
 from proxy.logs import new_request_id, request_id
-from proxy.layout import (
-    BadRequestPath,
-    PageFormat,
-    TargetKind,
-    TargetRequest,
-    is_valid_filename,
-    page_file_href,
-    parse_request_path,
+from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.refusals import Answer
+from proxy.resolver import (
+    Ask,
+    CachedFile,
+    Page,
+    Redirect,
+    Refused,
+    Resolver,
+    Streamed,
+    UPSTREAM_FAILURES,
 )
-from proxy.metrics import CONTENT_TYPE_LATEST, Metrics
-from proxy.profiles import TUFPROXY, Profile
-from proxy.repository.distributions import version_of_filename
-from proxy.store import Blob, BlobMismatch, BlobStore, IndexCache, StoreError, StoreFull
-from proxy.trust import TrustedClient, VerifiedTarget
-from proxy.trust.errors import (
-    ExpiredMetadata,
-    HashMismatch,
-    LengthMismatch,
-    MetadataPending,
-    RepositoryError,
-    TrustError,
-    UnknownTarget,
-    UpstreamUnreachable,
-)
-from proxy.upstream import DownloadError, DownloadLengthError, Fetcher
+from proxy.store import StoreError
 
 log = logging.getLogger(__name__)
-
-_CONTENT_TYPES = {
-    index.MediaType.JSON_V1: "application/vnd.pypi.simple.v1+json",
-    index.MediaType.HTML_V1: "application/vnd.pypi.simple.v1+html",
-    index.MediaType.HTML: "text/html; charset=utf-8",
+# Streamed files go out in pieces of at most this much.
+_SEND_CHUNK = 2**20
+# A cold file starts streaming once this much arrived, or this long after the request.
+_STREAM_AFTER = 2**20
+_STREAM_DELAY = 0.5
+# Headers that need the whole file on disk (FileResponse answers them): no streaming then.
+_WHOLE_FILE_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Range", "If-Match", "If-Unmodified-Since")
+_FILE_HEADERS = {
+    "Content-Type": "application/octet-stream",
+    # A file name's bytes never change on an index: let clients and caches keep it.
+    "Cache-Control": "public, max-age=31536000, immutable",
 }
-_RENDERED_CACHE_SIZE = 4096
-# Hashes a page may vouch for a file with; the store checks every one given.
-_PAGE_HASHES = frozenset({"sha256", "sha384", "sha512", "blake2b-256"})
-# Reason phrases travel in the status line: printable ASCII, bounded.
-_REASON_RE = re.compile(r"[^\x20-\x7e]")
-
-
-@dataclass(frozen=True)
-class ProxySettings:
-    """What the server needs besides its collaborators."""
-
-    max_file_size: int = 4 * 2**30
-    max_page_size: int = 64 * 2**20
-    max_core_metadata_size: int = 16 * 2**20
-    # /readyz wants an upstream reached within this many seconds (a few refresh intervals).
-    upstream_freshness: float = 180.0
-
-
-def _reason_phrase(text: str) -> str:
-    return _REASON_RE.sub("?", text)[:300]
 
 
 class Proxy:
-    """The aiohttp application and the state behind it."""
+    """The aiohttp application over a :class:`~proxy.resolver.Resolver`."""
 
-    def __init__(
-        self,
-        trust: TrustedClient,
-        fetcher: Fetcher,
-        store: BlobStore,
-        pages: IndexCache,
-        audit: AuditLog,
-        metrics: Metrics,
-        settings: ProxySettings = ProxySettings(),
-        profile: Profile = TUFPROXY,
-        file_origins: tuple[str, ...] = (),
-        on_miss: Callable[[str], Awaitable[bool]] | None = None,
-    ) -> None:
-        self.trust = trust
-        self.on_miss = on_miss
-        self.profile = profile
-        # URL prefixes a verified page may point files at (warehouse profile): the mirrors
-        # and any file host the operator named. Anything else is never fetched.
-        self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
-        self.fetcher = fetcher
-        self.store = store
-        self.pages = pages
-        self.audit = audit
-        self.metrics = metrics
-        self.settings = settings
-        self._inflight: dict[str, asyncio.Future[Blob]] = {}
-        self._rendered: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
-        # Blobs re-hashed since this process started: the cheap trigger for bit-rot checks.
-        self._rechecked: set[str] = set()
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self.trust = resolver.trust
+        self.store = resolver.store
+        self.metrics = resolver.metrics
+        self.settings = resolver.settings
+        self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
         self._evictions_reported = 0
+
+    def runner(self, **kwargs: Any) -> web.AppRunner:
+        """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout)."""
+        return BoundedRunner(self.app(), self.clients, **kwargs)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
@@ -125,85 +82,104 @@ class Proxy:
         app.router.add_get("/{tail:.*}", self._dispatch, name="simple")
         return app
 
-    # -- plumbing ------------------------------------------------------
     @web.middleware
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         start = time.monotonic()
-        route = "other"
         rid = new_request_id(request.headers.get("X-Request-Id"))
         token = request_id.set(rid)
+        self.clients.begin(request.protocol)
         try:
-            route = request.get("route", request.match_info.route.name or "other")
             response = await handler(request)
-            route = request.get("route", route)
         except web.HTTPException as e:
             response = e
-        except (TrustError, StoreError, AuditWriteError) as e:
-            route = request.get("route", route)
-            response = self._refusal_response(request, e)
         finally:
             request_id.reset(token)
+            self.clients.end(request.protocol)
+        route = request.get("route", request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
-        status = response.status
-        self.metrics.requests.labels(route, str(status)).inc()
+        self.metrics.requests.labels(route, str(response.status)).inc()
         self.metrics.request_seconds.labels(route).observe(time.monotonic() - start)
         if isinstance(response, web.HTTPException):
             raise response
         return response
 
-    def _refusal_response(self, request: web.Request, error: Exception) -> web.Response:
-        """Status, one-line reason, audit record and metric for a refusal."""
-        if isinstance(error, UnknownTarget):
-            why = f" ({error.detail})" if error.detail else ""
-            return _text(404, f"not found: no signed target {error.target}{why}")
-        if isinstance(error, MetadataPending):
-            # Not known yet: pip retries a 503 (honouring Retry-After), while a 404 ends its resolve.
-            response = _text(503, str(error), reason_slug=error.reason)
-            response.headers["Retry-After"] = str(error.retry_after)
-            return response
-        if isinstance(error, ExpiredMetadata):
-            status, text = 503, f"trusted metadata expired and cannot be refreshed: {error}"
-        elif isinstance(error, RepositoryError):
-            status, text = 502, f"refused by TUF verification ({error.reason}): {error}"
-        elif isinstance(error, UpstreamUnreachable):
-            status, text = 502, f"upstream unreachable: {error}"
-        elif isinstance(error, StoreFull):
-            status, text = 503, f"cache full, cannot store new files: {error}"
-        elif isinstance(error, AuditWriteError):
-            log.error("failing closed: %s", error)
-            return _text(500, "audit log unwritable: refusing to serve")
-        else:
-            status, text = 500, f"internal store error: {error}"
-        reason = getattr(error, "reason", type(error).__name__)
-        if isinstance(error, (RepositoryError, UpstreamUnreachable)) and not request.get("audited"):
-            self._audit_refusal(request, error, None)
-        log.warning("%s %s -> %d %s", request.method, request.path, status, text)
-        return _text(status, text, reason_slug=reason)
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
+                  accept=request.headers.get("Accept"),
+                  whole=request.method == "HEAD" or any(h in request.headers for h in _WHOLE_FILE_HEADERS))
+        decision = await self.resolver.resolve(ask)
+        request["route"] = ask.route
+        if isinstance(decision, Refused):
+            return self._refused(ask, decision.error)
+        if isinstance(decision, Redirect):
+            raise (web.HTTPMovedPermanently if decision.permanent else web.HTTPFound)(decision.location)
+        if isinstance(decision, Page):
+            return web.Response(body=decision.body, headers={"Content-Type": decision.content_type, "Vary": "Accept"})
+        if isinstance(decision, CachedFile):
+            return _PinnedFileResponse(decision)
+        return await self._stream(request, ask, decision)
 
-    def _audit_refusal(self, request: web.Request, error: Exception, url: str | None) -> None:
-        reason = getattr(error, "reason", type(error).__name__)
-        if isinstance(error, RepositoryError):
-            self.metrics.verification_failures.labels(reason).inc()
-        self.audit.refused(
-            request_id=request_id.get(),
-            client=request.remote,
-            request_path=request.path,
-            target=getattr(error, "target", None) or request.get("target"),
-            role=getattr(error, "role", None),
-            upstream_url=url,
-            reason=reason,
-            message=str(error),
-            expected=getattr(error, "expected", None),
-            actual=getattr(error, "actual", None),
-            trusted_versions=self._trusted_versions(),
-        )
-        request["audited"] = True
+    def _refused(self, ask: Ask, error: BaseException) -> web.Response:
+        return _answer(self.resolver.refusals.answer(ask, error))
 
-    def _trusted_versions(self) -> dict[str, int]:
-        status = self.trust.status()
-        return {role: info["version"] for role, info in status.get("roles", {}).items()}
+    async def _stream(self, request: web.Request, ask: Ask, decision: Streamed) -> web.StreamResponse:
+        """Send a cold file as it arrives, the final byte only once it is verified."""
+        download = decision.download
+        joined = decision.again is not None
+        first = await _first_bytes(download, joined)
+        if first is not None and decision.again is not None and isinstance(first, UPSTREAM_FAILURES):
+            download = decision.again()
+            first = await _first_bytes(download, joined=False)
+        if first is not None:
+            return self._refused(ask, first)
+        response = web.StreamResponse(headers=_FILE_HEADERS)
+        if decision.length is not None:
+            response.content_length = decision.length
+        await response.prepare(request)
+        sent = 0
+        generation = download.generation
+        fd = -1
+        try:
+            while True:
+                changed = download.waiter()
+                result = download.result
+                if download.generation != generation and sent == 0:
+                    generation = download.generation
+                if download.generation != generation or (result.done() and (result.cancelled() or result.exception())):
+                    # The body started over, or did not verify: what this client got must never complete.
+                    _reset(request)
+                    return response
+                verified = result.done()
+                path = result.result().path if verified else download.path
+                end = download.available if not verified else result.result().size
+                limit = end if verified else end - 1  # the held-back tail
+                if sent < limit:
+                    if fd < 0:
+                        assert path is not None
+                        try:
+                            fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+                        except FileNotFoundError:
+                            # Published (or dropped) between our look and the open: look again.
+                            await changed.wait()
+                            continue
+                    data = await asyncio.to_thread(os.pread, fd, min(limit - sent, _SEND_CHUNK), sent)
+                    if not data:
+                        _reset(request)
+                        return response
+                    await response.write(data)
+                    sent += len(data)
+                    continue
+                if verified:
+                    break
+                await changed.wait()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        await response.write_eof()
+        decision.served(result.result())
+        return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.update_gauges()
@@ -249,321 +225,56 @@ class Proxy:
         }
         return web.json_response(body, status=200 if not problems else 503)
 
-    # -- routes --------------------------------------------------------
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        try:
-            req = parse_request_path(request.rel_url.raw_path)
-        except BadRequestPath as e:
-            if request.path in ("/", ""):
-                raise web.HTTPFound("simple/") from None
-            request["route"] = "bad_path"
-            return _text(404, f"not found: {e}")
-        request["route"] = req.kind.value.replace("-", "_")
-        if req.kind in (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX):
-            if req.redirect_to is not None:
-                raise web.HTTPMovedPermanently(req.redirect_to)
-            return await self._page(request, req)
-        return await self._file(request, req)
 
-    async def _page(self, request: web.Request, req: TargetRequest) -> web.Response:
-        media = index.negotiate(request.headers.get("Accept"))
-        if media is None:
-            return _text(406, "none of the Accept types is served: try application/vnd.pypi.simple.v1+json or text/html")
-        fmt = PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML
-        source = self.profile.page_source_format(fmt)
-        if req.kind is TargetKind.ROOT_INDEX:
-            target_path = self.profile.root_target(fmt)
-            if target_path is None:
-                return _text(404, f"the root project list is not signed in the {self.profile.name} layout: "
-                                  "ask for /simple/<project>/")
-        else:
-            assert req.project is not None
-            target_path = self.profile.page_target(req.project, source)
-        request["target"] = target_path
-        target = await self._page_target(req.project, target_path)
-        key = (target.path, _first_hash(target), fmt.value)
-        body = self._rendered.get(key)
-        if body is None:
-            raw = await self._verified_page_bytes(request, target)
-            try:
-                body = _render(req, raw, source, fmt)
-            except index.IndexParseError as e:
-                raise _Malformed(target.path, str(e)) from e
-            self._rendered[key] = body
-            if len(self._rendered) > _RENDERED_CACHE_SIZE:
-                self._rendered.popitem(last=False)
-        else:
-            self._rendered.move_to_end(key)
-            self.metrics.cache_hits.labels("page").inc()
-        return web.Response(body=body, headers={"Content-Type": _CONTENT_TYPES[media], "Vary": "Accept"})
+async def _first_bytes(download: Download, joined: bool) -> BaseException | None:
+    """Wait until streaming is worth starting; the download's refusal if it failed first.
 
-    async def _page_target(self, project: str | None, target_path: str) -> VerifiedTarget:
-        """A page's signed target; on a miss, the gateway's miss protocol (proxy/gateway/edge.py) may publish it."""
-        try:
-            return await self.trust.get_target(target_path)
-        except UnknownTarget:
-            if project is None or self.on_miss is None or not await self.on_miss(project):
-                raise
-            return await self.trust.get_target(target_path)
-
-    async def _verified_page_bytes(self, request: web.Request, target: VerifiedTarget) -> bytes:
-        cache_key = f"{target.path}@{_first_hash(target)}"
-        data = self.pages.get(cache_key)
-        if data is not None:
-            self.metrics.cache_hits.labels("page").inc()
-            return data
-        self.metrics.cache_misses.labels("page").inc()
-        if target.length > self.settings.max_page_size:
-            raise LengthMismatch(f"{target.path}: signed length {target.length} exceeds the page limit",
-                                 target=target.path, expected=self.settings.max_page_size, actual=target.length)
-        refusal: RepositoryError | None = None
-        failures: list[Exception] = []
-        for i, url in enumerate(self.trust.target_urls(target)):
-            start = time.monotonic()
-            try:
-                data = await self.fetcher.fetch_bytes(url, target.length)
-                target.verify(data)
-            except DownloadLengthError as e:
-                refusal = _mismatch(target, e)
-                self._fetch_outcome(i, start, "refused")
-                self._audit_refusal(request, refusal, url)
-                continue
-            except RepositoryError as e:
-                refusal = e
-                self._fetch_outcome(i, start, "refused")
-                self._audit_refusal(request, e, url)
-                continue
-            except DownloadError as e:
-                failures.append(e)
-                self._fetch_outcome(i, start, "error")
-                continue
-            self._fetch_outcome(i, start, "ok", len(data))
-            self.pages.set(cache_key, data)
-            return data
-        if refusal is not None:
-            raise refusal
-        raise UpstreamUnreachable(target.path, failures)
-
-    def _fetch_outcome(self, mirror: int, start: float, outcome: str, nbytes: int = 0) -> None:
-        self.metrics.upstream_fetches.labels(str(mirror), outcome).inc()
-        self.metrics.upstream_seconds.labels(str(mirror)).observe(time.monotonic() - start)
-        if nbytes:
-            self.metrics.upstream_bytes.labels(str(mirror)).inc(nbytes)
-
-    async def _file(self, request: web.Request, req: TargetRequest) -> web.StreamResponse:
-        target_path = req.target_path()
-        request["target"] = target_path
-        if self.profile.files_are_targets:
-            target = await self.trust.get_target(target_path)
-            source = _Source(target, self.trust.target_urls(target), exact=True)
-        else:
-            source = await self._source_from_page(request, req)
-        target = source.target
-        if target.length > self.settings.max_file_size:
-            raise LengthMismatch(f"{target_path}: {target.length} bytes is over the --max-file-size limit",
-                                 target=target_path, expected=self.settings.max_file_size, actual=target.length)
-        blob = await self._blob(request, source)
-        self.audit.accepted(request_id=request_id.get(), client=request.remote, request_path=request.path, target=target_path,
-                            role=target.role, length=blob.size, hashes=target.hashes)
-        return _PinnedFileResponse(self.store, blob)
-
-    async def _source_from_page(self, request: web.Request, req: TargetRequest) -> _Source:
-        """A file trusted through its project's verified page (sha256, and size where given)."""
-        assert req.project is not None and req.filename is not None
-        page_format = self.profile.signed_formats[0]
-        page_target = await self._page_target(req.project, self.profile.page_target(req.project, page_format))
-        raw = await self._verified_page_bytes(request, page_target)
-        try:
-            page = _parse(raw, req.project, page_format)
-        except index.IndexParseError as e:
-            raise _Malformed(page_target.path, str(e)) from e
-        dist = next((f for f in page.files if f.filename == req.filename), None)
-        if dist is None:
-            raise UnknownTarget(req.target_path())
-        role = f"{page_target.role} (via {page_target.path})"
-        if req.kind is TargetKind.CORE_METADATA:
-            hashes = dist.core_metadata if isinstance(dist.core_metadata, dict) else {}
-            length, suffix = self.settings.max_core_metadata_size, ".metadata"
-        else:
-            hashes, length, suffix = dist.hashes, dist.size or self.settings.max_file_size, ""
-        hashes = {a: v for a, v in hashes.items() if a in _PAGE_HASHES}
-        if not hashes:
-            # Without a hash the page vouches for nothing: refuse rather than serve it unverified.
-            raise UnknownTarget(req.target_path())
-        urls = []
-        for page_url in self.trust.target_urls(page_target):
-            url = urljoin(page_url, dist.url) + suffix
-            if url not in urls and url.startswith(self.file_origins):
-                urls.append(url)
-        if not urls:
-            raise _ForeignLink(req.target_path(), dist.url)
-        target = VerifiedTarget(path=req.target_path(), length=length, hashes=hashes, role=role)
-        return _Source(target, urls, exact=dist.size is not None and suffix == "")
-
-    async def _blob(self, request: web.Request, source: _Source) -> Blob:
-        target = source.target
-        kind = "metadata" if target.path.endswith(".metadata") else "file"
-        sha = target.hashes.get("sha256")
-        if sha is not None:
-            blob = self.store.get(sha, target.length if source.exact else None)
-            if blob is not None and await self._recheck(blob, target):
-                self.metrics.cache_hits.labels(kind).inc()
-                return blob
-        self.metrics.cache_misses.labels(kind).inc()
-        key = f"{target.path}@{_first_hash(target)}"
-        future = self._inflight.get(key)
-        if future is None:
-            future = asyncio.ensure_future(self._download_once(request, source, key))
-            self._inflight[key] = future
-            future.add_done_callback(lambda f: self._inflight.pop(key, None))
-        else:
-            self.metrics.singleflight_joins.inc()
-        # shield: a client that goes away does not cancel the fetch others wait for.
-        return await asyncio.shield(future)
-
-    async def _download_once(self, request: web.Request, source: _Source, key: str) -> Blob:
-        """``_download`` under the cross-process lock of ``key``: other workers (or replicas on a
-        shared volume) asked for the same file wait for the one fetching it, then find its blob."""
-        async with self.store.fetch_lock(key):
-            sha = source.target.hashes.get("sha256")
-            blob = self.store.get(sha, source.target.length if source.exact else None) if sha else None
-            return blob if blob is not None else await self._download(request, source)
-
-    async def _recheck(self, blob: Blob, target: VerifiedTarget) -> bool:
-        if blob.sha256 in self._rechecked:
-            return True
-        with self.store.in_use(blob.sha256):
-            sound = await asyncio.to_thread(self.store.verify, blob, target.hashes)
-        if sound:
-            self._rechecked.add(blob.sha256)
-        else:
-            log.error("blob %s failed its re-check (bit rot?): evicted, refetching", blob.sha256)
-        return sound
-
-    async def _download(self, request: web.Request, source: _Source) -> Blob:
-        target = source.target
-        refusal: RepositoryError | None = None
-        failures: list[Exception] = []
-        for i, url in enumerate(source.urls):
-            start = time.monotonic()
-            received = 0
-            try:
-                async with self.store.writer(target.length, target.hashes, exact=source.exact) as writer:
-                    async with self.fetcher.stream(url, target.length) as body:
-                        async for chunk in body:
-                            received += len(chunk)
-                            await writer.write(chunk)
-                    blob = await writer.commit()
-            except (BlobMismatch, DownloadLengthError) as e:
-                refusal = _mismatch(target, e, source.exact)
-                self._fetch_outcome(i, start, "refused", received)
-                self._audit_refusal(request, refusal, url)
-                continue
-            except DownloadError as e:
-                failures.append(e)
-                self._fetch_outcome(i, start, "error", received)
-                continue
-            self._fetch_outcome(i, start, "ok", received)
-            self._rechecked.add(blob.sha256)
-            return blob
-        if refusal is not None:
-            raise refusal
-        raise UpstreamUnreachable(target.path, failures)
+    Streaming starts once ``_STREAM_AFTER`` bytes arrived or, for the request
+    that started the fetch, ``_STREAM_DELAY`` passed: a small file is
+    usually verified by then and answered whole, so a refusal keeps its
+    clear status instead of a reset connection.  A request that joined a
+    fetch waits for the bytes alone: if that fetch is a slow one that gets
+    abandoned, it has sent nothing yet and gets a fresh fetch of its own.
+    """
+    deadline = time.monotonic() + _STREAM_DELAY
+    while True:
+        changed = download.waiter()
+        result = download.result
+        if result.done():
+            return None if result.cancelled() else result.exception()
+        if download.available > _STREAM_AFTER or (
+                not joined and download.available > 1 and time.monotonic() >= deadline):
+            return None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(None if joined else max(0.0, deadline - time.monotonic()) or None):
+                await changed.wait()
 
 
-@dataclass(frozen=True)
-class _Source:
-    """What a file must be and where to fetch it; ``exact``: the length is signed, not a bound."""
+def _reset(request: web.Request) -> None:
+    """Abort the connection with a TCP reset: the client sees a broken transfer, never a clean end."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
-    target: VerifiedTarget
-    urls: list[str]
-    exact: bool
+
+def _answer(answer: Answer) -> web.Response:
+    return web.Response(status=answer.status, reason=answer.phrase, text=answer.text + "\n", headers=answer.headers)
 
 
 class _PinnedFileResponse(web.FileResponse):
-    """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD), with the blob
-    pinned while it is sent so eviction cannot pull it away mid-response."""
+    """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
+    released once sent so eviction cannot pull it away mid-response."""
 
-    def __init__(self, store: BlobStore, blob: Blob) -> None:
-        super().__init__(
-            blob.path,
-            headers={
-                "Content-Type": "application/octet-stream",
-                # A file name's bytes never change on an index: let clients and caches keep it.
-                "Cache-Control": "public, max-age=31536000, immutable",
-            },
-        )
-        self._store = store
-        self._sha256 = blob.sha256
+    def __init__(self, decision: CachedFile) -> None:
+        super().__init__(decision.blob.path, headers=_FILE_HEADERS)
+        self._decision = decision
 
     async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
-        with self._store.in_use(self._sha256):
+        try:
             return await super().prepare(request)
-
-
-class _Malformed(RepositoryError):
-    """A page whose bytes verified but which is not a Simple API page."""
-
-    reason = "malformed-page"
-
-    def __init__(self, target: str, detail: str) -> None:
-        super().__init__(f"{target}: signed page does not parse: {detail}", target=target)
-
-
-class _ForeignLink(RepositoryError):
-    """A verified page points a file at a host that is not a configured upstream."""
-
-    reason = "foreign-link"
-
-    def __init__(self, target: str, url: str) -> None:
-        super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "
-                         "(add it with --files-url)", target=target)
-
-
-def _first_hash(target: VerifiedTarget) -> str:
-    return next(iter(target.hashes.values()))
-
-
-def _mismatch(target: VerifiedTarget, error: Exception, exact: bool = True) -> RepositoryError:
-    """A store or transport length/hash failure as the trust error it is.
-
-    With an inexact length (a bound, not a signed value) only going past
-    the bound is a length failure; anything else is the hash's verdict.
-    """
-    if isinstance(error, BlobMismatch) and (
-        error.actual_length == error.expected_length if exact else error.actual_length <= error.expected_length
-    ):
-        return HashMismatch(f"{target.path}: bytes do not match the signed hashes",
-                            target=target.path, role=target.role,
-                            expected=error.expected_hashes, actual=error.actual_hashes)
-    actual = getattr(error, "actual_length", None)
-    return LengthMismatch(f"{target.path}: upstream sent {actual if actual is not None else 'more'} bytes, {target.length} signed",
-                          target=target.path, role=target.role, expected=target.length, actual=actual)
-
-
-def _parse(raw: bytes, project: str, fmt: PageFormat) -> index.ProjectPage:
-    return index.parse_project_json(raw, project) if fmt is PageFormat.JSON else index.parse_project_html(raw, project)
-
-
-def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat) -> bytes:
-    """Re-render a verified page (read as ``source``, written as ``fmt``) with every file link pointing at this proxy."""
-    if req.kind is TargetKind.ROOT_INDEX:
-        plist = index.parse_project_list_json(raw) if source is PageFormat.JSON else index.parse_project_list_html(raw)
-        return index.render_project_list_json(plist) if fmt is PageFormat.JSON else index.render_project_list_html(plist)
-    assert req.project is not None
-    project = req.project
-    page = _parse(raw, project, source)
-    # A name the router refuses could never be fetched through this proxy (and a '#' in it
-    # would break the link): leave such entries out rather than fail the whole page.
-    page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
-    page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
-    if fmt is PageFormat.JSON and not page.versions:
-        # An HTML page has no PEP 700 versions list: derive it from the file names.
-        versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))
-        page = dataclasses.replace(page, versions=tuple(versions))
-    return index.render_project_json(page) if fmt is PageFormat.JSON else index.render_project_html(page)
-
-
-def _text(status: int, text: str, reason_slug: str | None = None) -> web.Response:
-    headers = {"X-Tufproxy-Reason": reason_slug} if reason_slug else None
-    return web.Response(status=status, reason=_reason_phrase(text), text=text + "\n", headers=headers)
+        finally:
+            self._decision.release()

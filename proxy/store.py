@@ -1,11 +1,13 @@
-"""Bytes on disk: a verified, content-addressed blob store and an index cache.
+"""Files on disk: a verified, content-addressed blob store.
 
 ``BlobStore`` owns ``<root>/blobs/`` and ``<root>/tmp/``.  A download is
-streamed into a ``BlobWriter`` that hashes as it writes into ``tmp/`` and
-bounds the length; only a commit whose length and every expected hash match
-is fsynced and renamed to ``blobs/<aa>/<sha256>``.  So a file under
-``blobs/`` was verified when it was written; ``verify`` re-hashes it later
-against bit rot.  The store is sized by ``max_bytes`` and evicts least
+streamed into a ``BlobWriter`` (a sink of :func:`proxy.trust.fetch.fetch_verified`)
+that writes into ``tmp/`` within space reserved against the size limit;
+only once the fetch verified every signed hash is it published as
+``blobs/<aa>/<sha256>``.  So a file under ``blobs/`` was verified when it
+was written; ``verify`` re-hashes it later (the first time a process
+serves it) against bit rot and against a crash before its fsync, which
+runs after publishing, off the client's critical path.  The store is sized by ``max_bytes`` and evicts least
 recently used blobs (by atime, so it survives a restart), never one pinned
 as in use.
 
@@ -16,12 +18,8 @@ sweep at open removes only temp files no live process is writing.  A pin
 holds a shared lock on the blob, and eviction takes a non-blocking
 exclusive one, skipping a blob another process is sending.  Another
 process's blobs are found on disk at ``get`` and adopted, and the size
-accounting is rescanned from disk before evicting.  ``fetch_lock`` is the
-cross-process single flight: one lock file per download key under
-``<root>/locks/``.
-
-``IndexCache`` keeps verified index pages in a size-bounded diskcache under
-``<root>/index/``; callers store only bytes they have verified.
+accounting is rescanned from disk before evicting.  Pages live in
+:mod:`proxy.pagecache`, the cross-process download locks in :mod:`proxy.locks`.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import re
@@ -39,79 +36,47 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-import diskcache
 
 from proxy.atomic import fsync_dir
+from proxy.locks import try_flock
+from proxy.trust.errors import RepositoryError
+from proxy.trust.fetch import pwrite_all
+from proxy.trust.hashing import StreamingVerifier, UnsupportedHashes
 
-# Algorithm names as TUF metadata spells them (securesystemslib's names).
-_HASHES: dict[str, Callable[[], Any]] = {
-    "sha224": hashlib.sha224,
-    "sha256": hashlib.sha256,
-    "sha384": hashlib.sha384,
-    "sha512": hashlib.sha512,
-    "blake2b": hashlib.blake2b,
-    "blake2b-256": lambda: hashlib.blake2b(digest_size=32),
-    "blake2s": hashlib.blake2s,
-}
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-# Small chunks are gathered so each thread hop writes up to about this much.
+# Re-hashing reads this much at a time.
 WRITE_CHUNK = 2**20
+# A download of bounded (unsigned) length reserves cache space in steps of this much.
+RESERVE_STEP = 8 * 2**20
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # Another process's blobs appear on disk unannounced: resync the accounting this often, when near the limit.
 _RESCAN_INTERVAL = 5.0
-# Waiting for another process's download of the same file: poll its lock this often, at most this long.
-_FETCH_LOCK_POLL = (0.005, 0.05)
-FETCH_LOCK_WAIT = 900.0
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
-    """Base of every error the store raises."""
+    """Base of every error the store raises (our resources, never the upstream's fault)."""
+
+    reason = "store-error"
 
 
 class StoreFull(StoreError):
     """The size limit or the disk is full: the request cannot be cached."""
 
+    reason = "cache-full"
+
 
 class StoreUnwritable(StoreError):
     """The cache directory cannot be created or written at open."""
 
-
-class UnsupportedHash(StoreError, ValueError):
-    """Expected hashes name an algorithm the store cannot check (fail closed)."""
-
-
-class BlobMismatch(StoreError):
-    """The bytes received differ in length or hash from what was expected.
-
-    When raised by ``write`` (too many bytes), ``actual_length`` is the count
-    received so far and ``actual_hashes`` is empty.
-    """
-
-    def __init__(
-        self,
-        expected_length: int,
-        actual_length: int,
-        expected_hashes: dict[str, str],
-        actual_hashes: dict[str, str],
-    ) -> None:
-        self.expected_length = expected_length
-        self.actual_length = actual_length
-        self.expected_hashes = dict(expected_hashes)
-        self.actual_hashes = dict(actual_hashes)
-        if actual_length != expected_length:
-            what = f"length {actual_length}, expected {expected_length}"
-        else:
-            bad = sorted(a for a in expected_hashes if actual_hashes.get(a) != expected_hashes[a])
-            what = f"{', '.join(bad)} differs"
-        super().__init__(f"blob mismatch: {what}")
+    reason = "cache-unwritable"
 
 
 @dataclass(frozen=True)
@@ -123,40 +88,10 @@ class Blob:
     size: int
 
 
-def check_sha256(sha256: str) -> str:
-    """Return ``sha256`` if it is 64 lowercase hex digits, else raise ValueError."""
-    if not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
-        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
-    return sha256
-
-
-def _check_hashes(expected_hashes: dict[str, str]) -> None:
-    if not expected_hashes:
-        raise UnsupportedHash("no expected hashes given")
-    unknown = sorted(set(expected_hashes) - set(_HASHES))
-    if unknown:
-        # python-tuf rejects a target with an unsupported algorithm; so do we.
-        raise UnsupportedHash(f"unsupported hash algorithm(s): {', '.join(unknown)}")
-
-
-def _disk_error(exc: OSError, what: str) -> StoreError:
+def disk_error(exc: OSError, what: str) -> StoreError:
     if exc.errno in _FULL_ERRNOS:
         return StoreFull(f"{what}: {exc.strerror}")
     return StoreError(f"{what}: {exc}")
-
-
-def _try_flock(path: Path | str, flags: int, exclusive: bool) -> int | None:
-    """Open ``path`` and take a non-blocking flock; the fd, or None if it is gone or held."""
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 class BlobStore:
@@ -174,7 +109,6 @@ class BlobStore:
         self.max_bytes = max_bytes
         self._blobs = self.root / "blobs"
         self._tmp = self.root / "tmp"
-        self._locks = self.root / "locks"
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # sha256 -> size, oldest access first
         self._usage = 0
@@ -182,6 +116,7 @@ class BlobStore:
         self._pins: dict[str, int] = {}
         self._pin_fds: dict[str, int] = {}  # sha256 -> fd holding a shared flock while pinned
         self._scanned = 0.0  # monotonic time of the last scan of blobs/
+        self._syncing: set[asyncio.Future[None]] = set()  # background fsyncs, referenced until done
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -194,7 +129,6 @@ class BlobStore:
         try:
             self._blobs.mkdir(parents=True, exist_ok=True)
             self._tmp.mkdir(exist_ok=True)
-            self._locks.mkdir(exist_ok=True)
             self._sweep_tmp()
         except OSError as exc:
             raise StoreUnwritable(f"cache directory {self.root} is not writable: {exc}") from exc
@@ -214,7 +148,7 @@ class BlobStore:
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)  # another process may be sweeping it too
                 continue
-            fd = _try_flock(stale, os.O_RDONLY, exclusive=True)
+            fd = try_flock(stale, os.O_RDONLY, exclusive=True)
             if fd is None:
                 continue  # being written by a live process (or gone already)
             try:
@@ -282,6 +216,9 @@ class BlobStore:
         self._scanned = time.monotonic()
 
     def _path(self, sha256: str) -> Path:
+        # Callers pass digests accepted_hashes() checked; this keeps any other string off the disk.
+        if not _SHA256_RE.fullmatch(sha256):
+            raise UnsupportedHashes(f"not a sha256 digest: {sha256[:80]!r}")
         return self._blobs / sha256[:2] / sha256
 
     def get(self, sha256: str, expected_size: int | None = None) -> Blob | None:
@@ -291,7 +228,6 @@ class BlobStore:
         size is evicted.  Pin a returned blob (``in_use``) before the next
         ``await`` if it is going to be sent.
         """
-        check_sha256(sha256)
         path = self._path(sha256)
         with self._lock:
             size = self._index.get(sha256)
@@ -321,56 +257,42 @@ class BlobStore:
             self.misses += 1
         return None
 
-    def writer(self, expected_length: int, expected_hashes: dict[str, str], exact: bool = True) -> BlobWriter:
-        """A writer for one download; use it as ``async with``.
+    def writer(self, length: int, exact: bool = True) -> BlobWriter:
+        """The temp file of one download (a fetch-and-verify sink); use it as ``async with``.
 
-        With ``exact=False`` the length is only a bound: for files whose
-        signed description gives hashes but no length (a verified index
-        page's sha256), the hashes alone decide.  Raises
-        ``UnsupportedHash`` here for an empty or unknown algorithm set;
-        space is reserved (evicting if need be, else ``StoreFull``) on
-        entering the context, or at commit for an inexact length.
+        ``length`` is the signed length when ``exact``, else only a bound:
+        space is reserved for an exact length on entering, and for a bound
+        step by step as bytes arrive, so ``tmp/`` never holds more than is
+        reserved and reservations count against ``max_bytes`` (``StoreFull``
+        when they do not fit).
         """
-        if expected_length < 0:
-            raise ValueError("expected_length must be >= 0")
-        _check_hashes(expected_hashes)
-        return BlobWriter(self, expected_length, expected_hashes, exact)
+        if length < 0:
+            raise ValueError("length must be >= 0")
+        return BlobWriter(self, length, exact)
 
     def verify(self, blob: Blob, expected_hashes: dict[str, str]) -> bool:
-        """Re-hash ``blob`` from disk; on any mismatch evict it and return False.
+        """Re-hash ``blob`` from disk (the one hash check); on any mismatch evict it and return False.
 
         Its own sha256 is always checked besides ``expected_hashes``.
         Blocking: run it in a thread.
         """
-        check_sha256(blob.sha256)
-        _check_hashes(expected_hashes)
-        hashers = {name: _HASHES[name]() for name in set(expected_hashes) | {"sha256"}}
-        length = 0
+        path = self._path(blob.sha256)
         try:
-            with open(self._path(blob.sha256), "rb") as f:
+            verifier = StreamingVerifier(blob.sha256, {**expected_hashes, "sha256": blob.sha256}, blob.size)
+            with open(path, "rb") as f:
                 while chunk := f.read(WRITE_CHUNK):
-                    length += len(chunk)
-                    for h in hashers.values():
-                        h.update(chunk)
-        except FileNotFoundError:
+                    verifier.update(chunk)
+            verifier.finish()
+        except (FileNotFoundError, RepositoryError):
             self.evict(blob.sha256)
             return False
-        actual = {name: h.hexdigest() for name, h in hashers.items()}
-        ok = (
-            length == blob.size
-            and actual["sha256"] == blob.sha256
-            and all(actual[a] == v for a, v in expected_hashes.items())
-        )
-        if not ok:
-            self.evict(blob.sha256)
-        return ok
+        return True
 
     def evict(self, sha256: str) -> None:
         """Remove a blob now, pinned or not (a corrupt blob must not be served).
 
         A transfer that already opened the file keeps reading its inode.
         """
-        check_sha256(sha256)
         with self._lock:
             self._remove_locked(sha256)
 
@@ -384,19 +306,18 @@ class BlobStore:
 
     def pin(self, sha256: str) -> None:
         """Keep LRU eviction away from this blob until ``unpin``."""
-        check_sha256(sha256)
+        path = self._path(sha256)
         with self._lock:
             self._pins[sha256] = self._pins.get(sha256, 0) + 1
             if self._pins[sha256] == 1:
                 # Tells other processes' eviction to keep away; if the blob is gone or
                 # being evicted right now there is nothing left to protect.
-                fd = _try_flock(self._path(sha256), os.O_RDONLY, exclusive=False)
+                fd = try_flock(path, os.O_RDONLY, exclusive=False)
                 if fd is not None:
                     self._pin_fds[sha256] = fd
 
     def unpin(self, sha256: str) -> None:
         """Undo one ``pin``."""
-        check_sha256(sha256)
         with self._lock:
             count = self._pins.get(sha256, 0)
             if count <= 0:
@@ -426,7 +347,17 @@ class BlobStore:
     def _reserve(self, n: int) -> None:
         with self._lock:
             self._make_room_locked(n)
+            self._check_disk_locked(n)
             self._reserved += n
+
+    def _check_disk_locked(self, n: int) -> None:
+        """Refuse now what the disk cannot hold, rather than fail mid-stream."""
+        try:
+            st = os.statvfs(self._tmp)
+        except OSError:
+            return
+        if n > st.f_bavail * st.f_frsize:
+            raise StoreFull(f"{n} bytes do not fit on the disk ({st.f_bavail * st.f_frsize} free)")
 
     def _release(self, n: int) -> None:
         with self._lock:
@@ -448,7 +379,7 @@ class BlobStore:
                     break
                 if self._pins.get(sha256):
                     continue
-                fd = _try_flock(self._path(sha256), os.O_RDONLY, exclusive=True)
+                fd = try_flock(self._path(sha256), os.O_RDONLY, exclusive=True)
                 if fd is None and self._path(sha256).exists():
                     continue  # in use by another process
                 victims.append((sha256, fd))
@@ -483,48 +414,26 @@ class BlobStore:
             # A sweep got to it between creation and lock: it is gone, or going.
             os.close(fd)
 
-    @contextlib.asynccontextmanager
-    async def fetch_lock(self, key: str, wait: float = FETCH_LOCK_WAIT) -> AsyncIterator[bool]:
-        """Hold the cross-process lock of download ``key``; yields False if ``wait`` ran out.
+    def _fsync_later(self, path: Path) -> None:
+        """fsync a published blob and its directory off the request's path (best effort).
 
-        The holder downloads; a process that waited re-checks the store
-        after acquiring it.  Past ``wait`` the caller downloads anyway: two
-        writers of one verified blob are harmless, a wait without end is not.
-        A dead holder's lock is released by the kernel.
+        A crash before it completes can leave a short or zeroed blob: the
+        re-hash at first serve in the next process evicts it.
         """
-        path = self._locks / f"{hashlib.sha256(key.encode()).hexdigest()}.lock"
-        deadline = time.monotonic() + wait
-        delay = _FETCH_LOCK_POLL[0]
-        fd = -1
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        def run() -> None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fd = os.open(path, os.O_RDONLY)
                 try:
-                    current = os.stat(path).st_ino
-                except FileNotFoundError:
-                    current = None
-                if current == os.fstat(fd).st_ino:
-                    break
-                # The previous holder unlinked this file as it let go: lock the new one.
-                os.close(fd)
-                continue
-            except BlockingIOError:
-                os.close(fd)
-                fd = -1
-            if time.monotonic() >= deadline:
-                log.warning("waited %.0fs for another process's download of %s: fetching it too", wait, key)
-                yield False
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _FETCH_LOCK_POLL[1])
-        try:
-            yield True
-        finally:
-            # Unlink before unlocking, so lock files do not pile up; waiters re-check the inode.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.close(fd)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                fsync_dir(path.parent)
+            except OSError as exc:  # evicted meanwhile, or the disk failing: the re-check covers it
+                log.debug("background fsync of %s: %s", path, exc)
+
+        future = asyncio.get_running_loop().run_in_executor(None, run)
+        self._syncing.add(future)
+        future.add_done_callback(self._syncing.discard)
 
     def _adopt(self, sha256: str, size: int) -> Blob:
         with self._lock:
@@ -537,24 +446,23 @@ class BlobStore:
 
 
 class BlobWriter:
-    """Streams one download into the store; nothing is visible until commit.
+    """The temp file of one download; nothing is visible until :meth:`publish`.
 
-    Use as ``async with store.writer(n, hashes) as w``; ``write`` chunks in
-    order (not concurrently), then ``await w.commit()``.  Leaving the block
-    without a successful commit (error, mismatch, cancellation) removes the
-    temp file.  File I/O and hashing run in a worker thread.
+    Use as ``async with store.writer(n) as w``; ``write`` chunks in order
+    (not concurrently), ``restart`` to start the body over, then ``await
+    w.publish(sha256)`` once the fetch verified the bytes.  Leaving the block
+    without publishing (error, refusal, cancellation) removes the temp file.
+    File I/O runs in a worker thread; ``path`` lets readers follow the
+    bytes as they arrive.
     """
 
-    def __init__(self, store: BlobStore, expected_length: int, expected_hashes: dict[str, str], exact: bool = True) -> None:
+    def __init__(self, store: BlobStore, length: int, exact: bool = True) -> None:
         self._store = store
-        self._expected_length = expected_length
+        self._length = length
         self._exact = exact
-        self._expected_hashes = dict(expected_hashes)
-        self._hashers = {name: _HASHES[name]() for name in set(expected_hashes) | {"sha256"}}
-        self._received = 0
-        self._buf = bytearray()
+        self.size = 0
         self._fd = -1
-        self._tmp_path: Path | None = None
+        self.path: Path | None = None
         self._pending: asyncio.Future[Any] | None = None
         self._state = "new"  # new -> open [-> failed] -> closed
         self._renamed: Blob | None = None
@@ -564,14 +472,13 @@ class BlobWriter:
         if self._state != "new":
             raise RuntimeError("a BlobWriter can be entered once")
         if self._exact:
-            self._store._reserve(self._expected_length)
-            self._reserved = self._expected_length
+            self._reserve(self._length)
         try:
             fd, name = self._store._locked_temp()
         except OSError as exc:
             self._release()
-            raise _disk_error(exc, "cannot create temp file") from exc
-        self._fd, self._tmp_path = fd, Path(name)
+            raise disk_error(exc, "cannot create temp file") from exc
+        self._fd, self.path = fd, Path(name)
         self._state = "open"
         return self
 
@@ -604,14 +511,17 @@ class BlobWriter:
                 os.close(self._fd)
             self._fd = -1
         if self._renamed is not None:
-            # Renamed after a full verify (commit may have been cancelled
-            # since): record it.
+            # Renamed after a full verify (publish may have been cancelled since): record it.
             self._store._adopt(self._renamed.sha256, self._renamed.size)
-        elif self._tmp_path is not None:
+        elif self.path is not None:
             with contextlib.suppress(FileNotFoundError):
-                self._tmp_path.unlink()
+                self.path.unlink()
         self._release()
         self._state = "closed"
+
+    def _reserve(self, n: int) -> None:
+        self._store._reserve(n)
+        self._reserved += n
 
     def _release(self) -> None:
         self._store._release(self._reserved)
@@ -621,7 +531,7 @@ class BlobWriter:
         if self._state != "open":
             raise RuntimeError(f"BlobWriter is {self._state}: use it inside 'async with', once")
         if self._pending is not None and not self._pending.done():
-            raise RuntimeError("BlobWriter.write called concurrently")
+            raise RuntimeError("BlobWriter used concurrently")
 
     async def _run(self, what: str, fn: Callable[..., _T], *args: Any) -> _T:
         self._pending = asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -629,98 +539,48 @@ class BlobWriter:
             return await asyncio.shield(self._pending)
         except OSError as exc:
             self._state = "failed"
-            raise _disk_error(exc, what) from exc
+            raise disk_error(exc, what) from exc
 
-    async def write(self, chunk: bytes) -> None:
-        """Append ``chunk``; BlobMismatch at once when past the expected length."""
+    async def write(self, data: bytes) -> None:
+        """Append ``data`` within the reserved space (growing it for a bounded length)."""
         self._check_open()
-        self._received += len(chunk)
-        if self._received > self._expected_length:
+        end = self.size + len(data)
+        if end > self._length:
+            # The fetch refuses over-long bodies before they get here; this keeps the disk bound anyway.
             self._state = "failed"
-            raise BlobMismatch(self._expected_length, self._received, self._expected_hashes, {})
-        self._buf += chunk
-        if len(self._buf) >= WRITE_CHUNK:
-            data, self._buf = self._buf, bytearray()
-            await self._run("write to temp file", self._write_sync, data)
+            raise StoreError(f"write past the {self._length}-byte bound")
+        if end > self._reserved:
+            self._reserve(min(self._length, max(end, self._reserved + RESERVE_STEP)) - self._reserved)
+        await self._run("write to temp file", pwrite_all, self._fd, data, self.size)
+        self.size = end
 
-    def _write_sync(self, data: bytearray) -> None:
-        for h in self._hashers.values():
-            h.update(data)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-
-    async def commit(self) -> Blob:
-        """Check length and every hash; if all match, make the blob visible."""
+    async def restart(self) -> None:
+        """Drop what was written (the body starts over from another mirror)."""
         self._check_open()
-        if self._buf:
-            data, self._buf = self._buf, bytearray()
-            await self._run("write to temp file", self._write_sync, data)
-        actual = {name: h.hexdigest() for name, h in self._hashers.items()}
-        length_ok = self._received == self._expected_length if self._exact else self._received <= self._expected_length
-        if not length_ok or any(actual[a] != v for a, v in self._expected_hashes.items()):
-            self._state = "failed"
-            self._cleanup()
-            raise BlobMismatch(self._expected_length, self._received, self._expected_hashes, actual)
-        sha256 = actual["sha256"]
+        await self._run("truncate temp file", os.ftruncate, self._fd, 0)
+        self.size = 0
+
+    async def publish(self, sha256: str) -> Blob:
+        """Make the verified bytes visible as the blob ``sha256``; fsync follows in the background."""
+        self._check_open()
         if not self._exact:
-            self._store._reserve(self._received)
-            self._reserved = self._received
-        await self._run("commit blob", self._finish_sync, sha256)
+            extra = self.size - self._reserved
+            if extra > 0:
+                self._reserve(extra)
+        await self._run("publish blob", self._rename_sync, sha256)
         blob = self._renamed
         assert blob is not None
         self._cleanup()
+        self._store._fsync_later(blob.path)
         return blob
 
-    def _finish_sync(self, sha256: str) -> None:
-        os.fsync(self._fd)
+    def _rename_sync(self, sha256: str) -> None:
         os.close(self._fd)
         self._fd = -1
         final = self._store._path(sha256)
-        try:
-            final.parent.mkdir()
-            fsync_dir(final.parent.parent)
-        except FileExistsError:
-            pass
-        assert self._tmp_path is not None
+        final.parent.mkdir(exist_ok=True)
+        assert self.path is not None
         # Replacing a concurrent writer's identical blob is harmless: a
         # sender that opened the old inode keeps reading it.
-        os.replace(self._tmp_path, final)
-        self._tmp_path = None
-        self._renamed = Blob(sha256, final, self._received)
-        fsync_dir(final.parent)
-
-
-class IndexCache:
-    """Verified index pages by key, in a size-bounded LRU diskcache.
-
-    Calls are blocking SQLite operations, quick for page-sized values.
-    """
-
-    def __init__(self, root: Path, size_limit: int = 256 * 2**20) -> None:
-        try:
-            self._cache = diskcache.Cache(
-                str(Path(root) / "index"),
-                size_limit=size_limit,
-                eviction_policy="least-recently-used",
-            )
-        except OSError as exc:
-            raise StoreUnwritable(f"index cache under {root} is not writable: {exc}") from exc
-
-    def get(self, key: str) -> bytes | None:
-        """The bytes stored under ``key``, or None."""
-        value = self._cache.get(key, default=None, retry=True)
-        return value if isinstance(value, bytes) else None
-
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` (already verified by the caller) under ``key``."""
-        if not isinstance(value, bytes):
-            raise TypeError("IndexCache stores bytes only")
-        try:
-            self._cache.set(key, value, retry=True)
-        except OSError as exc:
-            raise _disk_error(exc, "index cache write") from exc
-
-    def close(self) -> None:
-        """Close the underlying database."""
-        self._cache.close()
+        os.replace(self.path, final)
+        self._renamed = Blob(sha256, final, self.size)

@@ -39,11 +39,12 @@ class DownloadHTTPError(DownloadError):
 
 
 class DownloadLengthError(DownloadError):
-    """The body is longer than the caller's bound."""
+    """The body is longer than the caller's bound; ``actual``: bytes announced or received so far."""
 
-    def __init__(self, url: str, max_length: int) -> None:
-        super().__init__(url, f"more than {max_length} bytes")
+    def __init__(self, url: str, max_length: int, actual: int) -> None:
+        super().__init__(url, f"{actual} bytes or more, at most {max_length} allowed")
         self.max_length = max_length
+        self.actual = actual
 
 
 class DownloadTimeout(DownloadError):
@@ -65,11 +66,13 @@ class Fetcher(ABC):
     """Where the trust core and the store get upstream bytes from."""
 
     @abstractmethod
-    def stream(self, url: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
         """``async with fetcher.stream(url, n) as body: async for chunk in body``.
 
         Raises :class:`DownloadError` (on entry or while iterating) when the
-        transport fails or the body exceeds ``max_length`` bytes.
+        transport fails or the body exceeds ``max_length`` bytes.  With
+        ``start``, the chunks are the body from that offset on (a resumed
+        download); ``max_length`` still bounds the whole body.
         """
 
     async def fetch_bytes(self, url: str, max_length: int) -> bytes:
@@ -93,17 +96,21 @@ class AiohttpFetcher(Fetcher):
         *,
         connect_timeout: float = 10.0,
         read_timeout: float = 30.0,
-        total_timeout: float = 600.0,
+        total_timeout: float | None = 600.0,
+        per_host: int = 0,
     ) -> None:
         self._session = session
         self._owns_session = session is None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.total_timeout = total_timeout
+        # Connections per mirror (0: aiohttp's overall limit only). One fetcher per
+        # purpose gives metadata a pool that file downloads cannot exhaust.
+        self.per_host = per_host
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.per_host))
             self._owns_session = True
         return self._session
 
@@ -112,11 +119,11 @@ class AiohttpFetcher(Fetcher):
             await self._session.close()
             self._session = None
 
-    def stream(self, url: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
-        return self._stream(url, max_length)
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
+        return self._stream(url, max_length, start)
 
     @asynccontextmanager
-    async def _stream(self, url: str, max_length: int) -> AsyncIterator[ByteStream]:
+    async def _stream(self, url: str, max_length: int, start: int) -> AsyncIterator[ByteStream]:
         timeout = aiohttp.ClientTimeout(
             total=self.total_timeout,
             sock_connect=self.connect_timeout,
@@ -126,7 +133,8 @@ class AiohttpFetcher(Fetcher):
             # sock_read restarts on every byte: a header drip must not outlast this.
             async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                 response = await self._get_session().get(
-                    url, allow_redirects=False, timeout=timeout
+                    url, allow_redirects=False, timeout=timeout,
+                    headers={"Range": f"bytes={start}-"} if start else None,
                 )
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
@@ -135,19 +143,18 @@ class AiohttpFetcher(Fetcher):
         # Only the request above is translated here: whatever the caller's
         # body raises must pass through unchanged.
         try:
-            if response.status != 200:
-                raise DownloadHTTPError(url, response.status)
+            skip = _resumed_at(url, response, start)
             announced = response.content_length
-            if announced is not None and announced > max_length:
-                raise DownloadLengthError(url, max_length)
-            yield ByteStream(self._chunks(url, response, max_length), announced)
+            if announced is not None and start - skip + announced > max_length:
+                raise DownloadLengthError(url, max_length, start - skip + announced)
+            yield ByteStream(self._chunks(url, response, max_length, start, skip), announced)
         finally:
             response.release()
 
     async def _chunks(
-        self, url: str, response: aiohttp.ClientResponse, max_length: int
+        self, url: str, response: aiohttp.ClientResponse, max_length: int, start: int, skip: int
     ) -> AsyncIterator[bytes]:
-        received = 0
+        received = start - skip
         try:
             while True:
                 # A whole chunk (or the end of the body) within read_timeout: a
@@ -159,7 +166,13 @@ class AiohttpFetcher(Fetcher):
                     return
                 received += len(chunk)
                 if received > max_length:
-                    raise DownloadLengthError(url, max_length)
+                    raise DownloadLengthError(url, max_length, received)
+                if skip:
+                    # A mirror that ignored Range: drop what we have from the one before.
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                    if not chunk:
+                        continue
                 yield chunk
         except DownloadError:
             raise
@@ -167,6 +180,19 @@ class AiohttpFetcher(Fetcher):
             raise DownloadTimeout(url, f"timed out reading ({type(e).__name__})") from e
         except (aiohttp.ClientError, OSError) as e:
             raise DownloadError(url, f"{type(e).__name__}: {e}") from e
+
+
+def _resumed_at(url: str, response: aiohttp.ClientResponse, start: int) -> int:
+    """How many leading bytes of this body to drop so it continues at ``start``."""
+    if response.status == 200:
+        return start
+    if start and response.status == 206:
+        unit, _, rest = response.headers.get("Content-Range", "").partition(" ")
+        first = rest.partition("-")[0]
+        if unit == "bytes" and first.isdigit() and int(first) == start:
+            return 0
+        raise DownloadError(url, f"asked for bytes from {start}, got Content-Range {rest[:60]!r}")
+    raise DownloadHTTPError(url, response.status)
 
 
 async def _read_chunk(content: aiohttp.StreamReader) -> bytes:

@@ -233,7 +233,7 @@ async def full_cache_behaviour(port: int, repo: Repository, big: Path) -> None:
         hot = await get(s, base + HOT)
         small = await get(s, base + COLD)
     print(f"\n[cache full] cold {big.stat().st_size >> 20} MiB file: {refused.status} {refused.body.decode().strip()!r}")
-    assert refused.status == 503 and refused.headers["x-tufproxy-reason"] == "StoreFull"
+    assert refused.status == 503 and refused.headers["x-tufproxy-reason"] == "cache-full"
     assert b"cache full" in refused.body
     assert hot.status == 200 and hot.body == (repo.public_dir / HOT.lstrip("/")).read_bytes()
     assert small.status == 200 and small.body == (repo.public_dir / COLD.lstrip("/")).read_bytes()

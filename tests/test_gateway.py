@@ -224,7 +224,7 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
     import asyncio
 
     from proxy.gateway.edge import MissProtocol
-    from proxy.store import BlobStore
+    from proxy.locks import FetchLocks
     from proxy.trust import Mirror, TrustConfig, TrustedClient
     from proxy.trust.errors import UnknownTarget
     from proxy.upstream import AiohttpFetcher
@@ -234,7 +234,7 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
         fetcher = AiohttpFetcher()
         trust = TrustedClient(tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher,
                               TrustConfig(refresh_interval=3600))
-        miss = MissProtocol(gateway.base, trust, BlobStore(tmp_path / "store"))
+        miss = MissProtocol(gateway.base, trust, FetchLocks(tmp_path / "locks"))
         try:
             await trust.refresh(force=True)
             with pytest.raises(UnknownTarget):

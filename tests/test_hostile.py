@@ -35,7 +35,7 @@ from proxy.layout import (
     parse_request_path,
 )
 from proxy.repository import Repository
-from proxy.server import _render
+from proxy.resolver import _render
 from tests.conftest import make_sample_dists
 from tests.support.faults import FaultyUpstream, process_tree
 from tests.support.proxyproc import ProxyProcess

@@ -98,7 +98,7 @@ def test_metrics_and_audit_record_after_real_traffic(tmp_path: Path, sample_repo
     assert refused["target"] == TAMPERED.lstrip("/")
     assert refused["request_path"] == TAMPERED
     assert refused["client"] == "127.0.0.1"
-    assert refused["expected"]["sha256"] != refused["actual"]["sha256"]
+    assert len(refused["expected"]) == len(refused["actual"]) == 64 and refused["expected"] != refused["actual"]
     assert refused["trusted_versions"]["timestamp"] == ts.version
     assert refused["upstream_url"].startswith("http://127.0.0.1:") and "secret" not in json.dumps(records)
     assert refused["request_id"] and refused["time"]

@@ -77,13 +77,16 @@ def test_non_normalised_names_redirect(proxy: ProxyProcess, path: str, location:
 
 def test_unknown_project_is_404_with_a_reason(proxy: ProxyProcess) -> None:
     status, _, body = request(proxy, "/simple/no-such-project/")
-    assert status == 404 and b"no signed target" in body
+    assert status == 404 and b"no trusted metadata lists" in body
 
 
 def test_file_head_range_and_conditional_requests(proxy: ProxyProcess, sample_repo: SampleRepo) -> None:
     data = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
     status, headers, body = request(proxy, WHEEL)
     assert status == 200 and body == data and hashlib.sha256(body).hexdigest()
+    assert "etag" not in headers  # streamed as it arrived: no file to name yet
+    status, headers, body = request(proxy, WHEEL)
+    assert status == 200 and body == data
     etag = headers["etag"]
     status, headers, body = request(proxy, WHEEL, "HEAD")
     assert status == 200 and body == b"" and int(headers["content-length"]) == len(data)

@@ -24,6 +24,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.locks import FetchLocks
+from proxy.pagecache import IndexCache
 from proxy.store import BlobStore
 from tests.conftest import SampleRepo
 from tests.support.faults import process_tree
@@ -294,7 +296,8 @@ async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
         assert len(list((cache / "metadata").glob("worker-*/root.json"))) == 3
     done = await asyncio.to_thread(verify_cache_command, cache)
     assert done.returncode == 0, done.stdout
-    assert re.search(r"^[1-9]\d* blob\(s\) sound .* 0 unsound, 0 index warning", done.stdout, re.MULTILINE)
+    assert re.search(r"^[1-9]\d* blob\(s\) sound .* [1-9]\d* page\(s\) sound, 0 unsound, 0 index warning",
+                     done.stdout, re.MULTILINE)
     assert_cache_clean(cache, sample_repo.repo)
 
     blob = next(p for p in (cache / "blobs").rglob("*") if p.is_file())
@@ -302,27 +305,31 @@ async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
     done = await asyncio.to_thread(verify_cache_command, cache)
     assert done.returncode == 1 and f"UNSOUND blobs/{blob.parent.name}/{blob.name}" in done.stdout
 
+    # A page someone rewrote in the shared cache volume is caught too.
+    pages = IndexCache(cache)
+    key = next(k for k in pages.keys() if k.startswith("simple/base/"))
+    pages.set(key, b"<html>no base here</html>")
+    pages.close()
+    done = await asyncio.to_thread(verify_cache_command, cache)
+    assert done.returncode == 1 and "UNSOUND index/simple/base/" in done.stdout and "hash-mismatch" in done.stdout
+
 
 # -- the shared-store rules, directly --------------------------------------------
 
 
-def digests(data: bytes) -> dict[str, str]:
-    return {"sha256": hashlib.sha256(data).hexdigest()}
-
-
 async def put(store: BlobStore, data: bytes):
-    async with store.writer(len(data), digests(data)) as w:
+    async with store.writer(len(data)) as w:
         await w.write(data)
-        return await w.commit()
+        return await w.publish(hashlib.sha256(data).hexdigest())
 
 
 async def test_opening_a_shared_root_keeps_a_live_writers_temp_file(tmp_path: Path) -> None:
     writing = BlobStore(tmp_path)
-    async with writing.writer(4, digests(b"live")) as w:
+    async with writing.writer(4) as w:
         await w.write(b"li")
         BlobStore(tmp_path)  # another process starting: its sweep must leave the live download alone
         await w.write(b"ve")
-        blob = await w.commit()
+        blob = await w.publish(hashlib.sha256(b"live").hexdigest())
     assert blob.path.read_bytes() == b"live"
 
 
@@ -345,14 +352,14 @@ async def test_a_blob_committed_by_another_process_is_found(tmp_path: Path) -> N
     assert reader.usage() == 6
 
 
-async def test_fetch_lock_is_one_holder_across_stores(tmp_path: Path) -> None:
-    one, two = BlobStore(tmp_path), BlobStore(tmp_path)
-    async with one.fetch_lock("packages/x.whl@abc") as held:
+async def test_fetch_lock_is_one_holder_across_processes(tmp_path: Path) -> None:
+    one, two = FetchLocks(tmp_path / "locks"), FetchLocks(tmp_path / "locks")
+    async with one.hold("packages/x.whl@abc") as held:
         assert held is True
-        async with two.fetch_lock("packages/x.whl@abc", wait=0.05) as waited:
+        async with two.hold("packages/x.whl@abc", wait=0.05) as waited:
             assert waited is False  # gave up waiting: the caller fetches too, harmlessly
-        async with two.fetch_lock("packages/other.whl@abc", wait=0.05) as other:
+        async with two.hold("packages/other.whl@abc", wait=0.05) as other:
             assert other is True
-    async with two.fetch_lock("packages/x.whl@abc", wait=0.05) as after:
+    async with two.hold("packages/x.whl@abc", wait=0.05) as after:
         assert after is True
     assert list((tmp_path / "locks").iterdir()) == []

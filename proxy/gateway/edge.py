@@ -3,7 +3,7 @@
 ``tufproxy serve --profile gateway`` calls :meth:`MissProtocol.on_miss`
 when no signed page lists a project.  It POSTs
 ``/_tufproxy/publish/<project>`` to the gateway (one worker at a time per
-project, through the blob store's cross-process lock; a worker that
+project, through a cross-process lock file in the cache directory; a worker that
 waited asks again and gets the answer at once), then refreshes its
 trusted metadata until it trusts at least the timestamp version the
 gateway named, and says True so the resolver looks again.  A 404 from
@@ -27,7 +27,7 @@ from typing import Protocol
 
 import aiohttp
 
-from proxy.store import BlobStore
+from proxy.locks import FetchLocks
 from proxy.trust.errors import MetadataPending, UnknownTarget, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,10 @@ class _Refreshable(Protocol):
 class MissProtocol:
     """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
 
-    def __init__(self, gateway_url: str, trust: _Refreshable, store: BlobStore, deadline: float = DEADLINE) -> None:
+    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE) -> None:
         self.gateway_url = gateway_url
         self.trust = trust
-        self.store = store
+        self.locks = locks
         self.deadline = deadline
 
     async def on_miss(self, project: str) -> bool:
@@ -59,7 +59,7 @@ class MissProtocol:
         target = f"simple/{project}/"
         try:
             async with asyncio.timeout(self.deadline):
-                async with self.store.fetch_lock(f"gateway-publish:{project}", wait=self.deadline):
+                async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
                     version = await self._ask(project)
                 await self.trust.refresh_until(version, max(0.1, end - loop.time()))
         except TimeoutError:

@@ -61,12 +61,12 @@ from proxy.repository import RepositoryError as SignerError
 from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
 from proxy.trust.errors import (
     BadMetadata,
-    LengthMismatch,
     RepositoryError,
     TrustError,
     UnknownTarget,
 )
-from proxy.upstream import AiohttpFetcher, DownloadError, DownloadLengthError, Fetcher
+from proxy.trust.fetch import Observer, Want, fetch_verified
+from proxy.upstream import AiohttpFetcher, DownloadError, Fetcher
 
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
@@ -121,6 +121,16 @@ def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
         base, fetcher = local.base_url(), local
     meta = options.metadata_path if re.match(r"https?://", options.metadata_path) else f"{base}{options.metadata_path}"
     return fetcher, Mirror(meta if meta.endswith("/") else f"{meta}/", base)
+
+
+class _RefusedAt(Observer):
+    """Which mirror URL told each lie, for the audit record."""
+
+    def __init__(self) -> None:
+        self.url: dict[int, str] = {}
+
+    def refused(self, error: RepositoryError, url: str) -> None:
+        self.url[id(error)] = url
 
 
 @dataclass
@@ -199,29 +209,20 @@ class _Sync:
                 self.progress.present(target.length)
                 self.mirrored.append(target)
                 return True
-            refusal: tuple[RepositoryError, str] | None = None
-            errors: list[str] = []
-            for url in self.trust.target_urls(target):
-                try:
-                    written = await self.tree.download(self.fetcher, url, target)
-                except DownloadLengthError as e:
-                    refusal = (LengthMismatch(str(e), target=target.path, role=target.role,
-                                              expected=target.length, actual=f">{target.length}"), url)
-                    continue
-                except RepositoryError as e:
-                    refusal = (e, url)
-                    continue
-                except DownloadError as e:
-                    errors.append(str(e))
-                    continue
-                self.progress.fetched(target.path, written)
-                self.mirrored.append(target)
-                return True
-            if refusal is not None:
-                self._refuse(target.path, *refusal)
-            else:
-                self.progress.failed(target.path, "; ".join(errors))
-            return False
+            refused = _RefusedAt()
+            urls = self.trust.target_urls(target)
+            try:
+                written = await self.tree.download(target, lambda sink: fetch_verified(
+                    self.fetcher, Want.of(target), urls, sink, observer=refused))
+            except RepositoryError as e:
+                self._refuse(target.path, e, refused.url.get(id(e)))
+                return False
+            except TrustError as e:
+                self.progress.failed(target.path, str(e))
+                return False
+            self.progress.fetched(target.path, written)
+            self.mirrored.append(target)
+            return True
 
     async def page(self, path: str, required: bool) -> VerifiedTarget | None:
         target = await self.lookup(path, required)

@@ -32,7 +32,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
@@ -43,10 +43,9 @@ from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 from proxy.atomic import atomic_link, atomic_write, fsync_dir
 from proxy.layout import METADATA_DIR, consistent_name
 from proxy.trust import VerifiedTarget
-from proxy.trust.errors import BadMetadata, BadSignature, HashMismatch, LengthMismatch, RepositoryError
+from proxy.trust.errors import BadMetadata, BadSignature, RepositoryError
+from proxy.trust.fetch import FileSink
 from proxy.trust.hashing import StreamingVerifier
-from proxy.trust.model import new_hash
-from proxy.upstream import Fetcher
 
 STATE_DIR = ".mirror"
 MANIFEST = "manifest.json"
@@ -154,46 +153,34 @@ class MirrorTree:
             self.discard(target)
             raise
 
-    async def download(self, fetcher: Fetcher, url: str, target: VerifiedTarget) -> int:
-        """Stream ``url`` into the tree as ``target``; bytes written, or a RepositoryError."""
-        hashers = {a: new_hash(a) for a in target.hashes}
-        received = 0
+    async def download(self, target: VerifiedTarget, fill: Callable[[FileSink], Awaitable[object]]) -> int:
+        """Publish ``target`` from what ``fill`` (the one fetch-and-verify) streamed into a temp file.
+
+        ``fill`` returns only once the bytes verified (else raises); bytes written.
+        """
         fd, tmp_name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
         tmp = Path(tmp_name)
         try:
-            with os.fdopen(fd, "wb") as out:
-                async with fetcher.stream(url, target.length) as body:
-                    async for chunk in body:
-                        received += len(chunk)
-                        for h in hashers.values():
-                            h.update(chunk)
-                        out.write(chunk)
-                if received != target.length:
-                    raise LengthMismatch(
-                        f"{target.path}: {received} bytes, {target.length} signed",
-                        target=target.path, role=target.role, expected=target.length, actual=received,
-                    )
-                for algorithm, h in hashers.items():
-                    if h.hexdigest() != target.hashes[algorithm]:
-                        raise HashMismatch(
-                            f"{target.path}: {algorithm} {h.hexdigest()}, {target.hashes[algorithm]} signed",
-                            target=target.path, role=target.role, expected=target.hashes[algorithm], actual=h.hexdigest(),
-                        )
-                out.flush()
-                os.fsync(out.fileno())
+            sink = FileSink(fd)
+            await fill(sink)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
             os.chmod(tmp, 0o644)
             first, *others = target_names(target)[:-1]
             dest = self.path(first)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, dest)
         except BaseException:
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
         fsync_dir(dest.parent)
         for name in others:
             _link(dest, self.path(name))
-        return received
+        return sink.size
 
     def link_plain(self, target: VerifiedTarget) -> None:
         """Give a verified target its plain name too (for plain HTTP clients and humans)."""

@@ -24,14 +24,10 @@ from urllib.parse import quote
 from proxy.atomic import atomic_write
 from proxy.cmderror import EXIT_REFUSED, CommandError
 from proxy.trust.client import TrustedClient
-from proxy.trust.errors import (
-    HashMismatch,
-    LengthMismatch,
-    TrustError,
-    UpstreamUnreachable,
-)
+from proxy.trust.errors import RepositoryError, TrustError
+from proxy.trust.fetch import Want, fetch_bytes
 from proxy.trust.model import Mirror, TrustConfig, VerifiedTarget
-from proxy.upstream import AiohttpFetcher, DownloadError, DownloadLengthError, Fetcher
+from proxy.upstream import AiohttpFetcher, Fetcher
 
 # One explicit refresh per invocation; lookups after it must not refresh again.
 _CONFIG = TrustConfig(refresh_interval=3600.0, persist_bins=True)
@@ -150,26 +146,8 @@ async def _download(client: TrustedClient, fetcher: Fetcher, target: VerifiedTar
     try:
         target.verify(dest.read_bytes())
         return
-    except (OSError, LengthMismatch, HashMismatch):
+    except (OSError, RepositoryError):
         pass
-    refused: list[TrustError] = []
-    failed: list[Exception] = []
-    for url in client.target_urls(target):
-        try:
-            data = await fetcher.fetch_bytes(url, target.length)
-            target.verify(data)
-        except DownloadLengthError as e:
-            refused.append(LengthMismatch(str(e), target=target.path, expected=target.length))
-            continue
-        except DownloadError as e:
-            failed.append(e)
-            continue
-        except (LengthMismatch, HashMismatch) as e:
-            refused.append(e)
-            continue
-        target_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, data)
-        return
-    if refused:
-        raise refused[0]
-    raise UpstreamUnreachable(target.path, failed)
+    data = await fetch_bytes(fetcher, Want.of(target), client.target_urls(target))
+    target_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(dest, data)

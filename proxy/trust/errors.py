@@ -1,9 +1,10 @@
 """Why the trust core refused: one exception class per refusal.
 
-Two families.  :class:`RepositoryError` means the upstream served something
+Three families.  :class:`RepositoryError` means the upstream served something
 its keys do not vouch for (or vouch for no longer): a lie, a replay, a
-freeze, or simply a target that does not exist.  :class:`UpstreamUnreachable`
-means no mirror answered usably.  Every class has a stable ``reason`` slug
+freeze.  :class:`UpstreamUnreachable` means no mirror answered usably.
+:class:`NotFound` means the thing does not exist (no signed target, or no
+mirror holds it).  Every class has a stable ``reason`` slug
 for metrics and audit labels, and carries what it knows (role, target,
 expected, actual) as attributes so callers never parse messages.
 """
@@ -109,8 +110,14 @@ class BadMetadata(RepositoryError):
     reason = "bad-metadata"
 
 
-class UnknownTarget(RepositoryError):
-    """No trusted role lists this target: a 404, not an attack.  ``detail``: why, when someone said (a hint)."""
+class NotFound(TrustError):
+    """What was asked for does not exist: a 404, nobody's fault."""
+
+    reason = "not-found"
+
+
+class UnknownTarget(NotFound):
+    """No trusted role lists this target.  ``detail``: why, when someone said (a hint)."""
 
     reason = "unknown-target"
 
@@ -133,7 +140,7 @@ class UpstreamUnreachable(TrustError):
 
     def __init__(self, what: str, errors: list[Exception]) -> None:
         detail = "; ".join(str(e) for e in errors) or "no mirrors"
-        super().__init__(f"{what}: all mirrors failed: {detail}", role=what)
+        super().__init__(f"{what}: all mirrors failed: {detail}", target=what)
         self.errors = errors
 
 

@@ -10,8 +10,9 @@ algorithms and one way a mismatch is reported:
   hex of the algorithm's size (a typed refusal, never a ``ValueError``).
 * :class:`StreamingVerifier` is fed chunks as they arrive and says at the
   end whether length and every accepted hash matched.  It does no I/O;
-  callers that want hashing off the event loop run :meth:`update` in a
-  thread (hashlib releases the GIL for large buffers).
+  callers that want hashing off the event loop count bytes with
+  :meth:`~StreamingVerifier.admit` and run :meth:`~StreamingVerifier.hash`
+  in a thread (hashlib releases the GIL for large buffers).
 """
 
 from __future__ import annotations
@@ -79,23 +80,39 @@ class StreamingVerifier:
     """
 
     def __init__(self, target: str, hashes: Mapping[str, str], length: int, *,
-                 exact: bool = True, role: str | None = None) -> None:
+                 exact: bool = True, role: str | None = None, also: tuple[str, ...] = ()) -> None:
         self.target = target
         self.role = role
         self.expected = accepted_hashes(target, hashes, role)
         self.length = length
         self.exact = exact
         self.received = 0
-        self._hashers = {a: new_hash(a) for a in self.expected}
+        # ``also``: digests computed besides the signed ones (a store names blobs by sha256).
+        self._hashers = {a: new_hash(a) for a in (*self.expected, *also)}
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:
-        self.received += len(chunk)
+        self.admit(len(chunk))
+        self.hash(chunk)
+
+    def admit(self, n: int) -> None:
+        """Count ``n`` more bytes; past the bound, refuse before they are kept anywhere.
+
+        Over-long bodies have one ``actual``: the bytes received (or announced) when
+        reading stopped, always more than ``expected``.
+        """
+        self.received += n
         if self.received > self.length:
-            raise LengthMismatch(
-                f"{self.target}: more than {self.length} bytes {'signed' if self.exact else 'allowed'}",
-                target=self.target, role=self.role, expected=self.length, actual=self.received)
+            raise over_length(self.target, self.length, self.received, exact=self.exact, role=self.role)
+
+    def hash(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Hash bytes already counted by :meth:`admit` (safe in a thread: hashlib releases the GIL)."""
         for h in self._hashers.values():
             h.update(chunk)
+
+    def restart(self) -> None:
+        """Forget every byte: the body starts over (from another mirror)."""
+        self.received = 0
+        self._hashers = {a: new_hash(a) for a in self._hashers}
 
     def digests(self) -> dict[str, str]:
         return {a: h.hexdigest() for a, h in self._hashers.items()}
@@ -111,6 +128,12 @@ class StreamingVerifier:
                 raise HashMismatch(f"{self.target}: {algorithm} {actual[algorithm]}, {expected} signed",
                                    target=self.target, role=self.role, expected=expected, actual=actual[algorithm])
         return actual
+
+
+def over_length(target: str, length: int, actual: int, *, exact: bool = True, role: str | None = None) -> LengthMismatch:
+    """The refusal of a body longer than ``length`` (``actual``: bytes received or announced)."""
+    return LengthMismatch(f"{target}: {actual} bytes or more, {length} {'signed' if exact else 'allowed'}",
+                          target=target, role=role, expected=length, actual=actual)
 
 
 def verify_bytes(target: str, hashes: Mapping[str, str], length: int, data: bytes, *,

@@ -87,9 +87,10 @@ class _Rule:
 class FaultyUpstream:
     """Serve ``root`` on 127.0.0.1; misbehave for paths given to :meth:`inject`."""
 
-    def __init__(self, root: Path, *, rate: float | None = None) -> None:
+    def __init__(self, root: Path, *, rate: float | None = None, ranges: bool = True) -> None:
         self.root = Path(root).resolve()
         self.rate = rate  # bytes per second per response for normal answers (None: full speed)
+        self.ranges = ranges  # honour "Range: bytes=N-" (False: answer 200 with the whole body)
         self.requests: list[str] = []
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
@@ -212,7 +213,8 @@ class FaultyUpstream:
                     return
                 rule = None
             if rule is None:
-                await self._serve(writer, data)
+                ranged = re.search(rb"\r\nrange: bytes=(\d+)-\r\n", head, re.I)
+                await self._serve(writer, data, int(ranged.group(1)) if ranged and self.ranges else 0)
             else:
                 await self._misbehave(writer, rule, data, path)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError):
@@ -222,12 +224,17 @@ class FaultyUpstream:
         finally:
             writer.close()
 
-    async def _serve(self, writer: asyncio.StreamWriter, data: bytes | None) -> None:
+    async def _serve(self, writer: asyncio.StreamWriter, data: bytes | None, start: int = 0) -> None:
         if data is None:
             writer.write(_head(404, {"Content-Length": "9"}) + b"not found")
             await writer.drain()
             return
-        writer.write(_head(200, {"Content-Length": str(len(data))}))
+        if start:
+            writer.write(_head(206, {"Content-Length": str(len(data) - start),
+                                     "Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}))
+            data = data[start:]
+        else:
+            writer.write(_head(200, {"Content-Length": str(len(data))}))
         step = 2**20 if self.rate is None else max(1, int(self.rate / 20))
         for i in range(0, len(data), step):
             writer.write(data[i:i + step])

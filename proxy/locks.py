@@ -1,0 +1,90 @@
+"""Cross-process coordination on a shared cache directory, by ``flock`` alone.
+
+Several processes (workers, or hosts on a shared volume whose filesystem
+honours ``flock``) use one cache root.  :func:`try_flock` is the
+non-blocking primitive the blob store builds its pins and sweeps on;
+:class:`FetchLocks` is the cross-process single flight of downloads: one
+lock file per download key under ``<root>/locks/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+# Waiting for another process's download of the same file: poll its lock this often, at most this long.
+_FETCH_LOCK_POLL = (0.005, 0.05)
+FETCH_LOCK_WAIT = 900.0
+log = logging.getLogger(__name__)
+
+
+def try_flock(path: Path | str, flags: int, exclusive: bool) -> int | None:
+    """Open ``path`` and take a non-blocking flock; the fd, or None if it is gone or held."""
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class FetchLocks:
+    """One lock file per download key under ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self._locks = Path(directory)
+        self._locks.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str, wait: float = FETCH_LOCK_WAIT) -> AsyncIterator[bool]:
+        """Hold the cross-process lock of download ``key``; yields False if ``wait`` ran out.
+
+        The holder downloads; a process that waited re-checks the store
+        after acquiring it.  Past ``wait`` the caller downloads anyway: two
+        writers of one verified blob are harmless, a wait without end is not.
+        A dead holder's lock is released by the kernel.
+        """
+        path = self._locks / f"{hashlib.sha256(key.encode()).hexdigest()}.lock"
+        deadline = time.monotonic() + wait
+        delay = _FETCH_LOCK_POLL[0]
+        fd = -1
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                try:
+                    current = os.stat(path).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current == os.fstat(fd).st_ino:
+                    break
+                # The previous holder unlinked this file as it let go: lock the new one.
+                os.close(fd)
+                continue
+            except BlockingIOError:
+                os.close(fd)
+                fd = -1
+            if time.monotonic() >= deadline:
+                log.warning("waited %.0fs for another process's download of %s: fetching it too", wait, key)
+                yield False
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _FETCH_LOCK_POLL[1])
+        try:
+            yield True
+        finally:
+            # Unlink before unlocking, so lock files do not pile up; waiters re-check the inode.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)

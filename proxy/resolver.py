@@ -1,0 +1,465 @@
+"""Deciding what to answer, without sending anything: the proxy's logic apart from HTTP.
+
+:meth:`Resolver.resolve` takes an :class:`Ask` (plain values from the
+request) and returns one decision value, in the way aiohttp's
+``FileResponse`` decides before it sends:
+
+* :class:`Redirect` (PEP 503 name normalisation, ``/`` to ``/simple/``);
+* :class:`Page`: a verified index page, re-rendered with links to us;
+* :class:`CachedFile`: a verified blob, PINNED until the decision is
+  released (call :meth:`CachedFile.release`, or use it as a context manager);
+* :class:`Streamed`: a cold download to follow as it arrives;
+* :class:`Refused`: a typed refusal, for :mod:`proxy.refusals` to answer.
+
+Request flow: the path is resolved by :mod:`proxy.layout` to a target; the
+trust core says what that target must be under the freshest trusted
+metadata (for profiles whose files are not targets, through the project's
+verified page); the bytes come from the verified store or from the one
+fetch-and-verify.  An unknown project page is offered to ``on_miss`` once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from urllib.parse import urljoin
+
+from proxy import index
+from proxy.audit import AuditLog, AuditWriteError
+from proxy.downloads import Download, Downloads
+from proxy.layout import (
+    BadRequestPath,
+    PageFormat,
+    TargetKind,
+    TargetRequest,
+    is_valid_filename,
+    page_file_href,
+    parse_request_path,
+)
+from proxy.metrics import Metrics
+from proxy.profiles import TUFPROXY, Profile
+from proxy.repository.distributions import version_of_filename
+from proxy.refusals import Asker, BadPath, ClientMistake, NotAcceptable, Refusals
+from proxy.pagecache import IndexCache
+from proxy.store import Blob, BlobStore, StoreError
+from proxy.trust import TrustedClient, VerifiedTarget
+from proxy.trust.errors import LengthMismatch, RepositoryError, TrustError, UnknownTarget, UpstreamUnreachable
+from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
+from proxy.trust.hashing import accepted_hashes, verify_bytes
+from proxy.upstream import Fetcher
+
+log = logging.getLogger(__name__)
+CONTENT_TYPES = {
+    index.MediaType.JSON_V1: "application/vnd.pypi.simple.v1+json",
+    index.MediaType.HTML_V1: "application/vnd.pypi.simple.v1+html",
+    index.MediaType.HTML: "text/html; charset=utf-8",
+}
+_RENDERED_CACHE_SIZE = 4096
+# A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
+UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
+OnMiss = Callable[[str], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """What the server needs besides its collaborators."""
+
+    max_file_size: int = 4 * 2**30
+    max_page_size: int = 64 * 2**20
+    max_core_metadata_size: int = 16 * 2**20
+    # /readyz wants an upstream reached within this many seconds (a few refresh intervals).
+    upstream_freshness: float = 180.0
+    # True: hold every byte of a cold file until it is verified (no streaming).
+    verify_before_send: bool = False
+    pace: Pace = Pace()
+    unknown_length_downloads: int = 4
+    # Client connections: at most this many per process; closed when idle (or sending a head) this long.
+    max_connections: int = 1024
+    client_idle_timeout: float = 15.0
+
+
+@dataclass
+class Ask(Asker):
+    """A request, as plain values.  ``whole``: the client needs a finished file (Range, conditional, HEAD)."""
+
+    accept: str | None = None
+    whole: bool = False
+    route: str = "other"
+
+
+@dataclass(frozen=True)
+class Redirect:
+    location: str
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class Page:
+    body: bytes
+    content_type: str
+
+
+class CachedFile:
+    """A verified blob, pinned in the store from the decision until :meth:`release`."""
+
+    def __init__(self, store: BlobStore, blob: Blob) -> None:
+        self.store = store
+        self.blob = blob
+        store.pin(blob.sha256)
+        self._pinned = True
+
+    def release(self) -> None:
+        if self._pinned:
+            self._pinned = False
+            self.store.unpin(self.blob.sha256)
+
+    def __enter__(self) -> CachedFile:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A cold download to stream: ``length`` is exact when signed, else None (chunked)."""
+
+    download: Download
+    length: int | None
+    served: Callable[[Blob], None]  # call once the whole verified file went out
+    # For a follower whose fetch failed for an upstream reason before it sent a byte: one fresh fetch.
+    again: Callable[[], Download] | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    error: BaseException
+
+
+Decision = Redirect | Page | CachedFile | Streamed | Refused
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a file must be and where to fetch it."""
+
+    want: Want
+    role: str
+    urls: list[str]
+
+
+class _AuditingObserver(Observer):
+    """Each mirror attempt as a metric; each lie as an audit record naming the request."""
+
+    def __init__(self, resolver: Resolver, asker: Asker) -> None:
+        self.resolver = resolver
+        self.asker = asker
+
+    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
+        m = self.resolver.metrics
+        m.upstream_fetches.labels(str(mirror), outcome).inc()
+        m.upstream_seconds.labels(str(mirror)).observe(seconds)
+        if nbytes:
+            m.upstream_bytes.labels(str(mirror)).inc(nbytes)
+
+    def refused(self, error: RepositoryError, url: str) -> None:
+        self.resolver.refusals.record(self.asker, error, url)
+
+
+class Resolver:
+    """Decides every request of the Simple API and files; knows nothing of HTTP."""
+
+    def __init__(
+        self,
+        trust: TrustedClient,
+        fetcher: Fetcher,
+        store: BlobStore,
+        pages: IndexCache,
+        audit: AuditLog,
+        metrics: Metrics,
+        settings: ProxySettings = ProxySettings(),
+        profile: Profile = TUFPROXY,
+        file_origins: tuple[str, ...] = (),
+        on_miss: OnMiss | None = None,
+        page_fetcher: Fetcher | None = None,
+    ) -> None:
+        self.trust = trust
+        self.fetcher = fetcher
+        # Pages are small and every resolve needs them: give them a pool file downloads cannot fill.
+        self.page_fetcher = page_fetcher or fetcher
+        self.store = store
+        self.pages = pages
+        self.audit = audit
+        self.metrics = metrics
+        self.settings = settings
+        self.profile = profile
+        self.on_miss = on_miss
+        self.refusals = Refusals(audit, metrics, trust)
+        # URL prefixes a verified page may point files at (warehouse profile): the mirrors
+        # and any file host the operator named. Anything else is never fetched.
+        self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
+        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads)
+        self._rendered: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
+        # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
+        self._rechecked: set[str] = set()
+
+    async def resolve(self, ask: Ask) -> Decision:
+        """The decision for ``ask``; never raises a refusal, returns it."""
+        try:
+            return await self._resolve(ask)
+        except (TrustError, StoreError, AuditWriteError, ClientMistake) as e:
+            return Refused(e)
+
+    async def _resolve(self, ask: Ask) -> Decision:
+        try:
+            req = parse_request_path(ask.path)
+        except BadRequestPath as e:
+            if ask.path in ("/", ""):
+                return Redirect("simple/", permanent=False)
+            ask.route = "bad_path"
+            raise BadPath(str(e)) from None
+        ask.route = req.kind.value.replace("-", "_")
+        if req.kind in (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX):
+            if req.redirect_to is not None:
+                return Redirect(req.redirect_to, permanent=True)
+            return await self._page(ask, req)
+        return await self._file(ask, req)
+
+    # -- pages ---------------------------------------------------------
+    async def _page(self, ask: Ask, req: TargetRequest) -> Page:
+        media = index.negotiate(ask.accept)
+        if media is None:
+            raise NotAcceptable(ask.accept or "")
+        fmt = PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML
+        source = self.profile.page_source_format(fmt)
+        if req.kind is TargetKind.ROOT_INDEX:
+            target_path = self.profile.root_target(fmt)
+            if target_path is None:
+                raise BadPath(f"the root project list is not signed in the {self.profile.name} layout: "
+                              "ask for /simple/<project>/")
+            ask.target = target_path
+            target = await self.trust.get_target(target_path)
+        else:
+            assert req.project is not None
+            target = await self._page_target(ask, req.project, source)
+        key = (target.path, _first_hash(target), fmt.value)
+        body = self._rendered.get(key)
+        if body is None:
+            raw = await self._page_bytes(ask, target)
+            try:
+                body = _render(req, raw, source, fmt)
+            except index.IndexParseError as e:
+                raise _Malformed(target.path, str(e)) from e
+            self._rendered[key] = body
+            if len(self._rendered) > _RENDERED_CACHE_SIZE:
+                self._rendered.popitem(last=False)
+        else:
+            self._rendered.move_to_end(key)
+            self.metrics.cache_hits.labels("page").inc()
+        return Page(body, CONTENT_TYPES[media])
+
+    async def _page_target(self, ask: Ask, project: str, fmt: PageFormat) -> VerifiedTarget:
+        """A project page's signed target; an unknown one is offered to ``on_miss`` once.
+
+        ``on_miss`` returning False means "still unknown" (404); True (or None,
+        for hooks that signal only by raising) means "look up once more".
+        """
+        path = self.profile.page_target(project, fmt)
+        ask.target = path
+        try:
+            return await self.trust.get_target(path)
+        except UnknownTarget:
+            if self.on_miss is None or await self.on_miss(project) is False:
+                raise
+        return await self.trust.get_target(path)
+
+    async def _page_bytes(self, ask: Ask, target: VerifiedTarget) -> bytes:
+        """A page's verified bytes: from the page cache (re-hashed at first use here), or fetched."""
+        cache_key = IndexCache.key(target.path, *next(iter(accepted_hashes(target.path, target.hashes, target.role).items())))
+        data = await asyncio.to_thread(self.pages.get, cache_key)
+        if data is not None:
+            if cache_key not in self._rechecked:
+                try:
+                    verify_bytes(target.path, target.hashes, target.length, data, role=target.role)
+                except RepositoryError:
+                    # Someone wrote the cache volume, or bit rot: drop it and fetch again.
+                    log.error("cached page %s failed its re-check: dropped, refetching", target.path)
+                    await asyncio.to_thread(self.pages.delete, cache_key)
+                    data = None
+                else:
+                    self._rechecked.add(cache_key)
+            if data is not None:
+                self.metrics.cache_hits.labels("page").inc()
+                return data
+        self.metrics.cache_misses.labels("page").inc()
+        if target.length > self.settings.max_page_size:
+            raise LengthMismatch(f"{target.path}: signed length {target.length} exceeds the page limit",
+                                 target=target.path, expected=self.settings.max_page_size, actual=target.length)
+        data = await fetch_bytes(self.page_fetcher, Want.of(target), self.trust.target_urls(target),
+                                 pace=self.settings.pace, observer=_AuditingObserver(self, ask))
+        await asyncio.to_thread(self.pages.set, cache_key, data)
+        self._rechecked.add(cache_key)
+        return data
+
+    # -- files ---------------------------------------------------------
+    async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
+        ask.target = req.target_path()
+        source = await self._file_source(ask, req)
+        want = source.want
+        if want.exact and want.length > self.settings.max_file_size:
+            raise LengthMismatch(f"{want.path}: {want.length} bytes is over the --max-file-size limit",
+                                 target=want.path, expected=self.settings.max_file_size, actual=want.length)
+        kind = "metadata" if want.path.endswith(".metadata") else "file"
+        cached = await self._cached(want)
+        if cached is not None:
+            self.metrics.cache_hits.labels(kind).inc()
+            return self._serve(ask, source, cached)
+        self.metrics.cache_misses.labels(kind).inc()
+        download, joined = self._start(ask, source)
+        if not (self.settings.verify_before_send or ask.whole):
+            return Streamed(download, want.length if want.exact else None,
+                            lambda blob: self._accepted(ask, source, blob),
+                            (lambda: self._start(ask, source)[0]) if joined else None)
+        try:
+            blob = await asyncio.shield(download.result)
+        except UPSTREAM_FAILURES:
+            if not joined:
+                raise
+            download, _ = self._start(ask, source)
+            blob = await asyncio.shield(download.result)
+        return self._serve(ask, source, blob)
+
+    def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
+        want = source.want
+        download, joined = self.downloads.start(
+            f"{want.path}@{_first_hash_of(want.hashes)}", want, source.urls, _AuditingObserver(self, ask),
+            lambda: self.store.get(want.hashes["sha256"], want.length if want.exact else None)
+            if "sha256" in want.hashes else None)
+        if joined:
+            self.metrics.singleflight_joins.inc()
+        return download, joined
+
+    async def _cached(self, want: Want) -> Blob | None:
+        sha = want.hashes.get("sha256")
+        if sha is None:
+            return None
+        blob = self.store.get(sha, want.length if want.exact else None)
+        if blob is None or blob.sha256 in self._rechecked:
+            return blob
+        with self.store.in_use(blob.sha256):
+            sound = await asyncio.to_thread(self.store.verify, blob, dict(want.hashes))
+        if not sound:
+            log.error("blob %s failed its re-check (bit rot?): evicted, refetching", blob.sha256)
+            return None
+        self._rechecked.add(blob.sha256)
+        return blob
+
+    def _serve(self, ask: Ask, source: _Source, blob: Blob) -> CachedFile:
+        decision = CachedFile(self.store, blob)  # pinned before any await
+        self._accepted(ask, source, blob)
+        return decision
+
+    def _accepted(self, ask: Ask, source: _Source, blob: Blob) -> None:
+        self._rechecked.add(blob.sha256)
+        self.audit.accepted(request_id=ask.request_id, client=ask.client, request_path=ask.path,
+                            target=source.want.path, role=source.role, length=blob.size,
+                            hashes=dict(source.want.hashes))
+
+    async def _file_source(self, ask: Ask, req: TargetRequest) -> _Source:
+        """What a file must be, and its URLs: its own target, or its entry on the verified page.
+
+        The one place a file's length is decided: a signed target's length
+        is exact; through a page, PEP 700 ``size`` is exact and its absence
+        leaves only the --max-file-size bound (the core metadata bound for
+        ``.metadata`` files).
+        """
+        path = req.target_path()
+        if self.profile.files_are_targets:
+            target = await self.trust.get_target(path)
+            hashes = accepted_hashes(path, target.hashes, target.role)
+            return _Source(Want(path, hashes, target.length, True, target.role), target.role,
+                           self.trust.target_urls(target))
+        assert req.project is not None and req.filename is not None
+        page_target = await self._page_target(ask, req.project, self.profile.signed_formats[0])
+        ask.target = path
+        raw = await self._page_bytes(ask, page_target)
+        try:
+            page = _parse(raw, req.project, self.profile.signed_formats[0])
+        except index.IndexParseError as e:
+            raise _Malformed(page_target.path, str(e)) from e
+        dist = next((f for f in page.files if f.filename == req.filename), None)
+        if dist is None:
+            raise UnknownTarget(path)
+        role = f"{page_target.role} (via {page_target.path})"
+        if req.kind is TargetKind.CORE_METADATA:
+            raw_hashes = dist.core_metadata if isinstance(dist.core_metadata, dict) else {}
+            length, exact, suffix = self.settings.max_core_metadata_size, False, ".metadata"
+        else:
+            raw_hashes, suffix = dist.hashes, ""
+            exact = dist.size is not None
+            length = dist.size if dist.size is not None else self.settings.max_file_size
+        # No hash we check (none, md5 only, malformed): the page vouches for nothing; typed refusal.
+        hashes = accepted_hashes(path, raw_hashes, role)
+        urls = []
+        for page_url in self.trust.target_urls(page_target):
+            url = urljoin(page_url, dist.url) + suffix
+            if url not in urls and url.startswith(self.file_origins):
+                urls.append(url)
+        if not urls:
+            raise _ForeignLink(path, dist.url)
+        return _Source(Want(path, hashes, length, exact, role), role, urls)
+
+
+class _Malformed(RepositoryError):
+    """A page whose bytes verified but which is not a Simple API page."""
+
+    reason = "malformed-page"
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(f"{target}: signed page does not parse: {detail}", target=target)
+
+
+class _ForeignLink(RepositoryError):
+    """A verified page points a file at a host that is not a configured upstream."""
+
+    reason = "foreign-link"
+
+    def __init__(self, target: str, url: str) -> None:
+        super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "
+                         "(add it with --files-url)", target=target)
+
+
+def _first_hash(target: VerifiedTarget) -> str:
+    return _first_hash_of(target.hashes)
+
+
+def _first_hash_of(hashes: Mapping[str, str]) -> str:
+    return next(iter(hashes.values()))
+
+
+def _parse(raw: bytes, project: str, fmt: PageFormat) -> index.ProjectPage:
+    return index.parse_project_json(raw, project) if fmt is PageFormat.JSON else index.parse_project_html(raw, project)
+
+
+def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat) -> bytes:
+    """Re-render a verified page (read as ``source``, written as ``fmt``) with every file link pointing at this proxy."""
+    if req.kind is TargetKind.ROOT_INDEX:
+        plist = index.parse_project_list_json(raw) if source is PageFormat.JSON else index.parse_project_list_html(raw)
+        return index.render_project_list_json(plist) if fmt is PageFormat.JSON else index.render_project_list_html(plist)
+    assert req.project is not None
+    project = req.project
+    page = _parse(raw, project, source)
+    # A name the router refuses could never be fetched through this proxy (and a '#' in it
+    # would break the link): leave such entries out rather than fail the whole page.
+    page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
+    page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
+    if fmt is PageFormat.JSON and not page.versions:
+        # An HTML page has no PEP 700 versions list: derive it from the file names.
+        versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))
+        page = dataclasses.replace(page, versions=tuple(versions))
+    return index.render_project_json(page) if fmt is PageFormat.JSON else index.render_project_html(page)

@@ -1,0 +1,275 @@
+"""The one fetch-and-verify: bytes of a target from its mirrors, checked as they arrive.
+
+Every download of something signed (a file or page in the proxy, a target
+in ``tufproxy client`` or ``mirror sync``) goes through :func:`fetch_verified`:
+
+* mirrors are tried in order; a mirror that fails at the transport level
+  after N bytes is continued by the next one from byte N (``Range``), and
+  the whole body is verified, so a failover is invisible to the reader;
+* a mirror whose bytes do not verify (length or hash) is reported and the
+  body starts over from the next mirror (the sink is told to restart);
+* a body that stalls, or stays below a minimum rate, is abandoned like a
+  transport failure (:class:`Pace`), so a dripping mirror holds nothing hostage;
+* hashing runs in a thread beside writing for large batches, while the
+  next bytes are received: receiving, hashing and writing overlap.
+
+The outcome is the verified digests, or ONE typed error: a
+:class:`~proxy.trust.errors.RepositoryError` (the upstream lied; the first
+mirror's lie when several did), :class:`~proxy.trust.errors.UpstreamUnreachable`
+(no mirror answered usably), :class:`MissingUpstream` (every mirror said
+404), or whatever the sink raised (our resources: the store's errors pass
+through unchanged).  Nothing here decides HTTP statuses or writes audit
+records: the caller's :class:`Observer` hears of each attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.trust.errors import NotFound, RepositoryError, UpstreamUnreachable
+from proxy.trust.hashing import StreamingVerifier, over_length
+from proxy.trust.model import VerifiedTarget
+from proxy.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout, Fetcher
+
+# Batches at least this big are hashed in a thread (hashlib releases the GIL); smaller ones inline.
+_THREAD_HASH_MIN = 256 * 1024
+# Received bytes are handed to the hasher and the sink in batches of this much, or after this long.
+_BATCH = 1 * 2**20
+_BATCH_DELAY = 0.05
+# Received bytes waiting for the hasher/writer are capped here (memory per download).
+_MAX_BUFFERED = 2 * 2**20
+
+
+class MissingUpstream(NotFound):
+    """Every mirror answered 404 or 410 for a signed target."""
+
+    reason = "missing-upstream"
+
+    def __init__(self, target: str, urls: list[str]) -> None:
+        super().__init__(f"{target}: no mirror has it ({len(urls)} asked)", target=target)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the bytes must be: ``length`` is exact, or only a bound when ``exact`` is False."""
+
+    path: str
+    hashes: Mapping[str, str]
+    length: int
+    exact: bool = True
+    role: str | None = None
+
+    @classmethod
+    def of(cls, target: VerifiedTarget) -> Want:
+        return cls(target.path, target.hashes, target.length, True, target.role)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How slow an upstream body may be before the mirror is abandoned.
+
+    ``stall``: seconds without a single chunk.  ``min_rate``: bytes per
+    second the body must average once ``grace`` seconds have passed (0: no
+    minimum).
+    """
+
+    stall: float = 30.0
+    min_rate: float = 16 * 1024
+    grace: float = 5.0
+
+
+class Sink(Protocol):
+    """Where received (not yet verified) bytes go, in order."""
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def restart(self) -> None:
+        """Drop everything written: the body starts over."""
+
+
+class Observer:
+    """Hears each mirror attempt (for metrics) and each refusal (for audit); override what you need."""
+
+    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
+        """One mirror tried: outcome ``ok``, ``error`` (transport) or ``refused`` (a lie)."""
+
+    def refused(self, error: RepositoryError, url: str) -> None:
+        """``url``'s bytes did not verify."""
+
+
+class BytesSink:
+    """A sink in memory, for pages and other small targets."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    async def restart(self) -> None:
+        self.parts.clear()
+
+    def value(self) -> bytes:
+        return b"".join(self.parts)
+
+
+async def fetch_verified(fetcher: Fetcher, want: Want, urls: list[str], sink: Sink, *,
+                         pace: Pace = Pace(), observer: Observer | None = None,
+                         also: tuple[str, ...] = ()) -> dict[str, str]:
+    """Stream ``want`` from ``urls`` into ``sink``; the verified digests (plus ``also``'s).
+
+    Raises one typed outcome (see the module docstring).  A target with no
+    hash we check is refused before any byte is fetched.
+    """
+    verifier = StreamingVerifier(want.path, want.hashes, want.length, exact=want.exact, role=want.role, also=also)
+    return await _Fetch(fetcher, want, verifier, sink, pace, observer or Observer()).run(urls)
+
+
+async def fetch_bytes(fetcher: Fetcher, want: Want, urls: list[str], *, pace: Pace = Pace(),
+                      observer: Observer | None = None) -> bytes:
+    """The verified bytes of a small target."""
+    sink = BytesSink()
+    await fetch_verified(fetcher, want, urls, sink, pace=pace, observer=observer)
+    return sink.value()
+
+
+class _Fetch:
+    def __init__(self, fetcher: Fetcher, want: Want, verifier: StreamingVerifier, sink: Sink,
+                 pace: Pace, observer: Observer) -> None:
+        self.fetcher = fetcher
+        self.want = want
+        self.verifier = verifier
+        self.sink = sink
+        self.pace = pace
+        self.observer = observer
+        self.kept = 0  # bytes handed to the hasher and the sink
+
+    async def run(self, urls: list[str]) -> dict[str, str]:
+        refusals: list[RepositoryError] = []
+        failures: list[Exception] = []
+        missing = 0
+        for i, url in enumerate(urls):
+            start, began = self.verifier.received, time.monotonic()
+            try:
+                await self._one(url, start)
+                digests = self.verifier.finish()
+            except DownloadLengthError as e:
+                error: RepositoryError = over_length(self.want.path, self.want.length, e.actual,
+                                                     exact=self.want.exact, role=self.want.role)
+            except RepositoryError as e:
+                error = e
+            except DownloadError as e:
+                failures.append(e)
+                missing += isinstance(e, DownloadHTTPError) and e.status in (404, 410) and start == 0
+                self.observer.attempt(i, "error", self.verifier.received - start, time.monotonic() - began)
+                continue
+            else:
+                self.observer.attempt(i, "ok", self.verifier.received - start, time.monotonic() - began)
+                return digests
+            # A lie (by this mirror, or by one we continued from): start over from the next one.
+            refusals.append(error)
+            self.observer.refused(error, url)
+            self.observer.attempt(i, "refused", self.verifier.received - start, time.monotonic() - began)
+            if self.kept:
+                await self.sink.restart()
+            self.verifier.restart()
+            self.kept = 0
+        if refusals:
+            raise refusals[0]
+        if urls and missing == len(urls):
+            raise MissingUpstream(self.want.path, urls)
+        raise UpstreamUnreachable(self.want.path, failures)
+
+    async def _one(self, url: str, start: int) -> None:
+        """Receive one mirror's body from ``start`` on; hashing and writing trail one batch behind."""
+        pending: asyncio.Task[None] | None = None
+        buffered = bytearray()
+        try:
+            async with self.fetcher.stream(url, self.want.length, start) if start else \
+                    self.fetcher.stream(url, self.want.length) as body:
+                chunks = aiter(body)
+                began, got = time.monotonic(), 0
+                handed = began
+                while True:
+                    try:
+                        async with asyncio.timeout(self._wait(time.monotonic() - began, got)):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise DownloadTimeout(url, f"too slow: {got} bytes in {time.monotonic() - began:.1f}s "
+                                                   f"(stall {self.pace.stall:g}s, minimum {self.pace.min_rate:g} B/s)") from None
+                    got += len(chunk)
+                    self.verifier.admit(len(chunk))
+                    buffered += chunk
+                    if pending is not None and (pending.done() or len(buffered) >= _MAX_BUFFERED):
+                        await pending
+                        pending = None
+                    # Hand over batches, not chunks (fewer thread hops), but never sit on bytes long.
+                    now = time.monotonic()
+                    if pending is None and (len(buffered) >= _BATCH or now - handed >= _BATCH_DELAY):
+                        pending = asyncio.ensure_future(self._keep(bytes(buffered)))
+                        buffered.clear()
+                        handed = now
+        except DownloadError:
+            # What arrived before the failure is good for the next mirror to continue from.
+            if pending is not None:
+                await pending
+            if buffered:
+                await self._keep(bytes(buffered))
+            raise
+        except BaseException:
+            if pending is not None:
+                # Leaving early (a refusal, cancellation): the thread finishes before anyone restarts.
+                await asyncio.shield(asyncio.wait([pending]))
+                if not pending.cancelled():
+                    pending.exception()  # retrieved: the error being raised is the one that matters
+            raise
+        if pending is not None:
+            await pending
+        if buffered:
+            await self._keep(bytes(buffered))
+
+    def _wait(self, elapsed: float, got: int) -> float:
+        """Seconds the next chunk may take: the stall limit, or less if the rate would fall too low."""
+        if not self.pace.min_rate:
+            return self.pace.stall
+        on_the_line = self.pace.grace + (got + CHUNK_SIZE) / self.pace.min_rate - elapsed
+        return max(0.0, min(self.pace.stall, on_the_line))
+
+    async def _keep(self, data: bytes) -> None:
+        self.kept += len(data)
+        if len(data) >= _THREAD_HASH_MIN:
+            await asyncio.gather(asyncio.to_thread(self.verifier.hash, data), self.sink.write(data))
+        else:
+            self.verifier.hash(data)
+            await self.sink.write(data)
+
+
+class FileSink:
+    """A sink into an open file descriptor, written from a thread; a restart truncates it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.to_thread(pwrite_all, self.fd, data, self.size)
+        self.size += len(data)
+
+    async def restart(self) -> None:
+        await asyncio.to_thread(os.ftruncate, self.fd, 0)
+        self.size = 0
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (blocking: run it in a thread)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n

@@ -1,0 +1,213 @@
+"""The resolver in process, with plain values: decisions, the on_miss hook, and the one error table.
+
+A real signed repository on disk, read through ``LocalFetcher`` (the
+``serve --repository`` path), a real store, trust core and audit log; no
+HTTP server: each test asks :meth:`Resolver.resolve` and looks at the
+decision value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from proxy import index
+from proxy.audit import AuditLog
+from proxy.local import LocalFetcher
+from proxy.metrics import Metrics
+from proxy.refusals import TABLE, Asker, BadPath, Busy, NotAcceptable, Refusals, row
+from proxy.repository.sample import build_wheel
+from proxy.repository.signer import _Change
+from proxy.resolver import Ask, CachedFile, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.pagecache import IndexCache
+from proxy.store import BlobStore, StoreError, StoreFull
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.errors import (
+    ExpiredMetadata,
+    MetadataPending,
+    NotFound,
+    RepositoryError,
+    UnknownTarget,
+    UpstreamUnreachable,
+)
+from proxy.trust.fetch import MissingUpstream
+from proxy.trust.hashing import UnsupportedHashes
+from tests.conftest import SampleRepo
+
+WHEEL = "/packages/base/base-2.0-py3-none-any.whl"
+
+
+class World:
+    def __init__(self, tmp_path: Path, sample: SampleRepo, on_miss=None, slot: str = "md") -> None:  # type: ignore[no-untyped-def]
+        self.repo = sample.repo
+        self.audit_path = tmp_path / "audit.log"
+        fetcher = LocalFetcher(self.repo.public_dir)
+        base = fetcher.base_url()
+        TrustedClient.initialize(tmp_path / slot, sample.root_bytes)
+        profile = self.repo.profile
+        self.trust = TrustedClient(tmp_path / slot, [Mirror(f"{base}{profile.metadata_path}", base)], fetcher,
+                                   TrustConfig(served_name=profile.served_name))
+        self.store = BlobStore(tmp_path / "cache")
+        self.metrics = Metrics()
+        self.resolver = Resolver(self.trust, fetcher, self.store, IndexCache(tmp_path / "cache"),
+                                 AuditLog(self.audit_path), self.metrics, ProxySettings(), profile, (), on_miss)
+
+    async def ask(self, path: str, accept: str | None = None, whole: bool = False):  # type: ignore[no-untyped-def]
+        return await self.resolver.resolve(Ask("rid", "127.0.0.1", path, accept=accept, whole=whole))
+
+    def audit(self) -> list[dict]:
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines()] if self.audit_path.exists() else []
+
+    def sign_md5_only(self, target_path: str, data: bytes) -> None:
+        """A target the repository vouches for with md5 alone (no hash we check)."""
+        with self.repo._locked():
+            change = _Change(self.repo, datetime.now(UTC).replace(microsecond=0))
+            info = change.put_target(target_path, data)
+            info.hashes = {"md5": hashlib.md5(data).hexdigest()}
+            change.commit()
+
+
+@pytest.fixture
+async def world(tmp_path: Path, sample_repo: SampleRepo) -> World:
+    w = World(tmp_path, sample_repo)
+    await w.trust.refresh()
+    return w
+
+
+async def test_pages_redirects_and_bad_paths(world: World) -> None:
+    page = await world.ask("/simple/base/", accept="application/vnd.pypi.simple.v1+json")
+    assert isinstance(page, Page) and page.content_type == "application/vnd.pypi.simple.v1+json"
+    assert json.loads(page.body)["name"] == "base"
+    assert await world.ask("/simple/Base/") == Redirect("../base/", permanent=True)
+    assert await world.ask("/") == Redirect("simple/", permanent=False)
+    bad = await world.ask("/nope/../x")
+    assert isinstance(bad, Refused) and isinstance(bad.error, BadPath)
+    refused = await world.ask("/simple/base/", accept="image/png")
+    assert isinstance(refused, Refused) and isinstance(refused.error, NotAcceptable)
+
+
+async def test_a_cold_file_streams_or_comes_whole_and_pinned(world: World, sample_repo: SampleRepo) -> None:
+    data = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    streamed = await world.ask(WHEEL)
+    assert isinstance(streamed, Streamed) and streamed.length == len(data)
+    blob = await streamed.download.result
+    assert blob.path.read_bytes() == data
+    whole = await world.ask(WHEEL, whole=True)
+    assert isinstance(whole, CachedFile) and whole.blob == blob
+    assert world.store._pins[blob.sha256] == 1  # pinned inside the decision
+    with whole:
+        pass
+    assert blob.sha256 not in world.store._pins
+
+
+async def test_unknown_project_asks_on_miss_once(tmp_path: Path, sample_repo: SampleRepo) -> None:
+    asked: list[str] = []
+
+    async def on_miss(project: str) -> bool:
+        asked.append(project)
+        if project != "late":
+            return False
+        sample_repo.repo.add([build_wheel(tmp_path / "late-dists", "late", "1.0")])
+        await world.trust.refresh(force=True)
+        return True
+
+    world = World(tmp_path, sample_repo, on_miss)
+    await world.trust.refresh()
+    missing = await world.ask("/simple/no-such/")
+    assert isinstance(missing, Refused) and isinstance(missing.error, UnknownTarget)
+    assert isinstance(await world.ask("/simple/late/"), Page)
+    assert asked == ["no-such", "late"]
+    # A file whose page is needed does not ask: its project is known; an unknown file is 404.
+    gone = await world.ask("/packages/late/late-9.0-py3-none-any.whl")
+    assert isinstance(gone, Refused) and isinstance(gone.error, NotFound)
+
+
+async def test_on_miss_pending_is_503_with_retry_after(tmp_path: Path, sample_repo: SampleRepo) -> None:
+    async def on_miss(project: str) -> bool:
+        raise MetadataPending(project, retry_after=3)
+
+    world = World(tmp_path, sample_repo, on_miss)
+    await world.trust.refresh()
+    decision = await world.ask("/simple/unheard-of/")
+    assert isinstance(decision, Refused)
+    answer = world.resolver.refusals.answer(Asker("rid", None, "/simple/unheard-of/"), decision.error)
+    assert (answer.status, answer.slug, answer.headers["Retry-After"]) == (503, "metadata-pending", "3")
+
+
+@pytest.mark.parametrize("what", ["page", "file"])
+async def test_md5_only_target_is_one_typed_refusal(world: World, what: str) -> None:
+    if what == "page":
+        path, target = "/simple/md5only/", "simple/md5only/index.html"
+        data = b"<!DOCTYPE html><html><body></body></html>"
+    else:
+        path = target = "/packages/base/base-9.9-py3-none-any.whl"
+        target, data = target.lstrip("/"), b"not checked"
+    world.sign_md5_only(target, data)
+    await world.trust.refresh(force=True)
+    decision = await world.ask(path, accept="text/html")
+    assert isinstance(decision, Refused) and isinstance(decision.error, UnsupportedHashes), decision
+    answer = world.resolver.refusals.answer(Asker("rid", None, path, target=target), decision.error)
+    assert (answer.status, answer.slug) == (502, "unsupported-hash")
+    assert [r["reason"] for r in world.audit() if r["event"] == "refused"] == ["unsupported-hash"]
+    assert world.metrics.refusals.labels("repository", "unsupported-hash")._value.get() == 1
+
+
+async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Path, sample_repo: SampleRepo) -> None:
+    first = World(tmp_path, sample_repo)
+    await first.trust.refresh()
+    assert isinstance(await first.ask("/simple/base/", accept="text/html"), Page)
+    pages = IndexCache(tmp_path / "cache")
+    (key,) = [k for k in pages.keys() if k.startswith("simple/base/")]
+    pages.set(key, b"<html>base is gone</html>")
+    second = World(tmp_path, sample_repo, slot="md2")  # a new process: nothing re-checked yet
+    await second.trust.refresh()
+    page = await second.ask("/simple/base/", accept="text/html")
+    assert isinstance(page, Page) and b"base-2.0-py3-none-any.whl" in page.body
+    assert pages.get(key) != b"<html>base is gone</html>"
+
+
+def test_the_table_types_every_refusal_by_whose_fault() -> None:
+    kinds = {t: row(t.__new__(t)).kind for t, _ in TABLE}
+    assert not issubclass(UnknownTarget, RepositoryError)
+    expected = {
+        UnknownTarget: (404, "not-found"), MissingUpstream: (404, "not-found"),
+        UnsupportedHashes: (502, "repository"), ExpiredMetadata: (503, "repository"),
+        UpstreamUnreachable: (502, "upstream"), MetadataPending: (503, "pending"),
+        StoreFull: (503, "resources"), Busy: (503, "resources"), StoreError: (500, "resources"),
+        BadPath: (404, "client"), NotAcceptable: (406, "client"),
+    }
+    for error_type, (status, kind) in expected.items():
+        r = row(error_type.__new__(error_type))
+        assert (r.status, r.kind) == (status, kind), error_type
+    assert set(kinds.values()) == {"pending", "repository", "not-found", "upstream", "resources", "client"}
+
+
+async def test_upstream_unreachable_names_the_target_not_a_role(world: World) -> None:
+    error = UpstreamUnreachable("packages/x/x-1.whl", [])
+    Refusals(world.resolver.audit, world.metrics, world.trust).answer(Asker("rid", None, "/p"), error)
+    (record,) = world.audit()
+    assert record["target"] == "packages/x/x-1.whl" and record["role"] is None
+
+
+@pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
+@pytest.mark.parametrize("digest", ["abc", "Z" * 64, "0" * 63])
+async def test_a_malformed_sha256_on_a_signed_page_is_a_typed_refusal(world: World, digest: str) -> None:
+    profile = world.repo.profile
+    page_path = profile.page_target("base", profile.signed_formats[0])
+    info = (await world.trust.get_target(page_path))
+    raw = world.repo.served_path(page_path, next(iter(info.hashes.values()))).read_bytes()
+    page = index.parse_project_html(raw, "base")
+    bad = dataclasses.replace(page, files=tuple(dataclasses.replace(f, hashes={"sha256": digest}) for f in page.files))
+    with world.repo._locked():
+        change = _Change(world.repo, datetime.now(UTC).replace(microsecond=0))
+        change.put_target(page_path, index.render_project_html(bad))
+        change.commit()
+    await world.trust.refresh(force=True)
+    decision = await world.ask(WHEEL)
+    assert isinstance(decision, Refused) and isinstance(decision.error, UnsupportedHashes), decision
+    assert world.resolver.refusals.answer(Asker("rid", None, WHEEL), decision.error).status == 502

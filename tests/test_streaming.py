@@ -1,0 +1,167 @@
+"""Cold files streamed with a held-back tail, through real pip and uv and a real proxy process.
+
+The proxy sends a cold file's bytes as they arrive and keeps its final byte
+until every signed hash matched.  These tests check what that promises:
+a tampered file never installs and never enters the cache; a mirror dying
+mid-file is continued by the next one, unseen; clients joining one fetch
+get identical bytes; pip with a short ``--timeout`` gets a file that takes
+longer than the timeout to arrive (and with ``--verify-before-send`` does
+not: that is the strict mode's cost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
+from tests.support.clients import install, pip, uv_path
+from tests.support.faults import Fault, FaultyUpstream, get, sized_wheel
+from tests.support.proxyproc import ProxyProcess
+from tests.support.tree import assert_cache_clean
+
+CLIENTS = ["pip", "uv"] if uv_path() else ["pip"]
+
+
+@dataclass
+class Signed:
+    repo: Repository
+    root: Path  # the pinned root file
+    wheel: Path  # the big wheel, as signed
+    url_path: str  # its path on the proxy
+
+
+def _signed(tmp_path: Path, size: int) -> Signed:
+    repo = Repository.init(tmp_path / "repo", bins=16)
+    wheel = sized_wheel(tmp_path / "dists", "big", "1.0", size)
+    repo.add([wheel, build_wheel(tmp_path / "dists", "small", "1.0")])
+    root = tmp_path / "root.json"
+    root.write_bytes((repo.metadata_dir / "1.root.json").read_bytes())
+    return Signed(repo, root, wheel, f"/packages/big/{wheel.name}")
+
+
+def _tampered_copy(signed: Signed, dest: Path) -> Path:
+    """The public tree with every served copy of the big wheel changed in one byte (same length)."""
+    shutil.copytree(signed.repo.public_dir, dest)
+    for p in dest.rglob(f"*{signed.wheel.name}"):
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        p.unlink()
+        p.write_bytes(bytes(data))
+    return dest
+
+
+def _proxy(tmp_path: Path, signed: Signed, *upstreams: FaultyUpstream, extra: tuple[str, ...] = ()) -> ProxyProcess:
+    args = [a for u in upstreams for a in ("--upstream", u.url)]
+    return ProxyProcess(tmp_path / "cache", *args, "--root", str(signed.root), "--workers", "1",
+                        "--audit-log", str(tmp_path / "audit.log"), *extra).start()
+
+
+def _refusals(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "audit.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r.get("event") == "refused"]
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Signed:
+    return _signed(tmp_path, 50 * 2**20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: Signed, client: str) -> None:
+    # Throttled, so the proxy is well into streaming when the hash fails.
+    with FaultyUpstream(_tampered_copy(big, tmp_path / "tampered"), rate=40 * 2**20) as liar, \
+            _proxy(tmp_path, big, liar) as p:
+        r = install(client, p.url, tmp_path / "t", "big")
+        metrics = asyncio.run(_text(p.base + "metrics"))
+    assert r.returncode != 0, r.stdout
+    assert not (tmp_path / "t").exists() or not list((tmp_path / "t").glob("big*"))
+    assert_cache_clean(tmp_path / "cache", big.repo)
+    assert not list((tmp_path / "cache" / "blobs").rglob(hashlib.sha256(big.wheel.read_bytes()).hexdigest()))
+    assert any(r["reason"] == "hash-mismatch" and r["upstream_url"].endswith(big.wheel.name) for r in _refusals(tmp_path))
+    assert 'tufproxy_verification_failures_total{reason="hash-mismatch"}' in metrics
+
+
+def test_a_mirror_killed_mid_file_is_continued_by_the_next(tmp_path: Path) -> None:
+    signed = _signed(tmp_path, 6 * 2**20)
+    with FaultyUpstream(signed.repo.public_dir) as dying, FaultyUpstream(signed.repo.public_dir) as good:
+        dying.inject(r"/packages/big/.*\.whl", Fault.RESET)
+        with _proxy(tmp_path, signed, dying, good) as p:
+            r = install("pip", p.url, tmp_path / "t", "big")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list((tmp_path / "t").glob("big-1.0.dist-info"))
+    assert dying.count(r"/packages/big/.*\.whl") == 1 and good.count(r"/packages/big/.*\.whl") == 1
+    assert_cache_clean(tmp_path / "cache", signed.repo)
+
+
+def test_a_tampered_second_mirror_after_a_failover_is_refused(tmp_path: Path) -> None:
+    signed = _signed(tmp_path, 6 * 2**20)
+    with FaultyUpstream(signed.repo.public_dir) as dying, \
+            FaultyUpstream(_tampered_copy(signed, tmp_path / "tampered")) as liar:
+        dying.inject(r"/packages/big/.*\.whl", Fault.RESET)
+        with _proxy(tmp_path, signed, dying, liar) as p:
+            got = asyncio.run(_get(p.base + signed.url_path.lstrip("/")))
+    status, body = got
+    assert body != signed.wheel.read_bytes()
+    assert status == 502 or len(body) < signed.wheel.stat().st_size  # refused, or cut before the end
+    assert [r["reason"] for r in _refusals(tmp_path)][:1] == ["hash-mismatch"]
+    assert_cache_clean(tmp_path / "cache", signed.repo)
+
+
+def test_clients_joining_one_cold_fetch_get_identical_verified_bytes(tmp_path: Path) -> None:
+    signed = _signed(tmp_path, 8 * 2**20)
+    with FaultyUpstream(signed.repo.public_dir, rate=8 * 2**20) as slow, _proxy(tmp_path, signed, slow) as p:
+        bodies = asyncio.run(_many(p.base + signed.url_path.lstrip("/"), 6))
+        fetched = slow.count(r"/packages/big/.*\.whl")
+    expected = signed.wheel.read_bytes()
+    assert [(s, b == expected) for s, b in bodies] == [(200, True)] * 6
+    assert fetched == 1
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["streaming", "verify-before-send"])
+def test_pip_with_a_short_timeout_gets_a_file_slower_than_it(tmp_path: Path, strict: bool) -> None:
+    # 6 MiB at 2 MiB/s: 3 s to arrive, pip allows 2 s of silence.
+    signed = _signed(tmp_path, 6 * 2**20)
+    extra = ("--verify-before-send", "yes") if strict else ()
+    with FaultyUpstream(signed.repo.public_dir) as meta_fast, \
+            FaultyUpstream(signed.repo.public_dir, rate=2 * 2**20) as slow:
+        meta_fast.inject(r"/packages/.*", Fault.STATUS, status=503)  # files only from the slow one
+        with _proxy(tmp_path, signed, meta_fast, slow, extra=extra) as p:
+            r = pip("install", "--timeout", "2", "--retries", "0", "--index-url", p.url,
+                    "--target", str(tmp_path / "t"), "big")
+    if strict:
+        assert r.returncode != 0 and "timed out" in (r.stdout + r.stderr).lower()
+    else:
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+async def _get(url: str) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as s:
+        try:
+            async with s.get(url) as r:
+                return r.status, await r.read()
+        except aiohttp.ClientPayloadError:
+            return 200, b""
+
+
+async def _many(url: str, n: int) -> list[tuple[int, bytes]]:
+    async with aiohttp.ClientSession() as s:
+        async def one() -> tuple[int, bytes]:
+            async with s.get(url) as r:
+                return r.status, await r.read()
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+async def _text(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.text()
