@@ -31,7 +31,13 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import unquote
 
-from packaging.utils import canonicalize_name
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 
 METADATA_DIR = "metadata"
 ROOT_INDEX_HTML = "simple/index.html"
@@ -188,3 +194,32 @@ def parse_request_path(path: str) -> TargetRequest:
             return TargetRequest(TargetKind.CORE_METADATA, project, filename[: -len(".metadata")])
         return TargetRequest(TargetKind.FILE, project, filename)
     raise BadRequestPath("no such route")
+
+
+SDIST_SUFFIXES = (".tar.gz", ".zip")
+
+
+def project_and_version(filename: str) -> tuple[str, str] | None:
+    """(normalised project, PEP 440 version) a wheel or sdist file name carries, or None."""
+    try:
+        if filename.endswith(".whl"):
+            project, version, _, _ = parse_wheel_filename(filename)
+        elif filename.endswith(SDIST_SUFFIXES):
+            project, version = parse_sdist_filename(filename)
+        else:
+            return None
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+    return project, str(version)
+
+
+def project_of_filename(filename: str) -> str | None:
+    """The normalised project a distribution file name belongs to, or None if it is none."""
+    named = project_and_version(filename)
+    return None if named is None else named[0]
+
+
+def version_of_filename(filename: str) -> str | None:
+    """The version a distribution file name carries, or None if it is no distribution name."""
+    named = project_and_version(filename)
+    return None if named is None else named[1]

@@ -40,10 +40,11 @@ from proxy.layout import (
     is_valid_filename,
     page_file_href,
     parse_request_path,
+    version_of_filename,
 )
 from proxy.metrics import Metrics
 from proxy.profiles import TUFPROXY, Profile
-from proxy.repository.distributions import version_of_filename
+
 from proxy.refusals import Asker, BadPath, ClientMistake, NotAcceptable, Refusals
 from proxy.pagecache import IndexCache
 from proxy.store import Blob, BlobStore, StoreError

@@ -121,9 +121,9 @@ class IndexHTTP(AiohttpFetcher):
                 if response.status != 200:
                     raise DownloadHTTPError(url, response.status)
                 if response.content_length is not None and response.content_length > max_length:
-                    raise DownloadLengthError(url, max_length)
+                    raise DownloadLengthError(url, max_length, response.content_length)
                 yield Response(url, response.headers.get("Content-Type", ""),
-                               ByteStream(self._chunks(url, response, max_length), response.content_length))
+                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length))
                 return
             finally:
                 response.release()

@@ -15,17 +15,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
+from packaging.utils import canonicalize_name
 
-from proxy.layout import is_valid_filename, is_valid_project_name
+from proxy.layout import SDIST_SUFFIXES, is_valid_filename, is_valid_project_name, project_and_version
 
-SDIST_SUFFIXES = (".tar.gz", ".zip")
 # Core metadata files are small; a bigger one is hostile or broken.
 MAX_CORE_METADATA = 16 * 2**20
 
@@ -53,7 +46,7 @@ def _parse_metadata(data: bytes, filename: str) -> email.message.Message:
 
 
 def _wheel(path: Path) -> Distribution:
-    named = _project_and_version(path.name)
+    named = project_and_version(path.name)
     if named is None:
         raise NotADistribution(f"{path.name}: not a wheel file name (PEP 427)")
     project, version = named
@@ -75,7 +68,7 @@ def _wheel(path: Path) -> Distribution:
 
 def _sdist(path: Path) -> Distribution:
     suffix = next(s for s in SDIST_SUFFIXES if path.name.endswith(s))
-    named = _project_and_version(path.name)
+    named = project_and_version(path.name)
     if named is None:
         raise NotADistribution(f"{path.name}: not an sdist file name (NAME-VERSION{suffix}, PEP 625)")
     project, version = named
@@ -122,29 +115,3 @@ def inspect_distribution(path: Path) -> Distribution:
     if path.name.endswith(SDIST_SUFFIXES):
         return _sdist(path)
     raise NotADistribution(f"{path.name}: not a wheel (.whl) or sdist (.tar.gz, .zip)")
-
-
-def _project_and_version(filename: str) -> tuple[str, str] | None:
-    """(normalised project, PEP 440 version) a wheel or sdist file name carries, or None."""
-    try:
-        if filename.endswith(".whl"):
-            project, version, _, _ = parse_wheel_filename(filename)
-        elif filename.endswith(SDIST_SUFFIXES):
-            project, version = parse_sdist_filename(filename)
-        else:
-            return None
-    except (InvalidWheelFilename, InvalidSdistFilename):
-        return None
-    return project, str(version)
-
-
-def project_of_filename(filename: str) -> str | None:
-    """The normalised project a distribution file name belongs to, or None if it is none."""
-    named = _project_and_version(filename)
-    return None if named is None else named[0]
-
-
-def version_of_filename(filename: str) -> str | None:
-    """The version a distribution file name carries, or None if it is no distribution name."""
-    named = _project_and_version(filename)
-    return None if named is None else named[1]

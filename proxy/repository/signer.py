@@ -64,11 +64,12 @@ from proxy.layout import (
     file_target,
     metadata_filename,
     page_file_href,
+    project_of_filename,
     root_page_target,
 )
 from proxy.profiles import Profile, get_profile
 from proxy.trust.model import file_digest
-from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution, project_of_filename
+from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
 
 BINS_ROLE = "bins"
