@@ -124,7 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "TUF metadata (rooted in --root) before it is written under DEST; a refused one is not written, is "
         "audited and makes the exit status 1 (unless --keep-going). Reruns fetch only what changed and resume "
         "an interrupted sync. DEST keeps the upstream's metadata ('tufproxy serve --repository DEST' serves it); "
-        "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys.",
+        "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys. "
+        "Through a 'tufproxy gateway' (--profile gateway), selected projects it has not published yet are "
+        "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument("--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)")
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")

@@ -278,8 +278,8 @@ class _Sync:
         here and left out.  Only then is anything looked up or fetched, so
         the whole sync works from the snapshot the last publish reached.
         """
-        if not self.options.profile.miss_protocol or not wanted:
-            return wanted
+        if not self.options.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
+            return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
         protocol = MissProtocol(self.mirror.targets_url, self.trust, FetchLocks(self.tree.state / "locks"),
                                 _PUBLISH_DEADLINE)
         asking = asyncio.Semaphore(self.options.jobs)
