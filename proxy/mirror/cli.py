@@ -167,6 +167,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-expired-until", metavar="DATE", help="operator override: check a tree whose metadata "
                    "expired in transit (everything but expiry is verified; each use is reported)")
     p.add_argument("--profile", choices=_PROFILES, help="the tree's layout (default: the one its last sync "
-                   "recorded, else tufproxy; 'gateway' for a gateway's public/ directory)")
+                   "recorded, else tufproxy)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=_cmd_verify)
