@@ -326,7 +326,7 @@ class _Sync:
 
     async def files(self, selected: list[_Selected]) -> None:
         """Look up and fetch every kept file and its ``.metadata``."""
-        wanted = []  # (path, whose page entry, core metadata?, required)
+        wanted = []  # (path, its project, its page entry, core metadata?, a required target?)
         for s in selected:
             for dist in s.kept:
                 wanted.append((file_target(s.wanted.project, dist.filename), s, dist, False, True))
