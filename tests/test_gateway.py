@@ -349,7 +349,8 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
     import http.client
     import threading
 
-    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(1 << 20))  # a wheel of some MB
+    # Incompressible, so the first half the index sends before holding is more than one fetch batch (1 MiB).
+    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(4 << 20))
     entry = test_index.add(big)
     assert gateway.publish("bigpkg")[0] == 200
     if tamper:  # same length, the second half differs from the pinned hash
@@ -372,6 +373,28 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
         assert first + response.read() == big.read_bytes()
         assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()
     conn.close()
+
+
+def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    """A second request for a file in flight streams the same body before the index finishes; one index fetch."""
+    import http.client
+    import threading
+
+    big = build_wheel(tmp_path / "big", "joinpkg", "1.0", payload=random.Random(2).randbytes(4 << 20))
+    test_index.add(big)
+    assert gateway.publish("joinpkg")[0] == 200
+    gate = test_index.hold[big.name] = threading.Event()
+    responses = []
+    for _ in range(3):
+        conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+        conn.request("GET", f"/packages/joinpkg/{big.name}")
+        responses.append(conn.getresponse())
+    # Every client has bytes while the index still holds the second half.
+    firsts = [r.read(64 * 1024) for r in responses]
+    assert all(len(f) == 64 * 1024 for f in firsts) and not gate.is_set()
+    gate.set()
+    assert all(f + r.read() == big.read_bytes() for f, r in zip(firsts, responses))
+    assert sum(big.name in p for p in test_index.requests) == 1
 
 
 def test_html_only_index_installs(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from proxy.gateway.service import Gateway
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
 from proxy.serve import stop_on_signals
+from proxy.trust.fetch import Pace
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -121,14 +122,14 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
     except OSError as e:
         raise CommandError(f"cannot open the audit log {values['audit_log']}: {e.strerror}") from e
     metrics = GatewayMetrics()
-    http = IndexHTTP(values["index_url"], ca_bundle=values["ca_bundle"],
-                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     files_origins = tuple(values["files_origin"])
+    http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy)
-    files = FileSource(repo.public_dir, ledger, http, audit, metrics, files_origins, values["max_file_size"])
+    files = FileSource(repo.public_dir, ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     runner = web.AppRunner(GatewayApp(gateway, files, repo.public_dir).app(), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = values["listen"]
