@@ -418,7 +418,7 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
     (["gateway", "serve", "{dir}"], "give --index-url"),
     (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
     (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
-    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "2"], "--workers"),
+    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "0"], "--workers"),
     (["gateway", "init", "{dir}"], "already holds a repository"),
     (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
 ])
