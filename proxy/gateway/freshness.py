@@ -39,12 +39,19 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
     """Run until cancelled; see the module docstring."""
     resign_every = repo.settings.expiry.timestamp.total_seconds() / 8
     last_resign = -float("inf")
+    seen: set[str] | None = None
     while True:
         if leader is not None and not leader.held():
             await asyncio.sleep(tick)
             continue
         gateway.publisher.reload()
         now = time.monotonic()
+        # What was signed before we led is due now; what another worker signs since was fetched just now.
+        if seen is None:
+            seen = set(gateway.publisher.published)
+        for project in gateway.publisher.published - seen:
+            gateway.fetched.setdefault(project, now)
+        seen |= gateway.publisher.published
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()
