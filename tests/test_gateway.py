@@ -397,6 +397,25 @@ def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayPr
     assert sum(big.name in p for p in test_index.requests) == 1
 
 
+@pytest.mark.slow
+def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(tmp_path: Path, gateway: GatewayProcess,
+                                                                     test_index: TestIndex) -> None:
+    """Issue 19 item 10, scaled down: a file taking ~3x pip's --timeout to leave the index still installs on the first try."""
+    from tests.support.clients import pip
+    from tests.support.faults import sized_wheel
+
+    wheel = sized_wheel(tmp_path / "big", "slowbig", "1.0", 9 * 2**20)
+    test_index.add(wheel).rate = 2**20  # 1 MiB/s: about 9 s, while pip allows 3 s of silence
+    with _edge(tmp_path, gateway) as edge:
+        start = time.monotonic()
+        r = pip("install", "--timeout", "3", "--retries", "0", "--index-url", edge.url, "--target", str(tmp_path / "t"),
+                "slowbig", timeout=120)
+        took = time.monotonic() - start
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert took >= 6, f"the file arrived in {took:.1f}s: too fast to show anything"
+    assert (tmp_path / "t" / "slowbig" / "data.bin").stat().st_size > 8 * 2**20
+
+
 def test_html_only_index_installs(tmp_path: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex(mode="html") as index:
