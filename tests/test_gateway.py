@@ -23,9 +23,9 @@ import pytest
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.proxyproc import ProxyProcess
 from tests.support.gatewayproc import edge_for as _edge
 from tests.support.gatewayproc import gateway_init as _gateway_init
+from tests.support.gatewayproc import install_chain_first_try
 from tests.support.gatewayproc import metric as _metric
 from tests.support.gatewayproc import wait_for as _wait_for
 from tests.support.testindex import TestIndex
@@ -57,14 +57,7 @@ def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
 @pytest.mark.parametrize("client", CLIENTS)
 def test_chain_installs_through_edge_and_gateway_on_first_try(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
     """Nothing is published yet: the edge's misses ask the gateway (the miss protocol), pip and uv never retry."""
-    edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gateway.base, "--root", str(gateway.root),
-                        "--workers", "2", "--refresh-interval", "3600")
-    with edge:
-        r = install(client, edge.url, tmp_path / "target", "app")
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "503" not in r.stdout + r.stderr and "Retry" not in r.stdout + r.stderr
-        assert _metric(gateway.base, "tufproxy_gateway_published_projects_total") == 3
-    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
+    install_chain_first_try(tmp_path, gateway, client)
     # The gateway pinned what it published and fetched each installed file once.
     ledger = json.loads(subprocess.run([sys.executable, "-m", "proxy", "gateway", "ledger", str(gateway.directory), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
