@@ -176,6 +176,7 @@ class GatewayApp:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         publisher = self.gateway.publisher
+        publisher.reload()  # another worker may have re-signed
         problems = []
         if publisher.timestamp_expires <= time.time():
             problems.append("published timestamp has expired")
@@ -186,11 +187,16 @@ class GatewayApp:
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.update_gauges()
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def update_gauges(self) -> None:
+        """At each scrape, and periodically in workers (any worker's scrape reports every worker's gauges)."""
         publisher = self.gateway.publisher
+        publisher.reload()
         self.metrics.timestamp_version.set(publisher.timestamp_version)
         self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
         self.metrics.projects.set(len(publisher.published))
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:
