@@ -65,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _TOP_LEVEL = ("timestamp", "snapshot", "targets")
+# Roles small enough to verify on the event loop; every other one (snapshot, targets, bins:
+# a 16,384-bin snapshot takes hundreds of ms) verifies in a worker thread.
+_SMALL_ROLES = ("root", "timestamp")
 # After a failed cycle with nothing usable to serve, retry at most this often.
 _RETRY_FLOOR = 1.0
 # refresh_until's pause between cycles that came back short: doubles from the first to the last.
@@ -295,7 +298,7 @@ class TrustedClient:
             return self._state
 
         local_snapshot = self._local.get("snapshot")
-        if local_snapshot is None or not top.load_local_snapshot(local_snapshot):
+        if local_snapshot is None or not await asyncio.to_thread(top.load_local_snapshot, local_snapshot):
             meta = top.timestamp.snapshot_meta
             data, _ = await self._fetch_verified(
                 "snapshot",
@@ -306,7 +309,7 @@ class TrustedClient:
             self._trust("snapshot", data, top)
 
         targets_bytes = self._local.get("targets")
-        if targets_bytes is None or not top.load_local_targets(targets_bytes):
+        if targets_bytes is None or not await asyncio.to_thread(top.load_local_targets, targets_bytes):
             meta = top.snapshot_meta("targets")
             targets_bytes, _ = await self._fetch_verified(
                 "targets",
@@ -370,7 +373,11 @@ class TrustedClient:
                 failed.append(e)
                 continue
             try:
-                return data, verify(data)
+                # Off the loop for large roles. Safe: ``verify`` only touches this cycle's own
+                # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
+                # self._state, swapped in whole once the cycle ends) or, for delegated roles,
+                # its own arguments (verify_delegated is pure; verified roles are never mutated).
+                return data, verify(data) if role in _SMALL_ROLES else await asyncio.to_thread(verify, data)
             except errors.RepositoryError as e:
                 refused.append(e)
                 logger.warning("refusing %s from %s (%s): %s", role, url, e.reason, e)
