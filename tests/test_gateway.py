@@ -13,6 +13,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -256,7 +257,6 @@ def _publish_until_killed(gw: GatewayProcess, project: str) -> None:
 def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: TestIndex) -> None:
     """kill -9 the gateway mid-publish again and again: every restart offers an edge only newer, verifiable metadata."""
     import asyncio
-    import threading
 
     from proxy.trust import Mirror, TrustConfig, TrustedClient
     from proxy.trust.errors import UnknownTarget
@@ -340,7 +340,6 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
                                                      tamper: bool) -> None:
     """The client gets bytes while the index still holds the rest; the last byte only after the hash matched."""
     import http.client
-    import threading
 
     # Incompressible, so the first half the index sends before holding is more than one fetch batch (1 MiB).
     big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(4 << 20))
@@ -371,7 +370,6 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
 def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     """A second request for a file in flight streams the same body before the index finishes; one index fetch."""
     import http.client
-    import threading
 
     big = build_wheel(tmp_path / "big", "joinpkg", "1.0", payload=random.Random(2).randbytes(4 << 20))
     test_index.add(big)
@@ -475,3 +473,66 @@ def test_absent_projects_are_remembered_briefly(tmp_path: Path, gateway: Gateway
     for _ in range(5):
         assert gateway.publish("not-there")[0] == 404
     assert test_index.requests.count("/simple/not-there/") == 1
+
+
+@pytest.fixture(scope="module")
+def strict_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, TestIndex]]:
+    """One gateway for every bad-input case: small pages only, a short read timeout."""
+    tmp = tmp_path_factory.mktemp("strict")
+    with TestIndex(separate_files_host=True) as index:
+        _gateway_init(tmp / "gw")
+        with GatewayProcess(tmp / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--max-page-size", "8K", "--read-timeout", "1", "--batch-window", "0.05") as gw:
+            yield gw, index
+        for gate in index.stall.values():
+            gate.set()  # let a stalled page handler finish before the index stops
+
+
+def _bad_input(case: str, index: TestIndex) -> None:
+    """Make the index answer ``case``'s project badly."""
+    link = '<a href="{files}files/{p}/{p}-{v}-py3-none-any.whl{frag}">{p}-{v}-py3-none-any.whl</a>'
+    if case == "oversized":
+        index.raw_pages[case] = b"<html><!--" + b"x" * (64 << 10) + b"--></html>"
+    elif case == "another-project":
+        index.raw_pages[case] = json.dumps({"meta": {"api-version": "1.0"}, "name": "lib", "files": []}).encode()
+        index.raw_types[case] = "application/vnd.pypi.simple.v1+json"
+    elif case == "nohash":
+        index.raw_pages[case] = (link.format(files=index.files_url, p=case, v="1.0", frag="#sha256=" + "a" * 64)
+                                 + link.format(files=index.files_url, p=case, v="1.1", frag="")).encode()
+    elif case == "loop":
+        index.redirects[case] = f"/simple/{case}/"
+    elif case == "away":
+        index.redirects[case] = f"{index.files_url}simple/{case}/"  # another origin: no page may come from there
+    elif case == "slow":
+        index.stall[case] = threading.Event()
+
+
+@pytest.mark.parametrize("case, status, reason", [
+    ("oversized", 502, "oversized-page"),
+    ("another-project", 502, "bad-page"),
+    ("nohash", 200, "missing-hash"),
+    ("loop", 502, "bad-redirect"),
+    ("away", 502, "bad-redirect"),
+    ("slow", 502, "upstream-unreachable"),
+])
+def test_bad_index_input_is_refused_audited_counted_and_never_signed(
+        tmp_path: Path, strict_gateway: tuple[GatewayProcess, TestIndex], case: str, status: int, reason: str) -> None:
+    gw, index = strict_gateway
+    _bad_input(case, index)
+    counted = f'tufproxy_gateway_refusals_total{{reason="{reason}"}}'
+    before = _metric(gw.base, counted)
+    answer = gw.publish(case)
+    assert answer[0] == status, answer
+    signed = gw.directory / "public" / "simple" / case / "index.json"
+    if status == 200:  # the page is signed without the entry that had no sha256
+        assert [f["filename"] for f in json.loads(signed.read_bytes())["files"]] == ["nohash-1.0-py3-none-any.whl"]
+        target = "packages/nohash/nohash-1.1-py3-none-any.whl"
+    else:
+        assert answer[1]["reason"] == reason and not signed.exists()
+        target = f"simple/{case}/"
+    assert any(a.get("reason") == reason and a.get("target") == target for a in gw.audit()), gw.audit()[-3:]
+    assert _metric(gw.base, counted) >= before + 1
+    # The gateway keeps serving: a good project never seen before still publishes.
+    good = "after" + case.replace("-", "")
+    index.add(build_wheel(tmp_path / "good", good, "1.0"))
+    assert gw.publish(good)[0] == 200

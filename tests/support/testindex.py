@@ -4,7 +4,9 @@ It serves real wheels and sdists built by the test, with sha256, PEP 658
 core metadata, PEP 700 size and upload-time, and yanks; JSON or HTML by
 the request's ``Accept`` (or ``mode="html"`` to force HTML).  Tests change
 it while it runs: add a release, yank one, swap a file's bytes, answer a
-page with raw bytes of their own, hold a file's second half back until
+page with raw bytes of their own (``raw_types`` names a content type other
+than HTML), redirect a page (``redirects``), stall a page until an event is
+set (``stall``), hold a file's second half back until
 an event is set, or serve a file at a set rate (``IndexFile.rate``).  Files can be served from a second
 port (``files_port``) to play the index's separate file host.
 """
@@ -43,6 +45,9 @@ class TestIndex:
         self.mode = mode
         self.projects: dict[str, list[IndexFile]] = {}
         self.raw_pages: dict[str, bytes] = {}
+        self.raw_types: dict[str, str] = {}  # project -> Content-Type of its raw page (default HTML)
+        self.redirects: dict[str, str] = {}  # project -> Location its page redirects to
+        self.stall: dict[str, threading.Event] = {}  # project -> event: its page's body waits for it
         # filename -> event: the file's first half is sent, the rest only once the event is set.
         self.hold: dict[str, threading.Event] = {}
         self.requests: list[str] = []
@@ -90,8 +95,18 @@ class TestIndex:
     async def _page(self, request: web.Request) -> web.Response:
         self.requests.append(request.path)
         project = canonicalize_name(request.match_info["project"])
+        if project in self.redirects:
+            raise web.HTTPFound(self.redirects[project])
+        if project in self.stall:
+            response = web.StreamResponse(headers={"Content-Type": "text/html"})
+            await response.prepare(request)
+            await response.write(b"<html>")
+            await asyncio.get_running_loop().run_in_executor(None, self.stall[project].wait, 30)
+            await response.write_eof()
+            return response
         if project in self.raw_pages:
-            return web.Response(body=self.raw_pages[project], content_type="text/html")
+            content_type = self.raw_types.get(project, "text/html")
+            return web.Response(body=self.raw_pages[project], headers={"Content-Type": content_type})
         if project not in self.projects:
             raise web.HTTPNotFound()
         page = self.page(project)
