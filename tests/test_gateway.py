@@ -536,3 +536,73 @@ def test_bad_index_input_is_refused_audited_counted_and_never_signed(
     good = "after" + case.replace("-", "")
     index.add(build_wheel(tmp_path / "good", good, "1.0"))
     assert gw.publish(good)[0] == 200
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, its own CA (PEM files: certificate, key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test index")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "index.pem", directory / "index.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_index_needs_its_ca_bundle(tmp_path: Path) -> None:
+    import ssl
+
+    cert, key = _self_signed(tmp_path / "tls")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with TestIndex(ssl_context=context) as index:
+        index.add(build_wheel(tmp_path / "dists", "lib", "1.0"))
+        _gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
+            status, answer = gw.publish("lib")
+            assert status == 502 and answer["reason"] == "upstream-unreachable"
+            assert "certificate" in answer["detail"].lower(), answer
+            assert not (gw.directory / "public" / "simple" / "lib").exists()
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--ca-bundle", str(cert)) as gw:
+            assert gw.publish("lib")[0] == 200
+            body = urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
+            assert body == index.file("lib-1.0-py3-none-any.whl").data
+
+
+def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import base64
+
+    header = "Basic " + base64.b64encode(b"reader:n3trc-pass").decode()
+    (tmp_path / "netrc").write_text("machine 127.0.0.1 login reader password n3trc-pass\n")
+    (tmp_path / "netrc").chmod(0o600)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    with TestIndex(separate_files_host=True, basic_auth=header, files_via_index=True) as index:
+        index.add(build_wheel(tmp_path / "dists", "lib", "1.0"))
+        _gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url) as gw:
+            assert gw.publish("lib")[0] == 200
+            body = urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
+            assert body == index.file("lib-1.0-py3-none-any.whl").data
+    seen = index.authorization
+    assert ("index", "/simple/lib/", header) in seen
+    assert ("index", "/files/lib/lib-1.0-py3-none-any.whl", header) in seen  # then redirected to the files host
+    files = [auth for host, _, auth in seen if host == "files"]
+    assert files and files == [None] * len(files)

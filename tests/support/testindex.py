@@ -8,13 +8,17 @@ page with raw bytes of their own (``raw_types`` names a content type other
 than HTML), redirect a page (``redirects``), stall a page until an event is
 set (``stall``), hold a file's second half back until
 an event is set, or serve a file at a set rate (``IndexFile.rate``).  Files can be served from a second
-port (``files_port``) to play the index's separate file host.
+port (``files_port``) to play the index's separate file host; with ``files_via_index`` the pages link
+files on the index's own origin, which redirects them there.  It can serve HTTPS (``ssl_context``) and
+ask for basic auth on the index's origin (``basic_auth``); ``authorization`` records, for every request,
+which origin it reached (``index`` or ``files``), its path and Authorization header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +45,14 @@ class TestIndex:
 
     __test__ = False
 
-    def __init__(self, mode: str = "negotiate", separate_files_host: bool = False) -> None:
+    def __init__(self, mode: str = "negotiate", separate_files_host: bool = False, *,
+                 ssl_context: ssl.SSLContext | None = None, basic_auth: str | None = None,
+                 files_via_index: bool = False) -> None:
         self.mode = mode
+        self.ssl_context = ssl_context
+        self.basic_auth = basic_auth  # the whole Authorization header value the index's origin requires
+        self.files_via_index = files_via_index
+        self.authorization: list[tuple[str, str, str | None]] = []
         self.projects: dict[str, list[IndexFile]] = {}
         self.raw_pages: dict[str, bytes] = {}
         self.raw_types: dict[str, str] = {}  # project -> Content-Type of its raw page (default HTML)
@@ -73,18 +83,23 @@ class TestIndex:
         return next(f for files in self.projects.values() for f in files if f.path.name == filename)
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context else "http"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/simple/"
+        return f"{self.scheme}://127.0.0.1:{self.port}/simple/"
 
     @property
     def files_url(self) -> str:
-        return f"http://127.0.0.1:{self.files_port}/"
+        return f"{self.scheme}://127.0.0.1:{self.files_port}/"
 
     def page(self, project: str) -> index.ProjectPage:
         files = []
         for f in self.projects.get(project, []):
             files.append(index.DistFile(
-                filename=f.path.name, url=f"{self.files_url}files/{project}/{f.path.name}",
+                filename=f.path.name, url=f"{self.url.removesuffix('simple/') if self.files_via_index else self.files_url}"
+                f"files/{project}/{f.path.name}",
                 hashes={"sha256": hashlib.sha256(f.data).hexdigest()}, requires_python=f.requires_python,
                 yanked=f.yanked, core_metadata={"sha256": hashlib.sha256(f.core).hexdigest()} if f.core else False,
                 size=len(f.data), upload_time=f.upload_time))
@@ -153,10 +168,23 @@ class TestIndex:
         await response.write_eof()
         return response
 
+    async def _to_files_host(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"{self.files_url}{request.path.lstrip('/')}")
+
     def _app(self, pages: bool, files: bool) -> web.Application:
-        app = web.Application()
+        @web.middleware
+        async def guard(request: web.Request, handler):  # type: ignore[no-untyped-def]
+            header = request.headers.get("Authorization")
+            self.authorization.append(("index" if pages else "files", request.path, header))
+            if pages and self.basic_auth is not None and header != self.basic_auth:
+                raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Basic realm="index"'})
+            return await handler(request)
+
+        app = web.Application(middlewares=[guard])
         if pages:
             app.router.add_get("/simple/{project}/", self._page)
+            if self.files_via_index and not files:
+                app.router.add_get("/files/{project}/{name}", self._to_files_host)
         if files:
             app.router.add_get("/files/{project}/{name}", self._file)
         return app
@@ -166,7 +194,7 @@ class TestIndex:
         for pages, files in ([(True, False), (False, True)] if self._separate else [(True, True)]):
             runner = web.AppRunner(self._app(pages, files), access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
             await site.start()
             self._runners.append(runner)
         self.port = self._runners[0].addresses[0][1]
