@@ -606,3 +606,54 @@ def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
     assert ("index", "/files/lib/lib-1.0-py3-none-any.whl", header) in seen  # then redirected to the files host
     files = [auth for host, _, auth in seen if host == "files"]
     assert files and files == [None] * len(files)
+
+
+def test_file_removed_at_the_index_leaves_the_signed_page_within_the_ttl(gateway: GatewayProcess, test_index: TestIndex) -> None:
+    assert gateway.publish("base")[0] == 200
+    page = gateway.directory / "public" / "simple" / "base" / "index.json"
+    names = lambda: [f["filename"] for f in json.loads(page.read_bytes())["files"]]  # noqa: E731
+    assert "base-2.0.tar.gz" in names()
+    test_index.projects["base"] = [f for f in test_index.projects["base"] if f.path.name != "base-2.0.tar.gz"]
+    start = time.monotonic()
+    _wait_for(lambda: names() == ["base-2.0-py3-none-any.whl"], timeout=15, what="the removed file leaves the page")
+    # --page-ttl 1: due after 1 s, picked up at the next tick (a quarter ttl), signed after one batch window.
+    assert time.monotonic() - start < 5
+
+
+def test_three_projects_changing_together_cost_one_signature(tmp_path: Path, test_index: TestIndex) -> None:
+    """Three pages found changed by one refresh are signed in one batch: one snapshot and timestamp, not three."""
+    projects = ("app", "lib", "base")
+    _gateway_init(tmp_path / "gw")
+    args = ("--index-url", test_index.url, "--files-origin", test_index.files_url)
+    with GatewayProcess(tmp_path / "gw", *args) as gw:
+        for project in projects:
+            assert gw.publish(project)[0] == 200
+    for project in projects:
+        test_index.add(build_wheel(tmp_path / "new", project, "9.0"))
+    # Restarted with a short ttl: all three were fetched before this process, so all are due at its first refresh.
+    with GatewayProcess(tmp_path / "gw", *args, "--page-ttl", "1", "--refresh-rate", "100") as gw:
+        pages = [gw.directory / "public" / "simple" / p / "index.json" for p in projects]
+        _wait_for(lambda: all(b"-9.0-" in p.read_bytes() for p in pages), what="three new releases signed")
+        # Later refreshes find nothing changed: still one batch, however long we look.
+        seen = test_index.requests.count("/simple/app/")
+        _wait_for(lambda: test_index.requests.count("/simple/app/") >= seen + 2, what="two more refreshes")
+        assert _metric(gw.base, "tufproxy_gateway_publishes_total") == 1
+
+
+def test_refresh_rate_bounds_page_fetches(tmp_path: Path, test_index: TestIndex) -> None:
+    for i in range(12):
+        test_index.add(build_wheel(tmp_path / "many", f"rated{i}", "1.0"))
+    _gateway_init(tmp_path / "gw")
+    rate = 4.0
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
+                        "--page-ttl", "1", "--refresh-rate", str(rate)) as gw:
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            assert all(s == 200 for s, _ in pool.map(gw.publish, [f"rated{i}" for i in range(12)]))
+        # Twelve pages are due every second; the refresher may fetch only `rate` a second.
+        fetches = lambda: sum(p.startswith("/simple/rated") for p in test_index.requests)  # noqa: E731
+        first = fetches()
+        _wait_for(lambda: fetches() > first, what="a first refresh")
+        start, base = time.monotonic(), fetches()
+        _wait_for(lambda: fetches() >= base + 8, timeout=30, what="eight refreshes")
+        took = time.monotonic() - start
+    assert 8 / took <= rate * 1.1, f"{fetches() - base} page fetches in {took:.2f}s"
