@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,9 +41,9 @@ def test_index(tmp_path: Path) -> Iterator[TestIndex]:
     dists = tmp_path / "dists"
     index = TestIndex(separate_files_host=True)
     for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
-                 build_wheel(dists, "base", "2.0"), build_sdist(dists, "base", "2.0"),
-                 build_wheel(dists, "future-only", "1.0", requires_python=">=4")):
+                 build_wheel(dists, "base", "2.0"), build_sdist(dists, "base", "2.0")):
         index.add(path)
+    index.add(build_wheel(dists, "future-only", "1.0", requires_python=">=4"), requires_python=">=4")
     with index:
         yield index
 
@@ -83,6 +84,9 @@ def test_publish_answers_404_and_page_is_signed_with_fields(tmp_path: Path, gate
     assert entry["yanked"] == "broken" and entry["upload-time"].startswith("2024-01-01")
     assert entry["size"] == len(test_index.file("lib-1.0-py3-none-any.whl").data)
     assert set(entry["core-metadata"]) == {"sha256"} and page["versions"] == ["1.0"]
+    assert gateway.publish("future-only")[0] == 200
+    page = json.loads((gateway.directory / "public" / "simple" / "future-only" / "index.json").read_bytes())
+    assert [f["requires-python"] for f in page["files"]] == [">=4"]
 
 
 def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index: TestIndex) -> None:
@@ -126,8 +130,10 @@ def test_file_differing_from_its_pin_is_a_502_and_never_published(tmp_path: Path
     # Same length, other bytes: the page still names the pinned hash (it is re-fetched only after the ttl).
     entry.data = entry.data[:-1] + bytes([entry.data[-1] ^ 1])
     url = f"{gateway.base}packages/lib/lib-1.0-py3-none-any.whl"
-    with pytest.raises(Exception):
+    with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, timeout=10).read()
+    assert refused.value.code == 502
+    assert refused.value.reason == "refused by the gateway (hash-mismatch)"  # the whole file fits in the held-back tail
     assert not (gateway.directory / "public" / "packages" / "lib" / "lib-1.0-py3-none-any.whl").exists()
     assert any(a.get("reason") == "hash-mismatch" for a in gateway.audit())
     assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1
