@@ -10,7 +10,10 @@ files nothing current references, once they are older than ``grace``
 (an edge that read the previous timestamp a moment ago can still finish
 its refresh).  Under ``--workers N`` only the worker holding the
 :class:`~proxy.locks.Leadership` lock does this (another takes over if it
-dies); it first takes up what the other workers signed.
+dies); it first takes up what the other workers signed.  Its "most
+recently used" is what its own requests touched: workers share no touches
+(README's gateway design notes say so); that changes the order only, and
+every due page is still refreshed at the rate bound.
 """
 
 from __future__ import annotations
