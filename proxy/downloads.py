@@ -18,13 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy.locks import FetchLocks
 from proxy.refusals import Busy
 from proxy.store import Blob, BlobStore, BlobWriter
 from proxy.trust.fetch import Observer, Pace, Want, fetch_verified
 from proxy.upstream import Fetcher
+
+if TYPE_CHECKING:
+    from proxy.tiered import SharedTier
 
 
 class Download:
@@ -71,8 +76,10 @@ class Downloads:
     """The downloads in flight in this process, by key."""
 
     def __init__(self, store: BlobStore, fetcher: Fetcher, pace: Pace, unknown_length_limit: int,
-                 queue_wait: float = 10.0) -> None:
+                 queue_wait: float = 10.0, shared: SharedTier | None = None) -> None:
         self.store = store
+        # The bucket behind the local store (--store s3://...): where a local miss looks next.
+        self.shared = shared
         self.fetcher = fetcher
         self.pace = pace
         # Bodies of unsigned length reserve space as they grow: bound how many grow at once.
@@ -115,12 +122,18 @@ class Downloads:
             blob = cached()
             if blob is not None:
                 return blob
-            async with self._slot(want.exact), self.store.writer(want.length, want.exact) as writer:
-                download.path = writer.path
-                download._notify()
-                digests = await fetch_verified(self.fetcher, want, urls, _Tee(writer, download),
-                                               pace=self.pace, observer=observer, also=("sha256",))
-                return await writer.publish(digests["sha256"])
+            if self.shared is None:
+                return await self._fetch(download, urls, observer)
+            return await self.shared.fetch(want, urls, observer, partial(self._fetch, download))
+
+    async def _fetch(self, download: Download, urls: list[str], observer: Observer) -> Blob:
+        want = download.want
+        async with self._slot(want.exact), self.store.writer(want.length, want.exact) as writer:
+            download.path = writer.path
+            download._notify()
+            digests = await fetch_verified(self.fetcher, want, urls, _Tee(writer, download),
+                                           pace=self.pace, observer=observer, also=("sha256",))
+            return await writer.publish(digests["sha256"])
 
     @contextlib.asynccontextmanager
     async def _slot(self, exact: bool):  # type: ignore[no-untyped-def]

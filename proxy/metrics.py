@@ -78,6 +78,15 @@ class Metrics:
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )
+        # The shared bucket (--store s3://...), by operation: head, get, put, delete.
+        self.bucket_requests = Counter("tufproxy_bucket_requests_total", "Requests to the shared bucket by operation",
+                                       ["op"], registry=r)
+        self.bucket_errors = Counter("tufproxy_bucket_errors_total", "Bucket requests that failed (unreachable, "
+                                     "timed out, refused) by operation", ["op"], registry=r)
+        self.bucket_bytes = Counter("tufproxy_bucket_bytes_total", "Bytes read from (get) or written to (put) the bucket",
+                                    ["op"], registry=r)
+        self.bucket_seconds = Histogram("tufproxy_bucket_request_duration_seconds", "Bucket request latency by operation",
+                                        ["op"], buckets=_LATENCY_BUCKETS, registry=r)
         self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r,
                                   multiprocess_mode="livemin")
         self.role_expiry = Gauge(

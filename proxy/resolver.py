@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin
 
 from proxy import index
@@ -53,6 +54,9 @@ from proxy.trust.errors import LengthMismatch, RepositoryError, TrustError, Unkn
 from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
 from proxy.trust.hashing import accepted_hashes, verify_bytes
 from proxy.upstream import Fetcher
+
+if TYPE_CHECKING:
+    from proxy.tiered import SharedTier
 
 log = logging.getLogger(__name__)
 CONTENT_TYPES = {
@@ -188,6 +192,7 @@ class Resolver:
         file_origins: tuple[str, ...] = (),
         on_miss: OnMiss | None = None,
         page_fetcher: Fetcher | None = None,
+        shared: SharedTier | None = None,
     ) -> None:
         self.trust = trust
         self.fetcher = fetcher
@@ -204,7 +209,7 @@ class Resolver:
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
         # and any file host the operator named. Anything else is never fetched.
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
-        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads)
+        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
         self._rendered: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
         self._rechecked: set[str] = set()

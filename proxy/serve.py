@@ -23,6 +23,7 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.audit import AuditLog
+from proxy.bucket import Bucket, BucketConfigError, BucketFetcher
 from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
@@ -34,6 +35,7 @@ from proxy.server import Proxy
 from proxy.trust.fetch import Pace
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError
+from proxy.tiered import BucketPages, SharedTier
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -205,8 +207,10 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
                              max_connections=config.max_connections,
                              client_idle_timeout=config.client_timeout,
                              pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
-    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, Metrics(), settings, layout,
-                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher))
+    metrics = Metrics()
+    shared, file_fetcher, pages = _bucket_tier(config, metrics, file_fetcher, pages)
+    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
+                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher, shared=shared))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
@@ -219,6 +223,20 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
     return Running(runner, proxy, actual, refresher, fetcher)
+
+
+def _bucket_tier(config: ServeConfig, metrics: Metrics, file_fetcher: Fetcher,
+                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+    if config.store is None:
+        return None, file_fetcher, pages
+    try:
+        bucket = Bucket(config.store, metrics, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
+    except BucketConfigError as e:
+        raise CommandError(str(e)) from None
+    log.info("shared store: %s (local tier %s in front)", bucket.url, config.cache_dir)
+    return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
+            BucketPages(pages, bucket, ProxySettings.max_page_size))
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

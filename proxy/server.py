@@ -204,7 +204,7 @@ class Proxy:
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        """Ready: trusted metadata unexpired, cache writable, an upstream reached lately."""
+        """Ready: trusted metadata unexpired, cache writable (and the bucket reachable), an upstream reached lately."""
         status = self.trust.status()
         problems = []
         if not status["ready"]:
@@ -217,6 +217,12 @@ class Proxy:
             await asyncio.to_thread(self.store.probe_writable)
         except StoreError as e:
             problems.append(f"cache not writable: {e}")
+        shared = self.resolver.downloads.shared
+        if shared is not None:
+            try:
+                await shared.probe()
+            except StoreError as e:
+                problems.append(f"shared bucket unreachable: {e}")
         body = {
             "ready": not problems,
             "problems": problems,

@@ -31,7 +31,7 @@ YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"
 JSON_FILES = sorted([*DEPLOY.rglob("*.json"), *DASHBOARDS.rglob("*.json")])
 SETTING_NAMES = {o.name for o in OPTIONS}
 # ``# key = value`` lines of an example config: settings left at their default.
-_COMMENTED_SETTING = re.compile(r"^#\s*([a-z_]+\s*=.*)$", re.MULTILINE)
+_COMMENTED_SETTING = re.compile(r"^#\s*([a-z0-9_]+\s*=.*)$", re.MULTILINE)
 # PromQL: a name right before a label matcher or a range is a metric selector.
 _SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*[{\[]")
 _TUFPROXY_NAME = re.compile(r"\btufproxy_[A-Za-z0-9_:]*")

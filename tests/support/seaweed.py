@@ -111,7 +111,7 @@ class Seaweed:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGCONT)
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
