@@ -251,7 +251,7 @@ def test_kustomization_lists_every_manifest(yaml: ModuleType) -> None:
 
 # The replicated forms are kustomize overlays of deploy/k8s (siblings: kustomize
 # refuses an overlay inside its base).
-REPLICATED = ("k8s-statefulset", "k8s-shared-cache")
+REPLICATED = ("k8s-statefulset", "k8s-shared-cache", "k8s-bucket")
 
 
 def _kustomize(overlay: str, yaml: ModuleType) -> dict[str, list[dict[str, Any]]]:
@@ -302,6 +302,14 @@ def test_k8s_replicated_forms_hold_together(overlay: str, yaml: ModuleType, tmp_
         assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
         assert workload["spec"]["strategy"]["type"] == "RollingUpdate"
+
+    if overlay == "k8s-bucket":
+        # the bucket form: the store from the environment, resolved by the same table as the flags
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        with_env = resolve(_parse_command(["serve", "--config", str(tmp_path / "tufproxy.toml")]),
+                           environ={k: v for k, v in env.items() if k.startswith("TUFPROXY_")})
+        assert with_env.store is not None and with_env.store.startswith("s3://")
+        assert [s["secretRef"]["name"] for s in container["envFrom"]] == ["tufproxy-s3"]
 
     (hpa,) = objects["HorizontalPodAutoscaler"]
     target = hpa["spec"]["scaleTargetRef"]
