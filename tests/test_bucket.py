@@ -27,9 +27,12 @@ import pytest
 from proxy.repository import Repository
 from tests.conftest import make_sample_dists
 from tests.support.clients import install
+from proxy.repository.sample import build_wheel
 from tests.support.faults import FaultyUpstream, sized_wheel
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
+from tests.support.testindex import TestIndex
 
 BIG = 24 * 2**20
 
@@ -229,3 +232,56 @@ def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaw
         assert got[1] == cold
         assert fetch(a, "/readyz")[0] == 200
         assert_no_secrets(a.log())
+
+
+@pytest.mark.slow
+def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    index = TestIndex(separate_files_host=True)
+    dists = tmp_path / "dists"
+    for dist in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                 build_wheel(dists, "base", "2.0")):
+        index.add(dist)
+    gateway_init(tmp_path / "gw")
+    store = bucket_store(seaweed, "gw")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(index)
+        gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/gw", "--s3-endpoint-url", seaweed.endpoint)
+        gw.env = seaweed.env()
+        stack.enter_context(gw)
+        # An edge of the gateway publishes the projects and makes it fetch their files.
+        with edge_for(tmp_path, gw) as edge:
+            r = install("pip", edge.url, tmp_path / "t1", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + gw.log()
+
+        def pushed() -> bool:
+            names = {m["path"] for batch in obstore.list(store, "packages/") for m in batch}
+            return sum(n.endswith(".whl") for n in names) == 3
+        wait_for(pushed, 30, "the files in the bucket")
+        # An edge that reads only the bucket (as through a CDN), anonymously, verifies and installs.
+        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/gw/",
+                              "--root", str(gw.root), "--workers", "1")
+        with reader:
+            r = install("pip", reader.url, tmp_path / "t2", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + reader.log()
+        assert {p.name for p in (tmp_path / "t2").iterdir()} >= {"app", "lib", "base"}
+        assert_no_secrets(gw.log())
+
+
+def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_path: Path) -> None:
+    from proxy.treepush import TreePush
+
+    tree = tmp_path / "public"
+    names = ["metadata/timestamp.json", "metadata/7.snapshot.json", "metadata/7.bin-3.json", "metadata/2.root.json",
+             "metadata/1.bins.json", "simple/app/ab12.index.json", "packages/app/cd34.app-1.0-py3-none-any.whl",
+             "metadata/.timestamp.json.x1.tmp"]
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(name.encode())
+    order = [relative for relative, _, _ in TreePush(None, tree)._changed()]  # type: ignore[arg-type]
+    assert order.index("metadata/timestamp.json") == len(order) - 1
+    assert order.index("metadata/7.snapshot.json") == len(order) - 2
+    assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
+    assert "metadata/.timestamp.json.x1.tmp" not in order

@@ -23,11 +23,13 @@ from packaging.utils import canonicalize_name
 from proxy import logs
 from proxy.atomic import atomic_write
 from proxy.audit import AuditLog
+from proxy.bucket import Bucket, BucketConfigError, BucketUnavailable
 from proxy.cmderror import CommandError
 from proxy.config import (
     ConfigError,
     Option,
     _positive_float,
+    _store_url,
     _url_list,
     add_arguments,
     parse_listen,
@@ -45,9 +47,11 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
+from proxy.metrics import Metrics
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
 from proxy.serve import stop_on_signals
+from proxy.treepush import TreePush
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -79,6 +83,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
     Option("workers", "worker processes (only 1 is supported yet)", 1, int, metavar="N"),
+    Option("store", "also publish the signed repository (metadata, pages, files) to a bucket, s3://BUCKET/PREFIX, "
+           "after every signing batch, timestamp last; edges and CDNs may read it from there", None, _store_url,
+           metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
@@ -109,6 +117,18 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _pusher(values: dict, public: Path) -> TreePush | None:  # type: ignore[type-arg]
+    """With ``--store``: the bucket the signed tree is pushed to, brought up to date before serving."""
+    if values["store"] is None:
+        return None
+    try:
+        pusher = TreePush(Bucket(values["store"], Metrics(), endpoint_url=values["s3_endpoint_url"]), public)
+        await pusher.push()
+    except (BucketConfigError, BucketUnavailable) as e:
+        raise CommandError(str(e)) from e
+    return pusher
+
+
 async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
     try:
         repo = Repository.open(directory)
@@ -126,7 +146,9 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
     files_origins = tuple(values["files_origin"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
-    publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch)
+    pusher = await _pusher(values, repo.public_dir)
+    publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
+                          after=pusher.push if pusher is not None else None)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy)
     files = FileSource(repo.public_dir, ledger, http, audit, metrics, files_origins, values["max_file_size"])
     runner = web.AppRunner(GatewayApp(gateway, files, repo.public_dir).app(), access_log=None, handle_signals=False)
@@ -144,6 +166,7 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     stop = stop_on_signals()
     publisher.start()
+    pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"]))
     print(f"tufproxy gateway serving {repo.public_dir} on http://{host}:{runner.addresses[0][1]}/ "
@@ -153,6 +176,8 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
         await stop.wait()
     finally:
         fresh.cancel()
+        if pushing is not None:
+            pushing.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()

@@ -57,9 +57,11 @@ class Seaweed:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.root / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "tufproxy", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        config.write_text(json.dumps({"identities": [
+            {"name": "tufproxy", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+             "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+            # Anyone may read, as edges and CDNs read a published repository.
+            {"name": "anonymous", "actions": ["Read"]}]}))
         p = self.ports
         argv = [weed_binary(), "server", "-s3", "-filer", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
