@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from proxy.metrics import Metrics
+from proxy.metrics import BucketMetrics
 from proxy.store import StoreError
 from proxy.upstream import ByteStream, DownloadHTTPError, DownloadLengthError, Fetcher
 
@@ -56,7 +56,7 @@ def parse_store_url(url: str) -> tuple[str, str]:
 class Bucket:
     """One bucket and prefix; every call is timed and counted in ``metrics`` by operation."""
 
-    def __init__(self, url: str, metrics: Metrics, endpoint_url: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, metrics: BucketMetrics, endpoint_url: str | None = None, timeout: float = 30.0) -> None:
         try:
             import obstore
             from obstore.store import S3Store
@@ -216,7 +216,7 @@ class _Op:
         self.deferred = False  # a streamed body: recorded when the stream closes
 
     def failed(self, e: BaseException) -> BucketUnavailable:
-        self.bucket.metrics.bucket_errors.labels(self.name).inc()
+        self.bucket.metrics.errors.labels(self.name).inc()
         return BucketUnavailable(f"bucket {self.bucket.url} {self.name}: {type(e).__name__}: {scrub(e)}")
 
     def record(self) -> None:
@@ -224,10 +224,10 @@ class _Op:
             return
         self._recorded = True
         m = self.bucket.metrics
-        m.bucket_requests.labels(self.name).inc()
-        m.bucket_seconds.labels(self.name).observe(time.monotonic() - self.began)
+        m.requests.labels(self.name).inc()
+        m.seconds.labels(self.name).observe(time.monotonic() - self.began)
         if self.nbytes:
-            m.bucket_bytes.labels(self.name).inc(self.nbytes)
+            m.bytes.labels(self.name).inc(self.nbytes)
 
     def __enter__(self) -> _Op:
         return self

@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess", "mark_process_dead"]
+__all__ = ["CONTENT_TYPE_LATEST", "BucketMetrics", "Metrics", "enable_multiprocess", "mark_process_dead"]
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -43,6 +43,20 @@ def enable_multiprocess(directory: Path) -> None:
     """
     os.environ[_MULTIPROC_ENV] = str(directory)
     values.ValueClass = values.get_value_class()
+
+
+class BucketMetrics:
+    """Traffic to the shared bucket (``--store s3://...``) by operation: head, get, put, delete."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.requests = Counter("tufproxy_bucket_requests_total", "Requests to the shared bucket by operation",
+                                ["op"], registry=r)
+        self.errors = Counter("tufproxy_bucket_errors_total", "Bucket requests that failed (unreachable, "
+                              "timed out, refused) by operation", ["op"], registry=r)
+        self.bytes = Counter("tufproxy_bucket_bytes_total", "Bytes read from (get) or written to (put) the bucket",
+                             ["op"], registry=r)
+        self.seconds = Histogram("tufproxy_bucket_request_duration_seconds", "Bucket request latency by operation",
+                                 ["op"], buckets=_LATENCY_BUCKETS, registry=r)
 
 
 class Metrics:
@@ -78,15 +92,7 @@ class Metrics:
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )
-        # The shared bucket (--store s3://...), by operation: head, get, put, delete.
-        self.bucket_requests = Counter("tufproxy_bucket_requests_total", "Requests to the shared bucket by operation",
-                                       ["op"], registry=r)
-        self.bucket_errors = Counter("tufproxy_bucket_errors_total", "Bucket requests that failed (unreachable, "
-                                     "timed out, refused) by operation", ["op"], registry=r)
-        self.bucket_bytes = Counter("tufproxy_bucket_bytes_total", "Bytes read from (get) or written to (put) the bucket",
-                                    ["op"], registry=r)
-        self.bucket_seconds = Histogram("tufproxy_bucket_request_duration_seconds", "Bucket request latency by operation",
-                                        ["op"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.bucket = BucketMetrics(r)
         self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r,
                                   multiprocess_mode="livemin")
         self.role_expiry = Gauge(

@@ -231,7 +231,7 @@ def _bucket_tier(config: ServeConfig, metrics: Metrics, file_fetcher: Fetcher,
     if config.store is None:
         return None, file_fetcher, pages
     try:
-        bucket = Bucket(config.store, metrics, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
+        bucket = Bucket(config.store, metrics.bucket, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
     except BucketConfigError as e:
         raise CommandError(str(e)) from None
     log.info("shared store: %s (local tier %s in front)", bucket.url, config.cache_dir)

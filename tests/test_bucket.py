@@ -285,3 +285,20 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     assert order.index("metadata/7.snapshot.json") == len(order) - 2
     assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
     assert "metadata/.timestamp.json.x1.tmp" not in order
+
+
+def test_refused_credentials_are_a_503_and_never_printed(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    path, _ = target_of(world, "app-1.0-py3-none-any.whl")
+    wrong = "wrong-secret-0123456789-abcdefghij"
+    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
+    proxy.env = {**seaweed.env(), "AWS_SECRET_ACCESS_KEY": wrong}
+    with proxy:
+        status, body, headers = fetch(proxy, path)
+        assert status == 503 and headers.get("X-Tufproxy-Reason") == "bucket-unavailable", body
+        ready = fetch(proxy, "/readyz")
+        metrics = fetch(proxy, "/metrics")[1].decode()
+        assert re.search(r'tufproxy_bucket_errors_total\{op="head"\} [1-9]', metrics)
+        audit = (tmp_path / "a" / "audit.jsonl").read_text() if (tmp_path / "a" / "audit.jsonl").exists() else ""
+        for text in (body.decode(), ready[1].decode(), metrics, proxy.log(), audit):
+            assert wrong not in text
+            assert ACCESS_KEY not in text

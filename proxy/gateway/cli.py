@@ -47,7 +47,6 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
-from proxy.metrics import Metrics
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
 from proxy.serve import stop_on_signals
@@ -117,12 +116,12 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _pusher(values: dict, public: Path) -> TreePush | None:  # type: ignore[type-arg]
+async def _pusher(values: dict, public: Path, metrics: GatewayMetrics) -> TreePush | None:  # type: ignore[type-arg]
     """With ``--store``: the bucket the signed tree is pushed to, brought up to date before serving."""
     if values["store"] is None:
         return None
     try:
-        pusher = TreePush(Bucket(values["store"], Metrics(), endpoint_url=values["s3_endpoint_url"]), public)
+        pusher = TreePush(Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"]), public)
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
@@ -146,7 +145,7 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type
     files_origins = tuple(values["files_origin"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
-    pusher = await _pusher(values, repo.public_dir)
+    pusher = await _pusher(values, repo.public_dir, metrics)
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
                           after=pusher.push if pusher is not None else None)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy)
