@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
@@ -42,6 +43,18 @@ def install_mb(*dists: str) -> float:
     return total / 2**20
 
 
+async def streamed(chunks: AsyncIterator[bytes], began: float, out: dict[str, object]) -> None:
+    """GET MB/s and time to the first chunk of a streamed body (requested at ``began``) into ``out``."""
+    first = None
+    n = 0
+    async for chunk in chunks:
+        if first is None:
+            first = time.perf_counter() - began
+        n += len(chunk)
+    out["get_MBps"] = n / 2**20 / (time.perf_counter() - began)
+    out["first_chunk_ms"] = (first or 0) * 1000
+
+
 async def bench_obstore(endpoint: str, big: bytes, small: int) -> dict[str, object]:
     import obstore
     from obstore.store import S3Store
@@ -54,14 +67,7 @@ async def bench_obstore(endpoint: str, big: bytes, small: int) -> dict[str, obje
     out["put_MBps"] = len(big) / 2**20 / (time.perf_counter() - t)
     t = time.perf_counter()
     r = await obstore.get_async(store, "big-o")
-    first = None
-    n = 0
-    async for chunk in r.stream(min_chunk_size=256 * 1024):
-        if first is None:
-            first = time.perf_counter() - t
-        n += len(chunk)
-    out["get_MBps"] = n / 2**20 / (time.perf_counter() - t)
-    out["first_chunk_ms"] = (first or 0) * 1000
+    await streamed(r.stream(min_chunk_size=256 * 1024), t, out)
     puts, gets = [], []
     for i in range(small):
         t = time.perf_counter()
@@ -91,14 +97,7 @@ async def bench_aiobotocore(endpoint: str, big: bytes, small: int) -> dict[str, 
         out["put_MBps"] = len(big) / 2**20 / (time.perf_counter() - t)
         t = time.perf_counter()
         r = await s3.get_object(Bucket=BUCKET, Key="big-b")
-        first = None
-        n = 0
-        async for chunk in r["Body"].iter_chunks(256 * 1024):
-            if first is None:
-                first = time.perf_counter() - t
-            n += len(chunk)
-        out["get_MBps"] = n / 2**20 / (time.perf_counter() - t)
-        out["first_chunk_ms"] = (first or 0) * 1000
+        await streamed(r["Body"].iter_chunks(256 * 1024), t, out)
         puts, gets = [], []
         for i in range(small):
             t = time.perf_counter()

@@ -48,7 +48,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
 
 @dataclass
 class World:
-    repo: Repository
+    public: Path  # the signed tree the upstream serves
     root: Path
     upstream: FaultyUpstream
     big: Path
@@ -63,13 +63,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp / "root.json"
     root.write_bytes((repo.metadata_dir / "1.root.json").read_bytes())
     with FaultyUpstream(repo.public_dir) as upstream:
-        yield World(repo, root, upstream, big)
+        yield World(repo.public_dir, root, upstream, big)
 
 
 def target_of(world: World, filename: str) -> tuple[str, bytes]:
     """(the proxy path, the exact bytes) of a distribution file."""
     project = filename.split("-")[0]
-    path = next(p for p in (world.repo.public_dir / "packages" / project).iterdir() if p.name.endswith("." + filename))
+    path = next(p for p in (world.public / "packages" / project).iterdir() if p.name.endswith("." + filename))
     return f"/packages/{project}/{filename}", path.read_bytes()
 
 
