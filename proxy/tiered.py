@@ -110,9 +110,11 @@ class SharedTier:
 
     async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
         watch = _BucketFirst(observer, self.bucket.key_url(key))
-        blob = await fetch([watch.bucket_url, *urls], watch)
-        if watch.tampered:
-            await self.bucket.delete(key)
+        try:
+            blob = await fetch([watch.bucket_url, *urls], watch)
+        finally:
+            if watch.tampered:  # gone even if upstream failed too: the next reader does not start from it
+                await _quietly(self.bucket.delete(key))
         if not watch.from_bucket:
             await self._publish(key, blob)
         return blob
