@@ -128,11 +128,12 @@ class Bucket:
             op.nbytes = data.stat().st_size if isinstance(data, Path) else len(data)
         return True
 
-    async def replace(self, key: str, path: Path) -> None:
-        """Store a file under ``key`` whatever is there; a single PUT, so readers see the old object or the new one."""
-        size = path.stat().st_size  # a file gone meanwhile is the caller's FileNotFoundError, not the bucket's fault
+    async def replace(self, key: str, data: Path | bytes) -> None:
+        """Store ``data`` under ``key`` whatever is there; a single PUT, so readers see the old object or the new one."""
+        # A file gone meanwhile is the caller's FileNotFoundError, not the bucket's fault.
+        size = data.stat().st_size if isinstance(data, Path) else len(data)
         async with self._op("put") as op:
-            await self._obstore.put_async(self._store, key, path, use_multipart=False)
+            await self._obstore.put_async(self._store, key, data, use_multipart=False)
             op.nbytes = size
 
     def create_sync(self, key: str, data: bytes) -> bool:

@@ -280,7 +280,7 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     for name in names:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_bytes(name.encode())
-    order = [relative for relative, _, _ in TreePush(None, tree)._changed()]  # type: ignore[arg-type]
+    order = [relative for relative, _, _ in TreePush(None, tree, tmp_path / "push.lock")._changed()]  # type: ignore[arg-type]
     assert order.index("metadata/timestamp.json") == len(order) - 1
     assert order.index("metadata/7.snapshot.json") == len(order) - 2
     assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
