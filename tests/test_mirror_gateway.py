@@ -195,11 +195,13 @@ def test_a_file_the_index_changed_after_pinning_is_not_synced(setup: Setup, tmp_
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_serve_over_the_mirror_installs_offline(setup: Setup, tmp_path: Path, client: str) -> None:
-    """Last in this module: the gateway and the index stop for good here."""
+    """Last in this module: the gateway and the index stop for good here.
+
+    No --profile: serve takes the one the sync recorded in DEST.
+    """
     setup.gateway.stop()
     setup.index.__exit__(None, None, None)
-    with ProxyProcess(tmp_path / "cache", "--repository", str(setup.dest), "--root", str(setup.gateway.root),
-                      "--profile", "gateway") as proxy:
+    with ProxyProcess(tmp_path / "cache", "--repository", str(setup.dest), "--root", str(setup.gateway.root)) as proxy:
         r = install(client, proxy.url, tmp_path / "target", "app")
         assert r.returncode == 0, r.stdout + r.stderr + proxy.log()
     assert {d.name for d in (tmp_path / "target").glob("*.dist-info")} == {

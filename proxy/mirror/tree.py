@@ -42,13 +42,13 @@ from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 
 from proxy.atomic import atomic_link, atomic_write, fsync_dir
-from proxy.layout import METADATA_DIR, consistent_name
+from proxy.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
 from proxy.trust.errors import BadMetadata, BadSignature, RepositoryError
 from proxy.trust.fetch import FileSink, Want
 from proxy.trust.hashing import StreamingVerifier
 
-STATE_DIR = ".mirror"
-MANIFEST = "manifest.json"
+STATE_DIR = MIRROR_STATE_DIR
+MANIFEST = MIRROR_MANIFEST
 _READ_CHUNK = 1 << 20
 
 
