@@ -8,8 +8,9 @@ response: a page, a pinned blob (sendfile, ``Range``, ``If-None-Match``,
 record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
 
 A streamed cold file holds back its final byte until every signed hash
-matched; on a refusal the connection is reset instead, so no client ever
-holds a complete file that was not verified.
+matched; on a refusal the connection is reset instead (the refusal is
+still counted and audited as the table says), so no client ever holds a
+complete file that was not verified.
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class Proxy:
                     generation = download.generation
                 if download.generation != generation or (result.done() and (result.cancelled() or result.exception())):
                     # The body started over, or did not verify: what this client got must never complete.
+                    if result.done() and not result.cancelled():
+                        # Too late for a status: the refusal still gets its metric, audit record and log line.
+                        self.resolver.refusals.answer(ask, result.exception())  # type: ignore[arg-type]
                     _reset(request)
                     return response
                 verified = result.done()
