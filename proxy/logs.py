@@ -14,8 +14,6 @@ import re
 import sys
 import uuid
 
-from aiohttp.http_exceptions import BadHttpMessage
-
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -39,7 +37,9 @@ class _QuietBadRequests(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, BadHttpMessage):
+        # Looked up, not imported: a command that serves no HTTP need not load aiohttp to log.
+        http = sys.modules.get("aiohttp.http_exceptions")
+        if http is not None and isinstance(exc, http.BadHttpMessage):
             record.msg, record.args, record.exc_info, record.exc_text = f"bad request from a client: {exc}", (), None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True

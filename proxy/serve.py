@@ -50,6 +50,7 @@ DRAIN_SECONDS = 25.0
 # Processes sharing one cache dir each hold one trusted-metadata directory of at most this many.
 MAX_METADATA_SLOTS = 64
 _SLOT_LOCK_WAIT = 30.0
+BACKLOG = 1024
 
 
 @dataclass
@@ -69,6 +70,24 @@ class Running:
         await self.metadata_fetcher.close()
         self.proxy.resolver.pages.close()
         self.proxy.resolver.audit.close()
+
+
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (OSError if it cannot be); listening unless told not to."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
@@ -163,7 +182,7 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
 
 
 async def start(config: ServeConfig, sock: socket.socket | None = None) -> Running:
-    """Open the cache, load trusted metadata, listen (on ``sock`` if given, else ``config.listen``).
+    """Bind ``config.listen`` (unless given ``sock``), open the cache, load trusted metadata, listen.
 
     Errors are :class:`CommandError`, with everything opened so far closed again.
     """
@@ -174,6 +193,15 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
 
 
 async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    host, port = config.listen
+    if sock is None:
+        # Bound first, so a busy port is the one error line at once, not after an initial refresh that
+        # may warn; listening only once ready (asyncio's server calls listen()).
+        try:
+            sock = bind(host, port, listen=False)
+        except OSError as e:
+            raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+        opened.callback(sock.close)
     try:
         store = BlobStore(config.cache_dir, max_bytes=config.cache_size)
         pages = IndexCache(config.cache_dir)
@@ -214,10 +242,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
-    host, port = config.listen
-    site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
     try:
-        await site.start()
+        await web.SockSite(runner, sock).start()
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]

@@ -9,8 +9,9 @@ record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
 
 A streamed cold file holds back its final byte until every signed hash
 matched (:mod:`proxy.streaming`, shared with the gateway); on a refusal
-the connection is reset instead, so no client ever holds a complete file
-that was not verified.
+the connection is reset instead (the refusal is still counted and audited
+as the table says), so no client ever holds a complete file that was not
+verified.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class Proxy:
         response, blob = await send_download(request, download, _FILE_HEADERS, decision.length)
         if blob is not None:
             decision.served(blob)
+        elif download.result.done() and not download.result.cancelled() and download.result.exception():
+            # Too late for a status: the refusal still gets its metric, audit record and log line.
+            self.resolver.refusals.answer(ask, download.result.exception())  # type: ignore[arg-type]
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:

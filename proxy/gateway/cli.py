@@ -339,8 +339,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy gateway`` and its subcommands."""
     gw = subparsers.add_parser(
-        "gateway", help="publish a plain index's packages as a PEP 458 repository signed with your own keys",
-        description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
+        "gateway", description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
         "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
     )

@@ -175,7 +175,9 @@ class _Fetch:
             refusals.append(error)
             self.observer.refused(error, url)
             self.observer.attempt(i, "refused", self.verifier.received - start, time.monotonic() - began)
-            if self.kept:
+            if self.kept and i + 1 < len(urls):
+                # Only when a mirror follows: a last lie ends the download, and readers of the sink
+                # hear of its refusal rather than of a restart.
                 await self.sink.restart()
             self.verifier.restart()
             self.kept = 0

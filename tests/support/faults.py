@@ -40,7 +40,8 @@ from proxy.repository.sample import build_wheel
 _MAX_REQUEST_HEAD = 64 * 1024
 # A stalled answer never outlives this, even if a test forgets to release it.
 _MAX_STALL = 120.0
-_ENDLESS_LIMIT = 2**31
+# An endless body stops here at the latest: the largest file the proxy accepts by default (--max-file-size 4G).
+_ENDLESS_LIMIT = 4 * 2**30
 
 
 class Fault(str, enum.Enum):
@@ -92,6 +93,7 @@ class FaultyUpstream:
         self.rate = rate  # bytes per second per response for normal answers (None: full speed)
         self.ranges = ranges  # honour "Range: bytes=N-" (False: answer 200 with the whole body)
         self.requests: list[str] = []
+        self.sent: dict[str, int] = {}  # path -> body bytes an endless or oversized answer got out
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -280,6 +282,9 @@ class FaultyUpstream:
             for _ in range(_ENDLESS_LIMIT // len(chunk)):
                 writer.write(chunk)
                 await writer.drain()
+                # Counted once drained: in the kernel's buffers or beyond, no longer ours.
+                with self._lock:
+                    self.sent[path] = self.sent.get(path, 0) + len(chunk)
         elif fault is Fault.GARBAGE:
             junk = b'{"signed": {"_type": "timestamp", "version": ]}' if path.endswith(".json") else os.urandom(len(body))
             writer.write(_head(200, {"Content-Length": str(len(junk))}) + junk)
