@@ -98,6 +98,22 @@ end
     return Load(rps, p50, p99)
 
 
+def wrk_file(url: str, size: int, connections: int, seconds: float) -> float:
+    """MB/s of keep-alive GETs of one file over ``connections`` connections, via wrk (bodies discarded)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise MeasureError("wrk not installed (apt-get install -y wrk)")
+    r = subprocess.run([wrk, "-t", str(min(2, connections)), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
+                        "--timeout", "10s", url], capture_output=True, text=True, timeout=seconds + 60)
+    out = r.stdout
+    if r.returncode != 0 or "Requests/sec" not in out:
+        raise MeasureError(f"wrk failed: {(out + r.stderr)[-400:]}")
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise MeasureError(f"wrk saw errors: {out[-400:]}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return rps * size / 1e6
+
+
 def curl_file(url: str, expect_bytes: int) -> float:
     """Seconds to receive ``url`` in full (following redirects), bytes discarded."""
     r = subprocess.run(["curl", "-s", "-L", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}", url],

@@ -34,6 +34,7 @@ from proxy.refusals import Answer
 from proxy.resolver import (
     Ask,
     CachedFile,
+    NotModified,
     Page,
     Redirect,
     Refused,
@@ -99,16 +100,16 @@ class Proxy:
             self.clients.end(request.protocol)
         route = request.get("route", request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
-        self.metrics.requests.labels(route, str(response.status)).inc()
-        self.metrics.request_seconds.labels(route).observe(time.monotonic() - start)
+        self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):
             raise response
         return response
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
-                  accept=request.headers.get("Accept"),
-                  whole=request.method == "HEAD" or any(h in request.headers for h in _WHOLE_FILE_HEADERS))
+                  accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
+                  whole=request.method == "HEAD" or any(h in headers for h in _WHOLE_FILE_HEADERS))
         decision = await self.resolver.resolve(ask)
         request["route"] = ask.route
         if isinstance(decision, Refused):
@@ -116,7 +117,9 @@ class Proxy:
         if isinstance(decision, Redirect):
             raise (web.HTTPMovedPermanently if decision.permanent else web.HTTPFound)(decision.location)
         if isinstance(decision, Page):
-            return web.Response(body=decision.body, headers={"Content-Type": decision.content_type, "Vary": "Accept"})
+            return web.Response(body=decision.body, headers=decision.headers)
+        if isinstance(decision, NotModified):
+            return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
             return _PinnedFileResponse(decision)
         return await self._stream(request, ask, decision)
