@@ -52,7 +52,7 @@ class Metrics:
     def __init__(self) -> None:
         self._multiproc_dir = os.environ.get(_MULTIPROC_ENV)
         # Labelled children by (metric, label values): label values are bounded, so is this.
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
         self.request_seconds = Histogram(
@@ -94,7 +94,7 @@ class Metrics:
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once per process (the request path's hot calls)."""
-        key = (id(metric), values)
+        key = (metric, values)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*values)

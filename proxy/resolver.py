@@ -72,6 +72,8 @@ CONTENT_TYPES = {
 # Media types by Accept header and requests by path: pure functions, a few hot inputs.
 _negotiate = functools.lru_cache(maxsize=256)(index.negotiate)
 _parse_path = functools.lru_cache(maxsize=8192)(parse_request_path)
+# The route label of each kind of request (metrics, audit).
+_ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
@@ -251,7 +253,7 @@ class Resolver:
                 return Redirect("simple/", permanent=False)
             ask.route = "bad_path"
             raise BadPath(str(e)) from None
-        ask.route = req.kind.value.replace("-", "_")
+        ask.route = _ROUTES[req.kind]
         if req.kind in (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX):
             if req.redirect_to is not None:
                 return Redirect(req.redirect_to, permanent=True)
@@ -276,7 +278,7 @@ class Resolver:
             assert req.project is not None
             target = await self._page_target(ask, req.project, source)
         digest = _first_hash(target)
-        key = (target.path, digest, media)
+        key = (target.path, digest, media.value)
         page = self._hot.get(key)
         if page is not None:
             self.metrics.hit("page")

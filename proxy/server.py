@@ -109,7 +109,7 @@ class Proxy:
         headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
                   accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
-                  whole=request.method == "HEAD" or any(h in headers for h in _WHOLE_FILE_HEADERS))
+                  whole=request.method == "HEAD" or _asks_whole_file(headers))
         decision = await self.resolver.resolve(ask)
         request["route"] = ask.route
         if isinstance(decision, Refused):
@@ -121,7 +121,7 @@ class Proxy:
         if isinstance(decision, NotModified):
             return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
-            return _PinnedFileResponse(decision)
+            return _PinnedFileResponse(decision, self.clients)
         return await self._stream(request, ask, decision)
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
@@ -253,6 +253,13 @@ async def _first_bytes(download: Download, joined: bool) -> BaseException | None
                 await changed.wait()
 
 
+def _asks_whole_file(headers: Any) -> bool:
+    for name in _WHOLE_FILE_HEADERS:  # a loop, not any(): this runs on every request
+        if name in headers:
+            return True
+    return False
+
+
 def _reset(request: web.Request) -> None:
     """Abort the connection with a TCP reset: the client sees a broken transfer, never a clean end."""
     transport = request.transport
@@ -270,14 +277,22 @@ def _answer(answer: Answer) -> web.Response:
 
 class _PinnedFileResponse(web.FileResponse):
     """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
-    released once sent so eviction cannot pull it away mid-response."""
+    released once sent so eviction cannot pull it away mid-response.
 
-    def __init__(self, decision: CachedFile) -> None:
+    aiohttp sends it after the handler (and our middleware) returned: the
+    connection is marked busy again for the send, or the idle sweeper would
+    cut a download that takes longer than the idle timeout.
+    """
+
+    def __init__(self, decision: CachedFile, clients: ClientBounds) -> None:
         super().__init__(decision.blob.path, headers=_FILE_HEADERS)
         self._decision = decision
+        self._clients = clients
 
     async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+        self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)
         finally:
+            self._clients.end(request.protocol)
             self._decision.release()

@@ -47,7 +47,7 @@ from typing import NoReturn
 from proxy import metrics
 from proxy.cmderror import EXIT_ERROR, CommandError
 from proxy.config import ServeConfig
-from proxy.serve import DRAIN_SECONDS, start
+from proxy.serve import DRAIN_SECONDS, run_loop, start
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +348,7 @@ class Supervisor:
                 sock = _bind(host, self.port, reuse_port=True, listen=True)
             else:
                 sock = self._sock
-            code = asyncio.run(_worker_main(self.config, sock, self._ready_w, self._alive_r))
+            code = run_loop(_worker_main(self.config, sock, self._ready_w, self._alive_r), self.config)
         except KeyboardInterrupt:
             code = 130
         except Exception:  # a worker must never return into the supervisor's code
