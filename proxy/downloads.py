@@ -23,7 +23,7 @@ from pathlib import Path
 from proxy.locks import FetchLocks
 from proxy.refusals import Busy
 from proxy.store import Blob, BlobStore, BlobWriter
-from proxy.trust.fetch import Observer, Pace, Want, fetch_verified
+from proxy.trust.fetch import Observer, Pace, Sink, Want, fetch_verified
 from proxy.upstream import Fetcher
 
 
@@ -43,15 +43,31 @@ class Download:
         """An event set at the next change; take it BEFORE looking at the state."""
         return self._changed
 
+    def writing(self, path: Path) -> None:
+        """The body goes to the temp file ``path`` from now on."""
+        self.path = path
+        self._notify()
+
+    def finish(self, task: asyncio.Task[Blob]) -> None:
+        """The fetch ``task`` is done: its blob or refusal becomes ``result``."""
+        if task.cancelled():
+            self.result.cancel()
+        elif task.exception() is not None:
+            self.result.set_exception(task.exception())  # type: ignore[arg-type]
+            self.result.exception()  # nobody may be waiting any more: not "never retrieved"
+        else:
+            self.result.set_result(task.result())
+        self._notify()
+
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
 
-class _Tee:
-    """The fetch's sink: the store's temp file, announcing progress to followers."""
+class Tee:
+    """A fetch's sink: a temp file (the store's, or any :class:`Sink`), announcing progress to followers."""
 
-    def __init__(self, writer: BlobWriter, download: Download) -> None:
+    def __init__(self, writer: BlobWriter | Sink, download: Download) -> None:
         self.writer = writer
         self.download = download
 
@@ -99,14 +115,7 @@ class Downloads:
     def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
         if self._inflight.get(download.key) is download:
             del self._inflight[download.key]
-        if task.cancelled():
-            download.result.cancel()
-        elif task.exception() is not None:
-            download.result.set_exception(task.exception())  # type: ignore[arg-type]
-            download.result.exception()  # nobody may be waiting any more: not "never retrieved"
-        else:
-            download.result.set_result(task.result())
-        download._notify()
+        download.finish(task)
 
     async def _run(self, download: Download, urls: list[str], observer: Observer,
                    cached: Callable[[], Blob | None]) -> Blob:
@@ -116,9 +125,8 @@ class Downloads:
             if blob is not None:
                 return blob
             async with self._slot(want.exact), self.store.writer(want.length, want.exact) as writer:
-                download.path = writer.path
-                download._notify()
-                digests = await fetch_verified(self.fetcher, want, urls, _Tee(writer, download),
+                download.writing(writer.path)
+                digests = await fetch_verified(self.fetcher, want, urls, Tee(writer, download),
                                                pace=self.pace, observer=observer, also=("sha256",))
                 return await writer.publish(digests["sha256"])
 

@@ -4,7 +4,8 @@ Several processes (workers, or hosts on a shared volume whose filesystem
 honours ``flock``) use one cache root.  :func:`try_flock` is the
 non-blocking primitive the blob store builds its pins and sweeps on;
 :class:`FetchLocks` is the cross-process single flight of downloads: one
-lock file per download key under ``<root>/locks/``.
+lock file per download key under ``<root>/locks/``; :class:`Leadership`
+picks one process of several for a periodic job.
 """
 
 from __future__ import annotations
@@ -88,3 +89,23 @@ class FetchLocks:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             os.close(fd)
+
+
+class Leadership:
+    """One process of several holds ``path``'s lock and does a periodic job; another takes over when it dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+
+    def held(self) -> bool:
+        """True while this process leads (tries to take the lead when nobody holds it)."""
+        if self._fd is None:
+            self._fd = try_flock(self.path, os.O_RDWR | os.O_CREAT, exclusive=True)
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

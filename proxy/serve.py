@@ -247,11 +247,11 @@ async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -
         failures += 1
 
 
-def run_loop(main: Coroutine[Any, Any, T], config: ServeConfig) -> T:
-    """Run ``main`` to completion on uvloop (unless ``config.uvloop`` is off or it is not installed),
-    else on asyncio's own loop: uvloop's C transports and loop cut the cost of every warm hit."""
+def run_loop(main: Coroutine[Any, Any, T], use_uvloop: bool) -> T:
+    """Run ``main`` to completion on uvloop (if ``use_uvloop`` and it is installed), else on
+    asyncio's own loop: uvloop's C transports and loop cut the cost of every warm hit."""
     factory = None
-    if config.uvloop:
+    if use_uvloop:
         try:
             import uvloop
         except ImportError:

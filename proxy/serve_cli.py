@@ -39,7 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         finally:
             await running.stop()
 
-    run_loop(main(), config)
+    run_loop(main(), config.uvloop)
     return 0
 
 
