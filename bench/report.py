@@ -101,10 +101,19 @@ WHY = {
             "samples inside os.sendfile and ~17 % in epoll, so the gap is asyncio's per-call loop "
             "(sendfile until EAGAIN, wait for writable, again) against nginx's C loop, plus noise: "
             "on this shared 2-CPU machine the same figure varies by ±30 % between runs.",
-    "index": "Every warm page request still parses the Accept header, resolves the TUF target "
-             "(get_target) and updates two labelled metrics before the rendered-page cache answers.",
-    "mid": "See the warm file note: the same sendfile path, eight transfers at once.",
-    "p99": "See the index note.",
+    "index": "A warm page hit no longer walks the TUF delegations, negotiates, renders or looks up metric "
+             "children (remembered per trusted state; expiry still checked each time); what is left is "
+             "mostly aiohttp's own request pipeline: 212 Python calls per hit with uvloop (408 before; "
+             "`python bench/calls.py`), "
+             "about 150 of them aiohttp's parser, router, middleware plumbing, Response and header "
+             "serialisation, and prometheus' multiprocess values; nginx spends ~30-50 µs of CPU per page "
+             "against tufproxy's ~200-300 µs on this machine (`python bench/warmab.py`). 0.35x needs a hot path below aiohttp's "
+             "web layer (a raw protocol answering kept pages), not done here.",
+    "mid": "uvloop has no native sendfile, so aiohttp copies a warm file through the loop (a thread "
+           "reads, the loop writes); in A/B runs of `python bench/warmab.py` that copy and asyncio's "
+           "sendfile both landed within this machine's noise of nginx (0.6x to 1.3x).",
+    "p99": "p99 at 64 connections is queueing behind the page throughput (see the index note), and "
+           "the 'before' figure comes from another run on a machine whose load varies from 1 to 6.",
     "cold": "Fail closed: no byte reaches the client before the whole file is verified. Time to first "
             "byte is download + sha256 + sha512 (0.3 s alone for 212 MB here) + write + fsync, in "
             "sequence (the download loop awaits each 1 MiB hash/write), and only then the send "
