@@ -6,7 +6,7 @@ and SIGUSR2, warms every project page of the bench corpus, then counts N
 keep-alive page requests.  Noise-free where req/s on a shared machine is not.
 
 Usage: ``python bench/calls.py NAME=DIR[:EXTRA_ARG...] ... [--requests 500] [--top 0]``,
-e.g. ``before=/tmp/before after=. asyncio=.:--uvloop:no``.
+e.g. ``before=/tmp/before after=. uvloop=.:--uvloop:yes``.
 """
 
 from __future__ import annotations

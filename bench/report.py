@@ -103,15 +103,17 @@ WHY = {
             "on this shared 2-CPU machine the same figure varies by ±30 % between runs.",
     "index": "A warm page hit no longer walks the TUF delegations, negotiates, renders or looks up metric "
              "children (remembered per trusted state; expiry still checked each time); what is left is "
-             "mostly aiohttp's own request pipeline: 212 Python calls per hit with uvloop (408 before; "
-             "`python bench/calls.py`), "
+             "mostly aiohttp's own request pipeline: 311 Python calls per hit (408 before, 212 with "
+             "--uvloop yes; `python bench/calls.py`), "
              "about 150 of them aiohttp's parser, router, middleware plumbing, Response and header "
              "serialisation, and prometheus' multiprocess values; nginx spends ~30-50 µs of CPU per page "
              "against tufproxy's ~200-300 µs on this machine (`python bench/warmab.py`). 0.35x needs a hot path below aiohttp's "
              "web layer (a raw protocol answering kept pages), not done here.",
-    "mid": "uvloop has no native sendfile, so aiohttp copies a warm file through the loop (a thread "
-           "reads, the loop writes); in A/B runs of `python bench/warmab.py` that copy and asyncio's "
-           "sendfile both landed within this machine's noise of nginx (0.6x to 1.3x).",
+    "mid": "Warm files leave through aiohttp's FileResponse and asyncio's sendfile; on this shared machine "
+           "the 16 MB wheel over 8 connections measured 0.91x nginx in `python bench/warmab.py` "
+           "(asyncio, load average ~7) and 0.57x in this run; the remaining gap is asyncio's sendfile loop "
+           "(sendfile until EAGAIN, wait for writable) and FileResponse's per-request thread hops "
+           "(stat and open, close) against nginx's C loop, plus noise.",
     "p99": "p99 at 64 connections is queueing behind the page throughput (see the index note), and "
            "the 'before' figure comes from another run on a machine whose load varies from 1 to 6.",
     "cold": "Fail closed: no byte reaches the client before the whole file is verified. Time to first "

@@ -249,7 +249,8 @@ async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -
 
 def run_loop(main: Coroutine[Any, Any, T], use_uvloop: bool) -> T:
     """Run ``main`` to completion on uvloop (if ``use_uvloop`` and it is installed), else on
-    asyncio's own loop: uvloop's C transports and loop cut the cost of every warm hit."""
+    asyncio's own loop.  uvloop cuts the cost of a warm page hit, but has no sendfile: files
+    are then copied through the loop, so it is opt-in (``--uvloop yes``)."""
     factory = None
     if use_uvloop:
         try:

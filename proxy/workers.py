@@ -392,7 +392,7 @@ class Supervisor:
                 sock = _bind(host, self.port, reuse_port=True, listen=True)
             else:
                 sock = self._sock
-            # The proxy's workers run on uvloop unless --uvloop no; other apps on asyncio's own loop.
+            # The proxy's workers run on uvloop with --uvloop yes; other apps on asyncio's own loop.
             uvloop = isinstance(self.app, ServeApp) and self.app.config.uvloop
             code = run_loop(_worker_main(self.app, sock, self._ready_w, self._alive_r), uvloop)
         except KeyboardInterrupt:
