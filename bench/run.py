@@ -21,6 +21,7 @@ everywhere and longer loads.  See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -40,6 +41,8 @@ import measure as M  # noqa: E402
 import report  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
+# The warm-path issue's file scenario: a 16 MB wheel over this many keep-alive connections.
+MID_PROJECT, MID_CONNECTIONS = "numpy", 8
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,14 @@ def bench_contender(contender: C.Contender, corp: corpus_mod.Corpus, plan: Plan,
             res.add("file_warm", corp.large_size / 1e6 / M.curl_file(url, corp.large_size))
         _log(f"  {contender.name}: large file warm: {res.median('file_warm'):.0f} MB/s")
 
+    def mid_warm() -> None:
+        mid = next((corp.public_dir / "packages" / MID_PROJECT).glob(f"{MID_PROJECT}-1.0-*.whl"))
+        url = contender.file_url(MID_PROJECT, mid.name)
+        M.curl_file(url, mid.stat().st_size)  # cached (and re-checked) first
+        for _ in range(plan.load_runs):
+            res.add("mid_warm", M.wrk_file(url, mid.stat().st_size, MID_CONNECTIONS, plan.load_seconds))
+        _log(f"  {contender.name}: 16 MB wheel warm x{MID_CONNECTIONS}: {res.median('mid_warm'):.0f} MB/s")
+
     def file_cold() -> None:
         for _ in range(plan.file_cold):
             contender.fresh()
@@ -141,6 +152,7 @@ def bench_contender(contender: C.Contender, corp: corpus_mod.Corpus, plan: Plan,
             contender.fresh()
         _scenario(res, "index load", index_load)
         _scenario(res, "warm large file", file_warm)
+        _scenario(res, "warm 16 MB wheel", mid_warm)
         _scenario(res, "cold large file", file_cold)
     finally:
         contender.stop()
@@ -177,6 +189,7 @@ def main() -> int:
     wanted = [c for c in C.ALL if not args.only or c.name in args.only.split(",")]
 
     started = time.monotonic()
+    load_before = os.getloadavg()
     corp = corpus_mod.build(HERE / ".cache", log=_log)
     venv_problem = C.ensure_venv(log=_log) if any(c.name in C.NEEDS_VENV for c in wanted) else None
     floor_sha = M.sha256_of(corp.public_dir / "packages" / corpus_mod.LARGE_PROJECT / corp.large_file)
@@ -211,7 +224,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - started
     run = report.Run(source=_describe(args.tufproxy_src.resolve()), plan=plan.name, plan_detail=plan, corpus=corp, results=results, floor_s=statistics.median(floor),
-                     metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY)
+                     metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY,
+                     load=(load_before, os.getloadavg()), mid_connections=MID_CONNECTIONS)
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "latest.md"
     md.write_text(report.markdown(run))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -73,6 +74,8 @@ class Metrics:
     """Every metric tufproxy exports."""
 
     def __init__(self) -> None:
+        # Labelled children by (metric, label values): label values are bounded, so is this.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
         self.request_seconds = Histogram(
@@ -112,6 +115,25 @@ class Metrics:
             "tufproxy_last_successful_refresh_timestamp_seconds", "Unix time of the last successful metadata refresh", registry=r,
             multiprocess_mode="livemin",
         )
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per process (the request path's hot calls)."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
+    def hit(self, kind: str) -> None:
+        self.child(self.cache_hits, kind).inc()
+
+    def miss(self, kind: str) -> None:
+        self.child(self.cache_misses, kind).inc()
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        """One client request answered."""
+        self.child(self.requests, route, str(status)).inc()
+        self.child(self.request_seconds, route).observe(seconds)
 
     def exposition(self) -> bytes:
         """The text format: this process's registry, or every worker's in multiprocess mode."""

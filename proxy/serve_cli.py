@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy import logs, workers
 from proxy.cmderror import CommandError
 from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
-from proxy.serve import start, stop_on_signals
+from proxy.serve import run_loop, start, stop_on_signals
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -39,7 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         finally:
             await running.stop()
 
-    asyncio.run(main())
+    run_loop(main(), config.uvloop)
     return 0
 
 

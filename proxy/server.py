@@ -31,6 +31,7 @@ from proxy.refusals import Answer
 from proxy.resolver import (
     Ask,
     CachedFile,
+    NotModified,
     Page,
     Redirect,
     Refused,
@@ -92,16 +93,16 @@ class Proxy:
             self.clients.end(request.protocol)
         route = request.get("route", request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
-        self.metrics.requests.labels(route, str(response.status)).inc()
-        self.metrics.request_seconds.labels(route).observe(time.monotonic() - start)
+        self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):
             raise response
         return response
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
-                  accept=request.headers.get("Accept"),
-                  whole=request.method == "HEAD" or any(h in request.headers for h in _WHOLE_FILE_HEADERS))
+                  accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
+                  whole=request.method == "HEAD" or _asks_whole_file(headers))
         decision = await self.resolver.resolve(ask)
         request["route"] = ask.route
         if isinstance(decision, Refused):
@@ -109,9 +110,11 @@ class Proxy:
         if isinstance(decision, Redirect):
             raise (web.HTTPMovedPermanently if decision.permanent else web.HTTPFound)(decision.location)
         if isinstance(decision, Page):
-            return web.Response(body=decision.body, headers={"Content-Type": decision.content_type, "Vary": "Accept"})
+            return web.Response(body=decision.body, headers=decision.headers)
+        if isinstance(decision, NotModified):
+            return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
-            return _PinnedFileResponse(decision)
+            return _PinnedFileResponse(decision, self.clients)
         return await self._stream(request, ask, decision)
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
@@ -186,20 +189,35 @@ class Proxy:
         return web.json_response(body, status=200 if not problems else 503)
 
 
+def _asks_whole_file(headers: Any) -> bool:
+    for name in _WHOLE_FILE_HEADERS:  # a loop, not any(): this runs on every request
+        if name in headers:
+            return True
+    return False
+
+
 def _answer(answer: Answer) -> web.Response:
     return web.Response(status=answer.status, reason=answer.phrase, text=answer.text + "\n", headers=answer.headers)
 
 
 class _PinnedFileResponse(web.FileResponse):
     """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
-    released once sent so eviction cannot pull it away mid-response."""
+    released once sent so eviction cannot pull it away mid-response.
 
-    def __init__(self, decision: CachedFile) -> None:
+    aiohttp sends it after the handler (and our middleware) returned: the
+    connection is marked busy again for the send, or the idle sweeper would
+    cut a download that takes longer than the idle timeout.
+    """
+
+    def __init__(self, decision: CachedFile, clients: ClientBounds) -> None:
         super().__init__(decision.blob.path, headers=_FILE_HEADERS)
         self._decision = decision
+        self._clients = clients
 
     async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+        self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)
         finally:
+            self._clients.end(request.protocol)
             self._decision.release()

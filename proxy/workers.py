@@ -51,7 +51,7 @@ from typing import NoReturn, Protocol
 from proxy import metrics
 from proxy.cmderror import EXIT_ERROR, CommandError
 from proxy.config import ServeConfig
-from proxy.serve import DRAIN_SECONDS, bind, start
+from proxy.serve import DRAIN_SECONDS, bind, run_loop, start
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +374,9 @@ class Supervisor:
                 sock = bind(host, self.port, reuse_port=True, listen=True)
             else:
                 sock = self._sock
-            code = asyncio.run(_worker_main(self.app, sock, self._ready_w, self._alive_r))
+            # The proxy's workers run on uvloop with --uvloop yes; other apps on asyncio's own loop.
+            uvloop = isinstance(self.app, ServeApp) and self.app.config.uvloop
+            code = run_loop(_worker_main(self.app, sock, self._ready_w, self._alive_r), uvloop)
         except KeyboardInterrupt:
             code = 130
         except Exception:  # a worker must never return into the supervisor's code
