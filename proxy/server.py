@@ -140,7 +140,7 @@ class Proxy:
         await response.prepare(request)
         sent = 0
         generation = download.generation
-        fd = -1
+        fd, fd_generation = -1, generation
         try:
             while True:
                 changed = download.waiter()
@@ -152,16 +152,22 @@ class Proxy:
                     _reset(request)
                     return response
                 verified = result.done()
-                path = result.result().path if verified else download.path
                 end = download.available if not verified else result.result().size
                 limit = end if verified else end - 1  # the held-back tail
                 if sent < limit:
-                    if fd < 0:
-                        assert path is not None
-                        try:
-                            fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
-                        except FileNotFoundError:
-                            # Published (or dropped) between our look and the open: look again.
+                    if fd < 0 or fd_generation != generation:
+                        if fd >= 0:
+                            os.close(fd)
+                        # The download's file (which becomes the blob when published), or the blob.
+                        opened, fd_generation = download.open(), generation
+                        fd = -1 if opened is None else opened
+                        if fd < 0 and verified:
+                            try:
+                                fd = await asyncio.to_thread(os.open, result.result().path, os.O_RDONLY)
+                            except FileNotFoundError:  # evicted already: this client tries again
+                                _reset(request)
+                                return response
+                        if fd < 0:
                             await changed.wait()
                             continue
                     data = await asyncio.to_thread(os.pread, fd, min(limit - sent, _SEND_CHUNK), sent)
