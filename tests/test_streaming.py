@@ -19,7 +19,6 @@ import os
 import shutil
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install, pip, uv_path
 from tests.support.faults import Fault, FaultyUpstream, get, process_tree, sized_wheel
+from tests.support.gatewayproc import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 
@@ -191,24 +191,15 @@ def _worker_of(sock: socket.socket, proxy_port: int, workers: set[int]) -> int |
     return None
 
 
-def _poll(condition, what: str, timeout: float = WAIT):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _one_client_per_worker(proxy: ProxyProcess, upstream: FaultyUpstream) -> list[_RawClient]:
     """Two connections the kernel gave to different workers (new connections until it did)."""
     assert proxy.proc is not None
-    workers = set(_poll(lambda: set(process_tree(proxy.proc.pid)) - {proxy.proc.pid} if "(2 workers," in proxy.log()
-                        else None, "2 workers to be ready"))
+    workers = set(wait_for(lambda: set(process_tree(proxy.proc.pid)) - {proxy.proc.pid} if "(2 workers," in proxy.log()
+                           else None, WAIT, "2 workers to be ready"))
     by_worker: dict[int, socket.socket] = {}
     for _ in range(64):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT)
-        pid = _poll(lambda: _worker_of(sock, proxy.port, workers), "a worker to accept the connection")
+        pid = wait_for(lambda: _worker_of(sock, proxy.port, workers), WAIT, "a worker to accept the connection")
         if pid in by_worker:
             sock.close()
         else:
@@ -218,6 +209,17 @@ def _one_client_per_worker(proxy: ProxyProcess, upstream: FaultyUpstream) -> lis
     raise AssertionError("64 connections all went to one worker")
 
 
+def _both_get(first: _RawClient, second: _RawClient, upstream: FaultyUpstream, path: str) -> int:
+    """``first`` asks, ``second`` joins once the upstream was asked; both read to the end.
+    How many times the upstream was asked for the file."""
+    first.get(path)
+    wait_for(lambda: upstream.count(r"/packages/big/.*\.whl"), WAIT, "the upstream to be asked for the file")
+    second.get(path)
+    for client in (first, second):
+        assert client.first_byte.wait(WAIT) and client.ended.wait(WAIT)
+    return upstream.count(r"/packages/big/.*\.whl")
+
+
 @pytest.mark.slow
 def test_clients_on_two_workers_both_stream_before_the_upstream_finished(tmp_path: Path) -> None:
     signed = _signed(tmp_path, 6 * 2**20)
@@ -225,12 +227,7 @@ def test_clients_on_two_workers_both_stream_before_the_upstream_finished(tmp_pat
     with FaultyUpstream(signed.repo.public_dir, rate=1 * 2**20) as slow, \
             _proxy(tmp_path, signed, slow, workers=2) as p:
         first, second = _one_client_per_worker(p, slow)
-        first.get(signed.url_path)
-        _poll(lambda: slow.count(r"/packages/big/.*\.whl"), "the upstream to be asked for the file")
-        second.get(signed.url_path)
-        for client in (first, second):
-            assert client.first_byte.wait(WAIT) and client.ended.wait(WAIT)
-        fetched = slow.count(r"/packages/big/.*\.whl")
+        fetched = _both_get(first, second, slow, signed.url_path)
     # Both had bytes while the upstream was still sending (6 s at 1 MiB/s), from one fetch.
     assert [c.upstream_done_at_first_byte for c in (first, second)] == [0, 0]
     assert [(c.head.split(b" ")[1], c.reset, bytes(c.body) == expected) for c in (first, second)] == \
@@ -246,12 +243,7 @@ def test_a_tampered_file_resets_clients_on_both_workers_and_is_never_published(t
     public = _tampered_copy(signed, tmp_path / "tampered")
     with FaultyUpstream(public, rate=1 * 2**20) as liar, _proxy(tmp_path, signed, liar, workers=2) as p:
         first, second = _one_client_per_worker(p, liar)
-        first.get(signed.url_path)
-        _poll(lambda: liar.count(r"/packages/big/.*\.whl"), "the upstream to be asked for the file")
-        second.get(signed.url_path)
-        for client in (first, second):
-            assert client.first_byte.wait(WAIT) and client.ended.wait(WAIT)
-        fetched = liar.count(r"/packages/big/.*\.whl")
+        fetched = _both_get(first, second, liar, signed.url_path)
     # Each streamed, and each was cut before its last byte (the follower saw the lie itself).
     assert [(c.head.split(b" ")[1], c.reset, 0 < len(c.body) < size) for c in (first, second)] == \
         [(b"200", True, True)] * 2
