@@ -94,6 +94,9 @@ class FetchLocks:
             except FileNotFoundError:
                 current = None
             if current == os.fstat(fd).st_ino:
+                # A holder that died left its announcement: nobody must follow that file now.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path.with_suffix(".follow"))
                 return Held(path, fd)
             # The previous holder unlinked this file as it let go: lock the new one.
             os.close(fd)
