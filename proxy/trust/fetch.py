@@ -86,9 +86,9 @@ class Pace:
 
 
 class Sink(Protocol):
-    """Where received (not yet verified) bytes go, in order."""
+    """Where received (not yet verified) bytes go, in order; ``data`` is the sink's to keep."""
 
-    async def write(self, data: bytes) -> None: ...
+    async def write(self, data: bytes | bytearray) -> None: ...
 
     async def restart(self) -> None:
         """Drop everything written: the body starts over."""
@@ -108,9 +108,9 @@ class BytesSink:
     """A sink in memory, for pages and other small targets."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[bytes | bytearray] = []
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         self.parts.append(data)
 
     async def restart(self) -> None:
@@ -264,7 +264,7 @@ class FileSink:
         self.fd = fd
         self.size = 0
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         await asyncio.to_thread(pwrite_all, self.fd, data, self.size)
         self.size += len(data)
 
@@ -273,7 +273,7 @@ class FileSink:
         self.size = 0
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (blocking: run it in a thread)."""
     view = memoryview(data)
     while view:
