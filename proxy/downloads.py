@@ -109,7 +109,7 @@ class _Tee:
         if self.held is not None:
             self.held.announce(str(self.writer.path))
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         assert self.writer is not None
         await self.writer.write(data)
         self.download.available += len(data)
