@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.profiles import Profile, get_profile
+from proxy.profiles import Profile, get_profile, recorded_profile
 
 ENV_PREFIX = "TUFPROXY_"
 
@@ -133,8 +133,9 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("upstream", "base URL of an untrusted mirror serving the signed tree; repeat for fallbacks, tried in order",
            [], _url_list, repeat=True, metavar="URL"),
-    Option("profile", "repository layout: tufproxy (our signer's) or warehouse (PyPI's PEP 458 draft)",
-           "tufproxy", metavar="NAME"),
+    Option("profile", "repository layout: tufproxy (our signer's), gateway (what 'tufproxy gateway' publishes) "
+           "or warehouse (PyPI's PEP 458 draft); with --repository, the profile its last 'mirror sync' "
+           "recorded, else tufproxy", None, metavar="NAME"),
     Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
            "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
@@ -236,7 +237,11 @@ def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] =
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
-    config = ServeConfig(**resolve_values(args, OPTIONS, environ))
+    values = resolve_values(args, OPTIONS, environ)
+    if values["profile"] is None:
+        recorded = recorded_profile(values["repository"]) if values["repository"] is not None else None
+        values["profile"] = recorded or ServeConfig.profile
+    config = ServeConfig(**values)
     if not config.upstream and config.repository is None:
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:

@@ -5,7 +5,9 @@ the current ``generation`` can be read through :meth:`Download.open`,
 ``result`` becomes the published blob (or the typed refusal).  Requests
 hold the final byte back until ``result`` is a blob, and reset when the
 generation changes under them (the body started over) or the download
-fails.
+fails.  :class:`Tee` is the sink that feeds a download in this process
+(the gateway's files use it over a temp file of their own, restarted in
+place).
 
 Across processes sharing a cache (workers, replicas), a
 :class:`~proxy.locks.FetchLocks` lock makes one of them fetch.  That
@@ -34,12 +36,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from proxy.locks import FetchLocks, Held
 from proxy.refusals import Busy
 from proxy.store import Blob, BlobStore, BlobWriter
 from proxy.trust.errors import RepositoryError
-from proxy.trust.fetch import Observer, Pace, Want, fetch_verified
+from proxy.trust.fetch import Observer, Pace, Sink, Want, fetch_verified
 from proxy.trust.hashing import StreamingVerifier
 from proxy.upstream import Fetcher
 
@@ -71,6 +74,22 @@ class Download:
         """A new descriptor (the caller closes it) on the current generation's bytes; None if none."""
         return os.dup(self._fd) if self._fd >= 0 else None
 
+    def writing(self, path: Path) -> None:
+        """The body goes to the temp file ``path`` from now on (from byte 0)."""
+        self._source(os.open(path, os.O_RDONLY))
+
+    def finish(self, task: asyncio.Task[Blob]) -> None:
+        """The fetch ``task`` is done: its blob or refusal becomes ``result``."""
+        self._close()
+        if task.cancelled():
+            self.result.cancel()
+        elif task.exception() is not None:
+            self.result.set_exception(task.exception())  # type: ignore[arg-type]
+            self.result.exception()  # nobody may be waiting any more: not "never retrieved"
+        else:
+            self.result.set_result(task.result())
+        self._notify()
+
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -91,29 +110,42 @@ class Download:
             self._fd = -1
 
 
-class _Tee:
-    """The fetch's sink: a store temp file per body, announced to followers in this and other processes."""
+class Tee:
+    """A fetch's sink: a temp file (the store's, or any :class:`Sink`), announcing progress to followers
+    in this process; a restart truncates it."""
+
+    def __init__(self, writer: BlobWriter | Sink, download: Download) -> None:
+        self.writer = writer
+        self.download = download
+
+    async def write(self, data: bytes | bytearray) -> None:
+        await self.writer.write(data)
+        self.download.available += len(data)
+        self.download._notify()
+
+    async def restart(self) -> None:
+        await self.writer.restart()
+        self.download.available = 0
+        self.download.generation += 1
+        self.download._notify()
+
+
+class _StoreTee(Tee):
+    """The store's sink: a new temp file per body, announced to followers in other processes too."""
 
     def __init__(self, store: BlobStore, download: Download, held: Held | None) -> None:
         self.store = store
         self.download = download
         self.held = held
-        self.writer: BlobWriter | None = None
         self._files = contextlib.AsyncExitStack()
 
     async def open(self) -> None:
         want = self.download.want
-        self.writer = await self._files.enter_async_context(self.store.writer(want.length, want.exact))
-        assert self.writer.path is not None
-        self.download._source(os.open(self.writer.path, os.O_RDONLY))
+        writer = self.writer = await self._files.enter_async_context(self.store.writer(want.length, want.exact))
+        assert writer.path is not None
+        self.download.writing(writer.path)
         if self.held is not None:
-            self.held.announce(str(self.writer.path))
-
-    async def write(self, data: bytes | bytearray) -> None:
-        assert self.writer is not None
-        await self.writer.write(data)
-        self.download.available += len(data)
-        self.download._notify()
+            self.held.announce(str(writer.path))
 
     async def restart(self) -> None:
         # A new file, not a truncated one: bytes once written at an offset never change,
@@ -122,7 +154,7 @@ class _Tee:
         await self.open()
 
     async def publish(self, sha256: str) -> Blob:
-        assert self.writer is not None
+        assert isinstance(self.writer, BlobWriter)
         return await self.writer.publish(sha256)
 
     async def close(self) -> None:
@@ -250,15 +282,7 @@ class Downloads:
     def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
         if self._inflight.get(download.key) is download:
             del self._inflight[download.key]
-        download._close()
-        if task.cancelled():
-            download.result.cancel()
-        elif task.exception() is not None:
-            download.result.set_exception(task.exception())  # type: ignore[arg-type]
-            download.result.exception()  # nobody may be waiting any more: not "never retrieved"
-        else:
-            download.result.set_result(task.result())
-        download._notify()
+        download.finish(task)
 
     async def _run(self, download: Download, urls: list[str], observer: Observer,
                    cached: Callable[[], Blob | None]) -> Blob:
@@ -317,7 +341,7 @@ class Downloads:
     async def _fetch(self, download: Download, urls: list[str], observer: Observer, held: Held | None) -> Blob:
         want = download.want
         async with self._slot(want.exact):
-            tee = _Tee(self.store, download, held)
+            tee = _StoreTee(self.store, download, held)
             try:
                 await tee.open()
                 digests = await fetch_verified(self.fetcher, want, urls, tee,

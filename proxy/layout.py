@@ -40,6 +40,9 @@ from packaging.utils import (
 )
 
 METADATA_DIR = "metadata"
+# A synced mirror's own state (never served) and the manifest in it that records the sync's profile.
+MIRROR_STATE_DIR = ".mirror"
+MIRROR_MANIFEST = "manifest.json"
 ROOT_INDEX_HTML = "simple/index.html"
 ROOT_INDEX_JSON = "simple/index.json"
 

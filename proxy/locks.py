@@ -8,7 +8,8 @@ lock file per download key under ``<root>/locks/``.  While it holds a
 lock, the fetching process announces where its bytes are
 (:meth:`Held.announce`: a side file beside the lock, replaced atomically,
 gone before the lock is released), so other processes can follow them
-(:meth:`FetchLocks.announced`).
+(:meth:`FetchLocks.announced`).  :class:`Leadership` picks one process of
+several for a periodic job.
 """
 
 from __future__ import annotations
@@ -130,3 +131,23 @@ class FetchLocks:
             yield True
         finally:
             held.release()
+
+
+class Leadership:
+    """One process of several holds ``path``'s lock and does a periodic job; another takes over when it dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+
+    def held(self) -> bool:
+        """True while this process leads (tries to take the lead when nobody holds it)."""
+        if self._fd is None:
+            self._fd = try_flock(self.path, os.O_RDWR | os.O_CREAT, exclusive=True)
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess", "mark_process_dead"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess", "exposition", "mark_process_dead"]
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -45,11 +45,20 @@ def enable_multiprocess(directory: Path) -> None:
     values.ValueClass = values.get_value_class()
 
 
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The text format: ``registry``, or every worker's values in multiprocess mode."""
+    directory = os.environ.get(_MULTIPROC_ENV)
+    if directory is None:
+        return generate_latest(registry)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=directory)
+    return generate_latest(merged)
+
+
 class Metrics:
     """Every metric tufproxy exports."""
 
     def __init__(self) -> None:
-        self._multiproc_dir = os.environ.get(_MULTIPROC_ENV)
         r = self.registry = CollectorRegistry()
         self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
         self.request_seconds = Histogram(
@@ -91,8 +100,4 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The text format: this process's registry, or every worker's in multiprocess mode."""
-        if self._multiproc_dir is None:
-            return generate_latest(self.registry)
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=self._multiproc_dir)
-        return generate_latest(merged)
+        return exposition(self.registry)

@@ -29,12 +29,14 @@ in the verified page; no JSON target, no root-list target; metadata under
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from proxy.layout import PageFormat, consistent_name, project_page_target, root_page_target
+from proxy.layout import MIRROR_MANIFEST, MIRROR_STATE_DIR, PageFormat, consistent_name, project_page_target, root_page_target
 
 
 @dataclass(frozen=True)
@@ -111,3 +113,18 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown profile {name!r} (known: {', '.join(PROFILES)})") from None
+
+
+def recorded_profile(directory: Path) -> str | None:
+    """The profile a ``tufproxy mirror sync`` into ``directory`` recorded, None if it recorded none.
+
+    Only a default: the manifest sits on untrusted media, but a profile only
+    says where things live, and every byte is still verified from the root,
+    so a forged one can break serving, never make it trust more.
+    """
+    try:
+        manifest = json.loads((Path(directory) / MIRROR_STATE_DIR / MIRROR_MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    profile = manifest.get("profile") if isinstance(manifest, dict) else None
+    return profile if isinstance(profile, str) else None

@@ -27,7 +27,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from urllib.parse import urljoin
 
 from proxy import index
 from proxy.audit import AuditLog, AuditWriteError
@@ -43,6 +42,7 @@ from proxy.layout import (
     version_of_filename,
 )
 from proxy.metrics import Metrics
+from proxy.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
 from proxy.profiles import TUFPROXY, Profile
 
 from proxy.refusals import Asker, BadPath, ClientMistake, NotAcceptable, Refusals
@@ -72,7 +72,7 @@ class ProxySettings:
 
     max_file_size: int = 4 * 2**30
     max_page_size: int = 64 * 2**20
-    max_core_metadata_size: int = 16 * 2**20
+    max_core_metadata_size: int = MAX_CORE_METADATA_SIZE
     # /readyz wants an upstream reached within this many seconds (a few refresh intervals).
     upstream_freshness: float = 180.0
     # True: hold every byte of a cold file until it is verified (no streaming).
@@ -374,10 +374,8 @@ class Resolver:
     async def _file_source(self, ask: Ask, req: TargetRequest) -> _Source:
         """What a file must be, and its URLs: its own target, or its entry on the verified page.
 
-        The one place a file's length is decided: a signed target's length
-        is exact; through a page, PEP 700 ``size`` is exact and its absence
-        leaves only the --max-file-size bound (the core metadata bound for
-        ``.metadata`` files).
+        A signed target's length is exact; through a page,
+        :mod:`proxy.pagefiles` decides (PEP 700 ``size`` exact, else a bound).
         """
         path = req.target_path()
         if self.profile.files_are_targets:
@@ -396,24 +394,11 @@ class Resolver:
         dist = next((f for f in page.files if f.filename == req.filename), None)
         if dist is None:
             raise UnknownTarget(path)
-        role = f"{page_target.role} (via {page_target.path})"
-        if req.kind is TargetKind.CORE_METADATA:
-            raw_hashes = dist.core_metadata if isinstance(dist.core_metadata, dict) else {}
-            length, exact, suffix = self.settings.max_core_metadata_size, False, ".metadata"
-        else:
-            raw_hashes, suffix = dist.hashes, ""
-            exact = dist.size is not None
-            length = dist.size if dist.size is not None else self.settings.max_file_size
-        # No hash we check (none, md5 only, malformed): the page vouches for nothing; typed refusal.
-        hashes = accepted_hashes(path, raw_hashes, role)
-        urls = []
-        for page_url in self.trust.target_urls(page_target):
-            url = urljoin(page_url, dist.url) + suffix
-            if url not in urls and url.startswith(self.file_origins):
-                urls.append(url)
-        if not urls:
-            raise _ForeignLink(path, dist.url)
-        return _Source(Want(path, hashes, length, exact, role), role, urls)
+        core = req.kind is TargetKind.CORE_METADATA
+        want = file_want(path, page_target, dist, core=core, max_file_size=self.settings.max_file_size,
+                         max_core_metadata_size=self.settings.max_core_metadata_size)
+        urls = file_urls(path, self.trust.target_urls(page_target), dist, core=core, origins=self.file_origins)
+        return _Source(want, want.role or "", urls)
 
 
 class _Malformed(RepositoryError):
@@ -423,16 +408,6 @@ class _Malformed(RepositoryError):
 
     def __init__(self, target: str, detail: str) -> None:
         super().__init__(f"{target}: signed page does not parse: {detail}", target=target)
-
-
-class _ForeignLink(RepositoryError):
-    """A verified page points a file at a host that is not a configured upstream."""
-
-    reason = "foreign-link"
-
-    def __init__(self, target: str, url: str) -> None:
-        super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "
-                         "(add it with --files-url)", target=target)
 
 
 def _first_hash(target: VerifiedTarget) -> str:

@@ -8,18 +8,15 @@ response: a page, a pinned blob (sendfile, ``Range``, ``If-None-Match``,
 record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
 
 A streamed cold file holds back its final byte until every signed hash
-matched; on a refusal the connection is reset instead, so no client ever
-holds a complete file that was not verified.
+matched (:mod:`proxy.streaming`, shared with the gateway); on a refusal
+the connection is reset instead, so no client ever holds a complete file
+that was not verified.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import socket
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,7 +24,6 @@ from typing import Any
 from aiohttp import web
 
 from proxy.connections import BoundedRunner, ClientBounds
-from proxy.downloads import Download
 from proxy.logs import new_request_id, request_id
 from proxy.metrics import CONTENT_TYPE_LATEST
 from proxy.refusals import Answer
@@ -42,13 +38,9 @@ from proxy.resolver import (
     UPSTREAM_FAILURES,
 )
 from proxy.store import StoreError
+from proxy.streaming import first_bytes, send_download
 
 log = logging.getLogger(__name__)
-# Streamed files go out in pieces of at most this much.
-_SEND_CHUNK = 2**20
-# A cold file starts streaming once this much arrived, or this long after the request.
-_STREAM_AFTER = 2**20
-_STREAM_DELAY = 0.5
 # Headers that need the whole file on disk (FileResponse answers them): no streaming then.
 _WHOLE_FILE_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Range", "If-Match", "If-Unmodified-Since")
 _FILE_HEADERS = {
@@ -128,63 +120,15 @@ class Proxy:
         """Send a cold file as it arrives, the final byte only once it is verified."""
         download = decision.download
         joined = decision.again is not None
-        first = await _first_bytes(download, joined)
+        first = await first_bytes(download, joined)
         if first is not None and decision.again is not None and isinstance(first, UPSTREAM_FAILURES):
             download = decision.again()
-            first = await _first_bytes(download, joined=False)
+            first = await first_bytes(download, joined=False)
         if first is not None:
             return self._refused(ask, first)
-        response = web.StreamResponse(headers=_FILE_HEADERS)
-        if decision.length is not None:
-            response.content_length = decision.length
-        await response.prepare(request)
-        sent = 0
-        generation = download.generation
-        fd, fd_generation = -1, generation
-        try:
-            while True:
-                changed = download.waiter()
-                result = download.result
-                if download.generation != generation and sent == 0:
-                    generation = download.generation
-                if download.generation != generation or (result.done() and (result.cancelled() or result.exception())):
-                    # The body started over, or did not verify: what this client got must never complete.
-                    _reset(request)
-                    return response
-                verified = result.done()
-                end = download.available if not verified else result.result().size
-                limit = end if verified else end - 1  # the held-back tail
-                if sent < limit:
-                    if fd < 0 or fd_generation != generation:
-                        if fd >= 0:
-                            os.close(fd)
-                        # The download's file (which becomes the blob when published), or the blob.
-                        opened, fd_generation = download.open(), generation
-                        fd = -1 if opened is None else opened
-                        if fd < 0 and verified:
-                            try:
-                                fd = await asyncio.to_thread(os.open, result.result().path, os.O_RDONLY)
-                            except FileNotFoundError:  # evicted already: this client tries again
-                                _reset(request)
-                                return response
-                        if fd < 0:
-                            await changed.wait()
-                            continue
-                    data = await asyncio.to_thread(os.pread, fd, min(limit - sent, _SEND_CHUNK), sent)
-                    if not data:
-                        _reset(request)
-                        return response
-                    await response.write(data)
-                    sent += len(data)
-                    continue
-                if verified:
-                    break
-                await changed.wait()
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        await response.write_eof()
-        decision.served(result.result())
+        response, blob = await send_download(request, download, _FILE_HEADERS, decision.length)
+        if blob is not None:
+            decision.served(blob)
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -230,41 +174,6 @@ class Proxy:
             "last_refresh": last,
         }
         return web.json_response(body, status=200 if not problems else 503)
-
-
-async def _first_bytes(download: Download, joined: bool) -> BaseException | None:
-    """Wait until streaming is worth starting; the download's refusal if it failed first.
-
-    Streaming starts once ``_STREAM_AFTER`` bytes arrived or, for the request
-    that started the fetch, ``_STREAM_DELAY`` passed: a small file is
-    usually verified by then and answered whole, so a refusal keeps its
-    clear status instead of a reset connection.  A request that joined a
-    fetch waits for the bytes alone: if that fetch is a slow one that gets
-    abandoned, it has sent nothing yet and gets a fresh fetch of its own.
-    """
-    deadline = time.monotonic() + _STREAM_DELAY
-    while True:
-        changed = download.waiter()
-        result = download.result
-        if result.done():
-            return None if result.cancelled() else result.exception()
-        if download.available > _STREAM_AFTER or (
-                not joined and download.available > 1 and time.monotonic() >= deadline):
-            return None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(None if joined else max(0.0, deadline - time.monotonic()) or None):
-                await changed.wait()
-
-
-def _reset(request: web.Request) -> None:
-    """Abort the connection with a TCP reset: the client sees a broken transfer, never a clean end."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 def _answer(answer: Answer) -> web.Response:

@@ -23,6 +23,9 @@ Workers share the cache directory (see :mod:`proxy.store`), each keeps
 its own trusted metadata (see :func:`proxy.serve.start`), and metrics are
 summed across them through prometheus-client's multiprocess files in
 ``cache/metrics/<host>-<supervisor pid>/``.
+
+What a worker runs is a :class:`WorkerApp`: ``serve``'s proxy here, the
+gateway's in :mod:`proxy.gateway.cli`; the supervision is the same.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from proxy import metrics
 from proxy.cmderror import EXIT_ERROR, CommandError
@@ -125,15 +129,55 @@ def _metrics_dir(cache_dir: Path) -> tuple[Path, int]:
     return mine, fd
 
 
-async def _worker_main(config: ServeConfig, sock: socket.socket, ready_fd: int, alive_fd: int) -> int:
+@dataclass
+class Started:
+    """A worker's running app: ``sync`` publishes its gauges, ``stop`` drains it."""
+
+    sync: Callable[[], None]
+    stop: Callable[[], Awaitable[None]]
+
+
+class WorkerApp(Protocol):
+    """What the supervisor runs in each worker."""
+
+    listen: tuple[str, int]
+    state_dir: Path  # shared by the workers; multiprocess metrics go under state_dir/metrics
+    name: str  # for the line that says the workers serve
+
+    async def start(self, sock: socket.socket) -> Started:
+        """Serve on ``sock``; a :class:`CommandError` says why it cannot."""
+        ...
+
+
+@dataclass
+class ServeApp:
+    """``tufproxy serve``'s proxy as a :class:`WorkerApp`."""
+
+    config: ServeConfig
+    name: str = "tufproxy serving"
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return self.config.listen
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.cache_dir
+
+    async def start(self, sock: socket.socket) -> Started:
+        running = await start(self.config, sock)
+        return Started(running.proxy.update_gauges, running.stop)
+
+
+async def _worker_main(app: WorkerApp, sock: socket.socket, ready_fd: int, alive_fd: int) -> int:
     try:
-        running = await start(config, sock)
+        running = await app.start(sock)
     except CommandError as e:
         reason = " ".join(str(e).split())
         os.write(ready_fd, f"{os.getpid()} {reason}\n".encode()[:_PIPE_BUF])
         return EXIT_ERROR
     # Any worker may answer a scrape, which sums every worker's files: keep this one's current.
-    sync = running.proxy.update_gauges
+    sync = running.sync
     sync()
     os.write(ready_fd, f"{os.getpid()}\n".encode())
     os.close(ready_fd)
@@ -156,12 +200,12 @@ async def _worker_main(config: ServeConfig, sock: socket.socket, ready_fd: int, 
 
 
 class Supervisor:
-    """Runs N workers of one :class:`ServeConfig` until signalled, or until they keep dying."""
+    """Runs N workers of one :class:`WorkerApp` until signalled, or until they keep dying."""
 
-    def __init__(self, config: ServeConfig, workers: int) -> None:
+    def __init__(self, app: WorkerApp, workers: int) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
-        self.config = config
+        self.app = app
         self.count = workers
         self.restart_budget = max(5, workers)
         self._workers: dict[int, _Worker] = {}
@@ -175,7 +219,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Bind, start the workers, supervise; the exit status."""
-        host, port = self.config.listen
+        host, port = self.app.listen
         self.reuse_port = _reuse_port_works(host)
         try:
             # Reuseport: a bound, non-listening socket holds the port; workers listen on their own.
@@ -184,10 +228,10 @@ class Supervisor:
             raise WorkersError(f"cannot listen on {host}:{port}: {e.strerror}") from e
         self.port = self._sock.getsockname()[1]
         try:
-            self._metrics, self._metrics_lock = _metrics_dir(self.config.cache_dir)
+            self._metrics, self._metrics_lock = _metrics_dir(self.app.state_dir)
         except OSError as e:
             self._sock.close()
-            raise WorkersError(f"cache dir {self.config.cache_dir} is not usable: {e}") from e
+            raise WorkersError(f"cache dir {self.app.state_dir} is not usable: {e}") from e
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
         self._alive_r, self._alive_w = os.pipe()
@@ -264,7 +308,7 @@ class Supervisor:
         if not self._serving and all(w.ready for w in self._workers.values()) and len(self._workers) == self.count:
             self._serving = True
             mode = "SO_REUSEPORT" if self.reuse_port else "one shared socket"
-            print(f"tufproxy serving on http://{self.config.listen[0]}:{self.port}/simple/ "
+            print(f"{self.app.name} on http://{self.app.listen[0]}:{self.port}/simple/ "
                   f"({self.count} workers, {mode})", flush=True)
 
     def _reap(self) -> None:
@@ -343,12 +387,12 @@ class Supervisor:
             metrics.enable_multiprocess(self._metrics)
             assert self._sock is not None
             if self.reuse_port:
-                host = self.config.listen[0]
+                host = self.app.listen[0]
                 self._sock.close()
                 sock = _bind(host, self.port, reuse_port=True, listen=True)
             else:
                 sock = self._sock
-            code = asyncio.run(_worker_main(self.config, sock, self._ready_w, self._alive_r))
+            code = asyncio.run(_worker_main(self.app, sock, self._ready_w, self._alive_r))
         except KeyboardInterrupt:
             code = 130
         except Exception:  # a worker must never return into the supervisor's code
@@ -361,4 +405,4 @@ class Supervisor:
 
 def run(config: ServeConfig) -> int:
     """``tufproxy serve`` with ``config.workers`` worker processes; the exit status."""
-    return Supervisor(config, config.workers).run()
+    return Supervisor(ServeApp(config), config.workers).run()

@@ -23,9 +23,9 @@ import pytest
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
 from tests.support.gatewayproc import GatewayProcess
-from tests.support.proxyproc import ProxyProcess
 from tests.support.gatewayproc import edge_for as _edge
 from tests.support.gatewayproc import gateway_init as _gateway_init
+from tests.support.gatewayproc import install_chain_first_try
 from tests.support.gatewayproc import metric as _metric
 from tests.support.gatewayproc import wait_for as _wait_for
 from tests.support.testindex import TestIndex
@@ -57,14 +57,7 @@ def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
 @pytest.mark.parametrize("client", CLIENTS)
 def test_chain_installs_through_edge_and_gateway_on_first_try(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
     """Nothing is published yet: the edge's misses ask the gateway (the miss protocol), pip and uv never retry."""
-    edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gateway.base, "--root", str(gateway.root),
-                        "--workers", "2", "--refresh-interval", "3600")
-    with edge:
-        r = install(client, edge.url, tmp_path / "target", "app")
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "503" not in r.stdout + r.stderr and "Retry" not in r.stdout + r.stderr
-        assert _metric(gateway.base, "tufproxy_gateway_published_projects_total") == 3
-    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
+    install_chain_first_try(tmp_path, gateway, client)
     # The gateway pinned what it published and fetched each installed file once.
     ledger = json.loads(subprocess.run([sys.executable, "-m", "proxy", "gateway", "ledger", str(gateway.directory), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
@@ -349,7 +342,8 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
     import http.client
     import threading
 
-    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(1 << 20))  # a wheel of some MB
+    # Incompressible, so the first half the index sends before holding is more than one fetch batch (1 MiB).
+    big = build_wheel(tmp_path / "big", "bigpkg", "1.0", payload=random.Random(1).randbytes(4 << 20))
     entry = test_index.add(big)
     assert gateway.publish("bigpkg")[0] == 200
     if tamper:  # same length, the second half differs from the pinned hash
@@ -374,6 +368,47 @@ def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: Ga
     conn.close()
 
 
+def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+    """A second request for a file in flight streams the same body before the index finishes; one index fetch."""
+    import http.client
+    import threading
+
+    big = build_wheel(tmp_path / "big", "joinpkg", "1.0", payload=random.Random(2).randbytes(4 << 20))
+    test_index.add(big)
+    assert gateway.publish("joinpkg")[0] == 200
+    gate = test_index.hold[big.name] = threading.Event()
+    responses = []
+    for _ in range(3):
+        conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+        conn.request("GET", f"/packages/joinpkg/{big.name}")
+        responses.append(conn.getresponse())
+    # Every client has bytes while the index still holds the second half.
+    firsts = [r.read(64 * 1024) for r in responses]
+    assert all(len(f) == 64 * 1024 for f in firsts) and not gate.is_set()
+    gate.set()
+    assert all(f + r.read() == big.read_bytes() for f, r in zip(firsts, responses))
+    assert sum(big.name in p for p in test_index.requests) == 1
+
+
+@pytest.mark.slow
+def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(tmp_path: Path, gateway: GatewayProcess,
+                                                                     test_index: TestIndex) -> None:
+    """Issue 19 item 10, scaled down: a file taking ~3x pip's --timeout to leave the index still installs on the first try."""
+    from tests.support.clients import pip
+    from tests.support.faults import sized_wheel
+
+    wheel = sized_wheel(tmp_path / "big", "slowbig", "1.0", 9 * 2**20)
+    test_index.add(wheel).rate = 2**20  # 1 MiB/s: about 9 s, while pip allows 3 s of silence
+    with _edge(tmp_path, gateway) as edge:
+        start = time.monotonic()
+        r = pip("install", "--timeout", "3", "--retries", "0", "--index-url", edge.url, "--target", str(tmp_path / "t"),
+                "slowbig", timeout=120)
+        took = time.monotonic() - start
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert took >= 6, f"the file arrived in {took:.1f}s: too fast to show anything"
+    assert (tmp_path / "t" / "slowbig" / "data.bin").stat().st_size > 8 * 2**20
+
+
 def test_html_only_index_installs(tmp_path: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex(mode="html") as index:
@@ -395,7 +430,7 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
     (["gateway", "serve", "{dir}"], "give --index-url"),
     (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
     (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
-    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "2"], "--workers"),
+    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "0"], "--workers"),
     (["gateway", "init", "{dir}"], "already holds a repository"),
     (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
 ])

@@ -47,6 +47,15 @@ def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -
         parse(argv)
 
 
+def test_a_synced_mirror_names_its_profile_and_a_flag_overrides_it(tmp_path: Path) -> None:
+    (tmp_path / ".mirror").mkdir()
+    assert parse(["--repository", str(tmp_path)]).profile == "tufproxy"  # no manifest yet
+    (tmp_path / ".mirror/manifest.json").write_text('{"profile": "gateway", "targets": []}')
+    assert parse(["--repository", str(tmp_path)]).profile == "gateway"
+    assert parse(["--repository", str(tmp_path), "--profile", "tufproxy"]).profile == "tufproxy"
+    assert parse(["--upstream", "http://127.0.0.1:9/", "--root", "r.json"]).profile == "tufproxy"
+
+
 def test_unknown_toml_keys_are_refused(tmp_path: Path) -> None:
     conf = tmp_path / "c.toml"
     conf.write_text('upstream = ["http://x/"]\nrefersh_interval = 1\n')

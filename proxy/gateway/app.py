@@ -4,9 +4,10 @@ Routes:
 
 * ``GET /metadata/<file>``: TUF metadata; ``timestamp.json`` and
   ``root.json`` with ``Cache-Control: no-cache``, versioned files immutable.
-* ``GET /simple/...``: the signed pages (consistent ``HASH.index.*`` names for
-  edges, plain names for pip pointed straight at the gateway; an unpublished
-  project's plain page is published first).
+* ``GET /simple/...``: the signed pages and the root list (consistent
+  ``HASH.index.*`` names for edges and mirror syncs, plain names for pip
+  pointed straight at the gateway; an unpublished project's plain page is
+  published first).
 * ``GET /packages/<p>/<file>[.metadata]``: from the tree, else streamed from
   the index and checked against its pin (:mod:`proxy.gateway.files`).
 * ``POST /_tufproxy/publish/<project>``: the miss protocol (README, design
@@ -78,6 +79,7 @@ class GatewayApp:
         app.router.add_post(PUBLISH_PREFIX + "{project}", self._publish, name="publish")
         app.router.add_get("/metadata/{name}", self._metadata, name="metadata")
         app.router.add_get("/simple/", self._root_page, name="root-page")
+        app.router.add_get("/simple/{name}", self._root_file, name="root-file")
         app.router.add_get("/simple/{project}/", self._project_page, name="project-page")
         app.router.add_get("/simple/{project}/{name}", self._page_file, name="page-file")
         app.router.add_get("/packages/{project}/{name}", self._package, name="packages")
@@ -137,6 +139,11 @@ class GatewayApp:
         name, content_type = _plain_page(request)
         return self._file("simple", name, headers={**_NO_CACHE, "Content-Type": content_type})
 
+    async def _root_file(self, request: web.Request) -> web.StreamResponse:
+        """The root list under a hash name: the signed target edges and mirror syncs fetch."""
+        name = request.match_info["name"]
+        return self._file("simple", name, headers=_NO_CACHE if name in ("index.html", "index.json") else _IMMUTABLE)
+
     async def _project_page(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["project"]
         if not is_valid_project_name(name):
@@ -169,6 +176,7 @@ class GatewayApp:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         publisher = self.gateway.publisher
+        publisher.reload()  # another worker may have re-signed
         problems = []
         if publisher.timestamp_expires <= time.time():
             problems.append("published timestamp has expired")
@@ -179,11 +187,16 @@ class GatewayApp:
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.update_gauges()
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def update_gauges(self) -> None:
+        """At each scrape, and periodically in workers (any worker's scrape reports every worker's gauges)."""
         publisher = self.gateway.publisher
+        publisher.reload()
         self.metrics.timestamp_version.set(publisher.timestamp_version)
         self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
         self.metrics.projects.set(len(publisher.published))
-        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:

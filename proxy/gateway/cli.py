@@ -13,7 +13,9 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,16 +40,19 @@ from proxy.config import (
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
-from proxy.gateway.indexhttp import IndexHTTP
+from proxy.gateway.indexhttp import IndexHTTP, strip_credentials
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
+from proxy.locks import FetchLocks, Leadership
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
 from proxy.serve import stop_on_signals
+from proxy.trust.fetch import Pace
+from proxy.workers import Started, Supervisor
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -78,7 +83,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("read_timeout", "seconds an index may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
-    Option("workers", "worker processes (only 1 is supported yet)", 1, int, metavar="N"),
+    Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
+    Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
+           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
@@ -93,6 +100,21 @@ arrives in --batch-window) and answers {"timestamp_version": N} once that
 timestamp is written, or 404 when no index lists the project. Edges run:
   tufproxy serve --profile gateway --upstream http://GATEWAY:8081/ \\
       --root DIR/public/metadata/1.root.json
+
+--workers N runs N processes on one port sharing DIR: each batches its own
+publishes and they sign one at a time under DIR/.lock, re-reading the
+signed state from disk; a project's page is fetched by one of them.
+
+What lives where (back up the first three; the rest is fetched again):
+  DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
+                          (keep offline) and online.pem (the running gateway's)
+  DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
+  DIR/public/simple/      a restore from an older backup keeps versions rising)
+  DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
+                          memory of what was served) and policy.json
+  DIR/public/packages/    files fetched on demand, checked against the ledger;
+                          with --cache-dir DIR2: DIR2/packages/ instead
+  DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
 """
 
 
@@ -109,54 +131,103 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
+def _open(directory: Path) -> Repository:
     try:
         repo = Repository.open(directory)
     except RepositoryError as e:
         raise CommandError(str(e)) from e
     if repo.profile.name != "gateway":
         raise CommandError(f"{directory} is a {repo.profile.name} repository; create one with 'tufproxy gateway init'")
+    return repo
+
+
+def state_dir(directory: Path, cache_dir: Path | None) -> Path:
+    """Where a running gateway keeps what it can lose: files fetched on demand go under ``packages/``
+    of the cache dir, worker locks and metrics under ``run/``."""
+    return Path(cache_dir) if cache_dir is not None else ledger_dir(directory)
+
+
+@dataclass
+class GatewayWorkers:
+    """``gateway serve`` as a :class:`~proxy.workers.WorkerApp`: the same gateway in every worker, sharing DIR."""
+
+    directory: Path
+    values: dict  # type: ignore[type-arg]
+    policy: Policy
+    name: str = "tufproxy gateway serving"
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return self.values["listen"]
+
+    @property
+    def state_dir(self) -> Path:
+        return state_dir(self.directory, self.values["cache_dir"]) / "run"
+
+    async def start(self, sock: socket.socket) -> Started:
+        started, _ = await _start(self.directory, self.values, self.policy, sock, self.state_dir)
+        return started
+
+
+async def _start(directory: Path, values: dict, policy: Policy, sock: socket.socket | None,  # type: ignore[type-arg]
+                 shared: Path | None) -> tuple[Started, int]:
+    """Start one gateway process (on ``sock`` if given); with ``shared``, one of several workers sharing DIR."""
+    repo = _open(directory)
     try:
         audit = AuditLog(values["audit_log"])
     except OSError as e:
         raise CommandError(f"cannot open the audit log {values['audit_log']}: {e.strerror}") from e
     metrics = GatewayMetrics()
-    http = IndexHTTP(values["index_url"], ca_bundle=values["ca_bundle"],
-                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     files_origins = tuple(values["files_origin"])
+    http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch)
-    gateway = Gateway(client, ledger, publisher, audit, metrics, policy)
-    files = FileSource(repo.public_dir, ledger, http, audit, metrics, files_origins, values["max_file_size"])
-    runner = web.AppRunner(GatewayApp(gateway, files, repo.public_dir).app(), access_log=None, handle_signals=False)
+    try:
+        locks = FetchLocks(shared / "locks") if shared is not None else None
+        files_dir = values["cache_dir"] or repo.public_dir
+        Path(files_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
+    app = GatewayApp(gateway, files, repo.public_dir)
+    runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = values["listen"]
     try:
-        await web.TCPSite(runner, host, port).start()
+        await (web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)).start()
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
-    try:
-        atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
-    except OSError as e:
-        await runner.cleanup()
-        raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
-    stop = stop_on_signals()
     publisher.start()
+    # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
+    leader = Leadership(shared / "fresh.lock") if shared is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
-                                           tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"]))
-    print(f"tufproxy gateway serving {repo.public_dir} on http://{host}:{runner.addresses[0][1]}/ "
-          f"(indexes: {', '.join(http.index_urls)})", flush=True)
-    print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
-    try:
-        await stop.wait()
-    finally:
+                                           tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+
+    async def stop() -> None:
         fresh.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()
         audit.close()
+        if leader is not None:
+            leader.close()
+
+    return Started(app.update_gauges, stop), runner.addresses[0][1]
+
+
+async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
+    started, port = await _start(directory, values, policy, None, None)
+    stop = stop_on_signals()
+    print(f"tufproxy gateway serving {directory / 'public'} on http://{values['listen'][0]}:{port}/ "
+          f"(indexes: {', '.join(strip_credentials(u)[0] for u in values['index_url'])})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await started.stop()
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -169,10 +240,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     if not values["index_url"]:
         raise CommandError("give --index-url URL (the index to take projects from; there is no default)")
-    if values["workers"] != 1:
-        raise CommandError("--workers: only 1 is supported by the gateway yet (put replicas of the edge in front)")
+    if values["workers"] < 1:
+        raise CommandError("--workers: give 1 or more")
+    directory = Path(args.dir)
+    _open(directory)
     logs.configure(values["log_level"], values["log_format"])
-    asyncio.run(_serve(Path(args.dir), values, policy))
+    try:
+        atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
+    except OSError as e:
+        raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
+    print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    if values["workers"] > 1:
+        return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
+    asyncio.run(_serve(directory, values, policy))
     return 0
 
 

@@ -1,20 +1,30 @@
-"""Files the gateway has pinned but not fetched yet: streamed, checked, then published.
+"""Files the gateway has pinned but not fetched yet: streamed, checked, then kept.
 
 A request for ``/packages/<p>/<file>`` (or its ``.metadata``) that is not
-in ``DIR/public`` yet is answered from the index while the bytes arrive:
-each chunk is hashed (the one check, :class:`StreamingVerifier`, against
-the pin's hashes and, where known, its exact size) and written to a temp
-file, and sent to the client one chunk behind.  Only when the whole body
-matched is the temp file renamed into the tree and the last chunk sent;
-on a mismatch the client's connection is reset before its last byte, the
-temp file is dropped, and the refusal is audited and counted.  So a cold
-big wheel flows to pip at the index's pace, and no complete unverified
-file ever leaves the gateway or lands in its tree.
+in the files directory yet (``DIR/public``, or ``--cache-dir``) starts one
+fetch of it from the index through the one fetch-and-verify
+(:func:`proxy.trust.fetch.fetch_verified`, with the index client as its
+fetcher): each chunk is hashed against the pin's hashes and, where
+known, its exact size, at the pace the edge demands of its upstreams
+(:class:`~proxy.trust.fetch.Pace`), and written to a temp file.  Only
+when the whole body matched is the temp file renamed into place; on a
+mismatch the temp file is dropped, and the refusal is audited and counted
+once.
+
+The fetch is a :class:`~proxy.downloads.Download`: the request that
+started it and every request joining it in this process stream the
+bytes as they arrive, each holding the final chunk back until the
+download is verified (:mod:`proxy.streaming`, as the edge does), so a
+cold big wheel flows to pip at the index's pace, and no complete
+unverified file ever leaves the gateway or lands in its tree.  A refusal
+before any byte went out is a 502 naming the reason; after, the client's
+connection is reset before its last byte.
 
 A client that goes away mid-file does not stop the fetch: the file is
-still checked and kept for the next request.  One fetch per file at a time: a second request for a file in flight waits
-for it and is then served from the tree (streaming one body to several
-clients is left for later).
+still checked and kept for the next request.  Worker processes do not
+share a fetch in flight: two workers asked for one cold file at the same
+moment each fetch it (each verified; the rename is atomic), so neither
+client waits on a stream it cannot see.
 """
 
 from __future__ import annotations
@@ -28,118 +38,96 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.audit import AuditLog
-from proxy.gateway.indexhttp import IndexHTTP, origin
+from proxy.downloads import Download, Tee
+from proxy.gateway.indexhttp import IndexHTTP
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.layout import core_metadata_target, file_target
-from proxy.trust.errors import RepositoryError
-from proxy.trust.hashing import StreamingVerifier
-from proxy.upstream import DownloadError
+from proxy.store import Blob
+from proxy.streaming import first_bytes, send_download
+from proxy.trust.errors import TrustError
+from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
 
 log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
+_HEADERS = {"Content-Type": "application/octet-stream"}
 
 
 class FileSource:
-    """Streams pinned files into ``public_dir``; see the module docstring."""
+    """Streams pinned files into ``files_dir``; see the module docstring."""
 
-    def __init__(self, public_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
-                 files_origins: tuple[str, ...], max_file_size: int) -> None:
-        self.public_dir = public_dir
+    def __init__(self, files_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
+                 max_file_size: int, pace: Pace = Pace()) -> None:
+        self.files_dir = files_dir
         self.ledger = ledger
         self.http = http
         self.audit = audit
         self.metrics = metrics
-        self.files_origins = files_origins
         self.max_file_size = max_file_size
-        self._inflight: dict[str, asyncio.Event] = {}
+        self.pace = pace
+        self._inflight: dict[str, Download] = {}
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
         target = core_metadata_target(project, filename) if core else file_target(project, filename)
-        path = self.public_dir / target
+        path = self.files_dir / target
         self.ledger.reload()  # a revocation from 'tufproxy gateway revoke' applies at once
         pin = self.ledger.pins.get((project, filename))
         if pin is None or self.ledger.is_revoked(project, filename):
             raise web.HTTPNotFound(reason="not published by this gateway")
-        while target in self._inflight:
-            await self._inflight[target].wait()
-        if path.is_file():
-            return web.FileResponse(path)
-        done = self._inflight[target] = asyncio.Event()
-        try:
-            return await self._fetch(request, pin, target, path, core)
-        finally:
-            del self._inflight[target]
-            done.set()
+        download = self._inflight.get(target)
+        joined = download is not None
+        if download is None:
+            if path.is_file():
+                return web.FileResponse(path)
+            download = self._start(request, pin, target, path, core)
+        refusal = await first_bytes(download, joined)
+        if isinstance(refusal, TrustError):
+            raise web.HTTPBadGateway(reason=f"refused by the gateway ({refusal.reason})", text=f"{refusal}\n")
+        if refusal is not None:
+            raise refusal  # our resources (the disk): the app's one table answers it
+        response, _ = await send_download(request, download, _HEADERS, download.want.length if download.want.exact else None)
+        return response
 
-    async def _fetch(self, request: web.Request, pin: Pin, target: str, path: Path, core: bool) -> web.StreamResponse:
+    def _start(self, request: web.Request, pin: Pin, target: str, path: Path, core: bool) -> Download:
         if core:
             if not pin.core_metadata:
                 raise web.HTTPNotFound(reason="no core metadata published for this file")
-            hashes, length, exact, url = pin.core_metadata, MAX_CORE_METADATA, False, pin.url + ".metadata"
+            want, url = Want(target, pin.core_metadata, MAX_CORE_METADATA, False, f"gateway pin from {pin.index}"), pin.url + ".metadata"
         else:
-            exact = pin.size is not None
-            hashes, length, url = pin.hashes, pin.size if pin.size is not None else self.max_file_size, pin.url
-        verifier = StreamingVerifier(target, hashes, length, exact=exact, role=f"gateway pin from {pin.index}")
-        allowed = (origin(pin.index), *self.files_origins)
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        if exact:
-            response.content_length = length
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            length = pin.size if pin.size is not None else self.max_file_size
+            want, url = Want(target, pin.hashes, length, pin.size is not None, f"gateway pin from {pin.index}"), pin.url
+        download = self._inflight[target] = Download(target, want)
+        task = asyncio.ensure_future(self._fetch(download, url, path, request.remote, request.path))
+        task.add_done_callback(lambda t: self._finished(download, t))
+        return download
+
+    def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
+        if self._inflight.get(download.key) is download:
+            del self._inflight[download.key]
+        download.finish(task)
+
+    async def _fetch(self, download: Download, url: str, path: Path, client: str | None, request_path: str) -> Blob:
         path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            with open(tmp, "wb") as out:
-                async with self.http.get(url, length, allowed) as upstream:
-                    await response.prepare(request)
-                    held = b""
-                    client = True
-                    async for chunk in upstream.body:
-                        verifier.update(chunk)
-                        out.write(chunk)
-                        if held and client:
-                            client = await _send(response, held)
-                        held = chunk
-                verifier.finish()
-                out.flush()
-                os.fsync(out.fileno())
+            download.writing(tmp)
+            try:
+                digests = await fetch_verified(self.http, download.want, [url], Tee(FileSink(fd), download),
+                                               pace=self.pace, also=("sha256",))
+            except TrustError as e:  # the index lied, or could not be reached: one audit record, one count
+                log.warning("refused %s: %s", download.key, e)
+                self.metrics.files.labels("refused").inc()
+                self.metrics.refusals.labels(e.reason).inc()
+                self.audit.refused(reason=e.reason, target=download.key, upstream_url=url, client=client,
+                                   request_path=request_path, expected=e.expected, actual=e.actual, detail=str(e))
+                raise
+            await asyncio.to_thread(os.fsync, fd)
             os.replace(tmp, path)
-        except RepositoryError as e:
-            self._refused(request, e.reason, str(e), url, target, e.expected, e.actual)
-            return self._abort(request, response, e.reason, str(e))
-        except DownloadError as e:
-            self._refused(request, "upstream-unreachable", str(e), url, target)
-            return self._abort(request, response, "upstream-unreachable", str(e))
         finally:
+            os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         self.metrics.files.labels("ok").inc()
-        self.metrics.file_bytes.inc(verifier.received)
-        if client and await _send(response, held):
-            await response.write_eof()
-        return response
-
-    def _refused(self, request: web.Request, reason: str, message: str, url: str, target: str,
-                 expected: object = None, actual: object = None) -> None:
-        log.warning("refused %s: %s", target, message)
-        self.metrics.files.labels("refused").inc()
-        self.metrics.refusals.labels(reason).inc()
-        self.audit.refused(reason=reason, target=target, upstream_url=url, client=request.remote,
-                           request_path=request.path, expected=expected, actual=actual, detail=message)
-
-    @staticmethod
-    def _abort(request: web.Request, response: web.StreamResponse, reason: str, message: str) -> web.StreamResponse:
-        if response.prepared:
-            # Some bytes are out: reset, so the client never holds the last one.
-            if request.transport is not None:
-                request.transport.abort()
-            return response
-        raise web.HTTPBadGateway(reason=f"refused by the gateway ({reason})", text=f"{message}\n")
-
-
-async def _send(response: web.StreamResponse, data: bytes) -> bool:
-    """Write to the client; False once it has gone (the file is still fetched, checked and kept)."""
-    try:
-        await response.write(data)
-    except (ConnectionError, RuntimeError):  # aiohttp raises ClientConnectionResetError / "closing transport"
-        return False
-    return True
+        self.metrics.file_bytes.inc(download.available)
+        return Blob(digests["sha256"], path, download.available)

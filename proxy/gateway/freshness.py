@@ -8,7 +8,9 @@ lifetime, so the timestamp never expires even when nothing changes.
 After that, :func:`collect_garbage` drops metadata versions and page
 files nothing current references, once they are older than ``grace``
 (an edge that read the previous timestamp a moment ago can still finish
-its refresh).
+its refresh).  Under ``--workers N`` only the worker holding the
+:class:`~proxy.locks.Leadership` lock does this (another takes over if it
+dies); it first takes up what the other workers signed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from tuf.api.metadata import Metadata
 
 from proxy.gateway.service import Gateway
+from proxy.locks import Leadership
 from proxy.repository import Repository
 from proxy.trust.model import file_digest
 
@@ -32,12 +35,23 @@ _HASHED_PAGE = re.compile(r"[0-9a-f]{64,128}\.index\.(html|json)")
 
 
 async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rate: float, tick: float,
-                     grace: float) -> None:
+                     grace: float, leader: Leadership | None = None) -> None:
     """Run until cancelled; see the module docstring."""
     resign_every = repo.settings.expiry.timestamp.total_seconds() / 8
     last_resign = -float("inf")
+    seen: set[str] | None = None
     while True:
+        if leader is not None and not leader.held():
+            await asyncio.sleep(tick)
+            continue
+        gateway.publisher.reload()
         now = time.monotonic()
+        # What was signed before we led is due now; what another worker signs since was fetched just now.
+        if seen is None:
+            seen = set(gateway.publisher.published)
+        for project in gateway.publisher.published - seen:
+            gateway.fetched.setdefault(project, now)
+        seen |= gateway.publisher.published
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()

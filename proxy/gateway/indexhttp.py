@@ -7,7 +7,10 @@ they cannot reach a log line, an audit record or a metric label.
 Redirects are followed by hand, at most ``max_redirects``, and only to an
 origin the caller allows; anything else is a refusal, not a fetch.
 Bodies are bounded and timed exactly as :class:`~proxy.upstream.AiohttpFetcher`
-bounds an upstream's (its chunk reader is reused).
+bounds an upstream's (its chunk reader is reused), and :meth:`IndexHTTP.stream`
+makes it the :class:`~proxy.upstream.Fetcher` that the one fetch-and-verify
+(:func:`proxy.trust.fetch.fetch_verified`) streams pinned files with, into
+the indexes' own origins and the ``files_origins`` only.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import netrc
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit, urlunsplit
@@ -77,8 +80,8 @@ class Response:
 class IndexHTTP(AiohttpFetcher):
     """GETs against indexes and their file hosts; see the module docstring."""
 
-    def __init__(self, index_urls: Iterable[str], *, ca_bundle: Path | None = None, max_redirects: int = 5,
-                 connect_timeout: float = 10.0, read_timeout: float = 30.0) -> None:
+    def __init__(self, index_urls: Iterable[str], *, files_origins: Iterable[str] = (), ca_bundle: Path | None = None,
+                 max_redirects: int = 5, connect_timeout: float = 10.0, read_timeout: float = 30.0) -> None:
         super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.max_redirects = max_redirects
         self._ssl = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
@@ -90,6 +93,7 @@ class IndexHTTP(AiohttpFetcher):
             if auth is not None:
                 self._auth[origin(clean)] = auth
             self.index_urls.append(clean)
+        self.files_origins = tuple(files_origins)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -97,11 +101,24 @@ class IndexHTTP(AiohttpFetcher):
             self._owns_session = True
         return self._session
 
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
+        """A file's body from an index or a files origin (each file has one source: never resumed)."""
+        if start:
+            raise DownloadError(url, "resuming a body is not supported by the gateway's index client")
+        return self._file_body(url, max_length)
+
     @asynccontextmanager
-    async def get(self, url: str, max_length: int, allowed: Iterable[str], accept: str | None = None) -> AsyncIterator[Response]:
-        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only."""
+    async def _file_body(self, url: str, max_length: int) -> AsyncIterator[ByteStream]:
+        # No overall deadline: a big file's pace is bounded by the fetch's stall and minimum rate instead.
+        async with self.get(url, max_length, (*self.index_urls, *self.files_origins), total=None) as response:
+            yield response.body
+
+    @asynccontextmanager
+    async def get(self, url: str, max_length: int, allowed: Iterable[str], accept: str | None = None,
+                  total: float | None = 600.0) -> AsyncIterator[Response]:
+        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds."""
         allowed_origins = {origin(a) for a in allowed}
-        timeout = aiohttp.ClientTimeout(total=self.total_timeout, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
+        timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
         headers = {"Accept": accept} if accept else {}
         for _ in range(self.max_redirects + 1):
             if origin(url) not in allowed_origins:

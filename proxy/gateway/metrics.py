@@ -1,12 +1,16 @@
 """Prometheus metrics of the gateway, on a registry of its own.
 
 Labels are bounded (outcomes, reason slugs, routes, status codes): never
-a project, a file name, an index URL or credentials.
+a project, a file name, an index URL or credentials.  Under ``gateway
+serve --workers N`` counters are summed across workers (as for ``serve``,
+:mod:`proxy.metrics`) and gauges show the largest live worker's value.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.metrics import exposition
 
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -29,11 +33,13 @@ class GatewayMetrics:
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
         self.policy_hidden = Gauge("tufproxy_gateway_policy_hidden_files",
-                                   "Files the policy leaves out of signed pages now, by rule", ["rule"], registry=r)
-        self.timestamp_version = Gauge("tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r)
+                                   "Files the policy leaves out of signed pages now, by rule", ["rule"], registry=r,
+                                   multiprocess_mode="livemax")
+        self.timestamp_version = Gauge("tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r,
+                                       multiprocess_mode="livemax")
         self.timestamp_expiry = Gauge("tufproxy_gateway_timestamp_expiry_seconds", "Seconds until the published timestamp expires",
-                                      registry=r)
-        self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r)
+                                      registry=r, multiprocess_mode="livemax")
+        self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
 
     def batch(self, projects: int, seconds: float) -> None:
         self.publishes.inc()
@@ -41,4 +47,4 @@ class GatewayMetrics:
         self.publish_seconds.observe(seconds)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition(self.registry)

@@ -9,14 +9,28 @@ projects arriving together cost one snapshot and one timestamp signature,
 however many bins they touch.  The signer runs in a thread and keeps its
 own write order (bin-n, snapshot, then timestamp, each atomic), so a
 crash mid-publish leaves the previous timestamp in force.
+
+Under ``gateway serve --workers N`` every worker has a publisher of its
+own and they sign one at a time: each batch is one transaction of the
+signer, which holds the repository's cross-process lock (``DIR/.lock``,
+``flock``) and re-reads the current timestamp, snapshot, bins and pages
+from disk under it.  So versions strictly increase whichever worker
+signs, N projects arriving together still cost at most one signature per
+worker's batch, and a worker killed mid-batch leaves the previous
+timestamp in force and releases the lock with its death.  What other
+workers signed reaches this one's view (``published``, the timestamp
+version) through :meth:`Publisher.reload`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tuf.api.metadata import Metadata
 
@@ -41,8 +55,24 @@ class Publisher:
         self._waiters: list[asyncio.Future[int]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.published: set[str] = set(self._read_published())
-        self.timestamp_version, self.timestamp_expires = self._read_timestamp()
+        self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
+        self._seen: tuple[object, ...] = ()
+        self.published: set[str] = set()
+        self.timestamp_version, self.timestamp_expires = 0, 0.0
+        self.reload()
+
+    def reload(self) -> None:
+        """Take up what other processes signed (other workers, ``tufproxy gateway revoke``); cheap when nothing did."""
+        seen = (_stamp(self.repo.public_dir / "simple" / "index.json"), _stamp(self.repo.metadata_dir / "timestamp.json"))
+        if seen == self._seen:
+            return
+        published = set(self._read_published())
+        version, expires = self._read_timestamp()
+        with self._view:
+            self._seen = seen
+            self.published = published
+            if version > self.timestamp_version:
+                self.timestamp_version, self.timestamp_expires = version, expires
 
     def _read_published(self) -> list[str]:
         path = self.repo.public_dir / "simple" / "index.json"
@@ -111,7 +141,19 @@ class Publisher:
             changed = len(report.added) + len(report.removed)
         if resign:
             self.repo.refresh()
-        for project, page in pages.items():
-            (self.published.add if page is not None else self.published.discard)(project)
-        self.timestamp_version, self.timestamp_expires = self._read_timestamp()
+        version, expires = self._read_timestamp()
+        with self._view:
+            for project, page in pages.items():
+                (self.published.add if page is not None else self.published.discard)(project)
+            if version > self.timestamp_version:
+                self.timestamp_version, self.timestamp_expires = version, expires
         return changed
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size

@@ -5,7 +5,11 @@ the batched publisher together, with no HTTP of its own (``app.py`` is
 the HTTP face).  :meth:`Gateway.ensure` is the miss protocol's core: the
 project is fetched, rendered and signed once however many callers ask
 (single-flight per project), and they all get the timestamp version that
-carries it.
+carries it.  Under ``--workers N`` the single flight spans the workers: a
+cross-process lock per project (:class:`~proxy.locks.FetchLocks`) is held
+while its page is fetched and signed, and a worker that waited for it
+re-reads what was signed (:meth:`Publisher.reload`) before fetching, so
+the index is asked once.
 
 The policy (:mod:`proxy.gateway.policy`) is applied here before anything
 is signed: a project it denies is a 404 with an audit record, and is
@@ -34,10 +38,13 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.publisher import Publisher
+from proxy.locks import FetchLocks
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
 MAX_ABSENT = 100_000
+# Past this, a worker stops waiting for another's publish of the same project and fetches it too.
+PUBLISH_LOCK_WAIT = 60.0
 
 
 class NotListed(Exception):
@@ -54,8 +61,9 @@ class Gateway:
     """See the module docstring."""
 
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
-                 metrics: GatewayMetrics, policy: Policy = Policy()) -> None:
+                 metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None) -> None:
         self.client = client
+        self.locks = locks
         self.ledger = ledger
         self.publisher = publisher
         self.audit = audit
@@ -84,6 +92,8 @@ class Gateway:
             self._refused_by_policy(project, refusal)
             raise NotListed(refusal.message)
         self.touch(project)
+        if project not in self.publisher.published:
+            self.publisher.reload()  # another worker may have signed it
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
@@ -97,6 +107,16 @@ class Gateway:
         return await asyncio.shield(future)
 
     async def _publish_new(self, project: str) -> Published:
+        if self.locks is None:
+            return await self._fetch_and_publish(project)
+        async with self.locks.hold(f"publish {project}", wait=PUBLISH_LOCK_WAIT):
+            self.publisher.reload()
+            if project in self.publisher.published:  # a worker we waited for signed it
+                return Published(project, self.publisher.timestamp_version)
+            self.ledger.reload()
+            return await self._fetch_and_publish(project)
+
+    async def _fetch_and_publish(self, project: str) -> Published:
         listing = await self.fetch(project)
         if isinstance(listing, Refusal):
             if listing.rule == RULE_PRIVATE:

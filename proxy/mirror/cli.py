@@ -21,6 +21,10 @@ from proxy.mirror.select import (
 )
 from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
+from proxy.profiles import get_profile
+
+# The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
+_PROFILES = ("tufproxy", "gateway")
 
 
 def _upstream(value: str) -> str:
@@ -51,7 +55,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        metadata_path=args.metadata_path,
+        metadata_path=args.metadata_path, profile=get_profile(args.profile),
     )
 
 
@@ -80,7 +84,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         until = parse_datetime(args.allow_expired_until) if args.allow_expired_until else None
         report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
-                                         allow_expired_until=until))
+                                         allow_expired_until=until,
+                                         profile=get_profile(args.profile) if args.profile else None))
     except (OSError, ValueError) as e:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)
@@ -119,12 +124,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "TUF metadata (rooted in --root) before it is written under DEST; a refused one is not written, is "
         "audited and makes the exit status 1 (unless --keep-going). Reruns fetch only what changed and resume "
         "an interrupted sync. DEST keeps the upstream's metadata ('tufproxy serve --repository DEST' serves it); "
-        "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys.",
+        "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys. "
+        "Through a 'tufproxy gateway' (--profile gateway), selected projects it has not published yet are "
+        "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument("--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)")
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")
     p.add_argument("--dest", required=True, metavar="DIR", help="the mirror tree to write (created if absent)")
     p.add_argument("--metadata-path", default="metadata/", metavar="PATH", help="where TUF metadata lives, relative to the upstream (default: metadata/)")
+    p.add_argument("--profile", choices=_PROFILES, default="tufproxy", help="the upstream's layout: 'gateway' for a "
+                   "'tufproxy gateway' (a selected project it has not published yet is published first, by the "
+                   "edge's miss protocol; files are verified against their signed page's hashes) (default: tufproxy)")
     sel = p.add_argument_group("selection")
     sel.add_argument("--project", action="append", metavar="NAME[SPEC]", help="a project to mirror, optionally with versions ('lib>=1.0'); repeatable")
     sel.add_argument("--requirements", action="append", metavar="FILE", help="mirror the projects of a requirements file and "
@@ -156,5 +166,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=8, metavar="N", help="files hashed in parallel (default: 8)")
     p.add_argument("--allow-expired-until", metavar="DATE", help="operator override: check a tree whose metadata "
                    "expired in transit (everything but expiry is verified; each use is reported)")
+    p.add_argument("--profile", choices=_PROFILES, help="the tree's layout (default: the one its last sync "
+                   "recorded, else tufproxy)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=_cmd_verify)

@@ -83,9 +83,9 @@ class Progress:
         self.counts.failed.append(name)
         self._line(f"failed {name}: {why}")
 
-    def not_found(self, name: str) -> None:
+    def not_found(self, name: str, why: str | None = None) -> None:
         self.counts.not_found.append(name)
-        self._line(f"not found upstream: {name}")
+        self._line(f"not found upstream: {name}" + (f" ({why})" if why else ""))
 
     def note(self, message: str) -> None:
         self._line(message)

@@ -9,6 +9,14 @@ second sync refetches only roles whose version the snapshot moved, and
 files already in the tree are not downloaded again: incremental and
 resumable come from the same two facts.
 
+Through a ``tufproxy gateway`` (``profile`` ``gateway``), a selected
+project no signed page lists yet is published first by the edge's own miss
+protocol (:class:`~proxy.gateway.edge.MissProtocol`: ask the gateway, then
+refresh until the timestamp it named), before anything is looked up, so
+the sync still works from one snapshot.  Distribution and ``.metadata``
+files are then not targets: each is fetched and verified against its entry
+in the signed, verified project page (:mod:`proxy.pagefiles`).
+
 Phases: root pages and project pages (the selection needs them), then
 every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
 then publication (metadata, timestamp last) and, with ``--resign-with``,
@@ -40,6 +48,7 @@ from tuf.api.metadata import Metadata
 
 from proxy import index
 from proxy.audit import AuditLog
+from proxy.gateway.edge import MissProtocol
 from proxy.layout import (
     PageFormat,
     core_metadata_target,
@@ -48,9 +57,12 @@ from proxy.layout import (
     root_page_target,
 )
 from proxy.local import LocalFetcher
+from proxy.locks import FetchLocks
 from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
+from proxy.pagefiles import MAX_FILE_SIZE, file_urls, file_want
+from proxy.profiles import TUFPROXY, Profile
 from proxy.repository import (
     ChangeReport,
     NotADistribution,
@@ -72,6 +84,8 @@ from proxy.upstream import AiohttpFetcher, DownloadError, Fetcher
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
 _PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
+# A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
+_PUBLISH_DEADLINE = 60.0
 
 
 class MirrorError(Exception):
@@ -92,8 +106,9 @@ class SyncOptions:
     keep_going: bool = False
     resign_with: Path | None = None
     audit_log: Path | None = None  # default: DEST/.mirror/audit.log
-    max_file_size: int = 4 * 2**30
+    max_file_size: int = MAX_FILE_SIZE
     metadata_path: str = "metadata/"
+    profile: Profile = TUFPROXY  # ``gateway``: files through pages, unknown projects published on request
 
 
 @dataclass
@@ -135,25 +150,27 @@ class _RefusedAt(Observer):
 
 @dataclass
 class _Selected:
-    """A project's page and the files of it the filter kept."""
+    """A project's page (its signed JSON target and contents) and the files of it the filter kept."""
 
     wanted: Wanted
+    target: VerifiedTarget
     page: index.ProjectPage
     kept: list[index.DistFile]
 
 
 class _Sync:
     def __init__(self, options: SyncOptions, progress: Progress, tree: MirrorTree, trust: TrustedClient,
-                 fetcher: Fetcher, audit: AuditLog) -> None:
+                 fetcher: Fetcher, audit: AuditLog, mirror: Mirror) -> None:
         self.options = options
         self.progress = progress
         self.tree = tree
         self.trust = trust
         self.fetcher = fetcher
         self.audit = audit
+        self.mirror = mirror
         self.limit = asyncio.Semaphore(options.jobs)
         self.stopped = False  # a refusal without keep_going: schedule nothing new
-        self.mirrored: list[VerifiedTarget] = []  # every target now in the tree, for plain names
+        self.mirrored: list[Want] = []  # every target (or page-covered file) now in the tree, for plain names
 
     def _refuse(self, path: str, error: RepositoryError, url: str | None = None, where: str = "") -> None:
         detail = f"{where}{error}"
@@ -163,17 +180,18 @@ class _Sync:
         if not self.options.keep_going:
             self.stopped = True
 
-    def refuse_altered(self, target: VerifiedTarget, error: RepositoryError) -> None:
+    def refuse_altered(self, target: Want, error: RepositoryError) -> None:
         """The copy of ``target`` in DEST is not what this run's metadata signs (altered or rotted)."""
         self._refuse(target.path, error, where=f"the copy in {self.options.dest} is not the signed target, removed: ")
 
     def read_page(self, target: VerifiedTarget) -> bytes | None:
         """A page's bytes from the tree, re-verified; None (refused) when DEST altered them."""
+        want = Want.of(target)
         try:
-            return self.tree.read(target)
+            return self.tree.read(want)
         except RepositoryError as e:
-            self.refuse_altered(target, e)
-            self.mirrored.remove(target)
+            self.refuse_altered(want, e)
+            self.mirrored.remove(want)
             return None
 
     async def lookup(self, path: str, required: bool = True) -> VerifiedTarget | None:
@@ -190,12 +208,12 @@ class _Sync:
             self.progress.failed(path, str(e))
         return None
 
-    async def fetch(self, target: VerifiedTarget) -> bool:
-        """Put ``target`` in the tree (unless it is there); True when it is there now."""
+    async def fetch(self, target: Want, urls: list[str]) -> bool:
+        """Put ``target`` in the tree (unless it is there) from ``urls``; True when it is there now."""
         async with self.limit:
             if self.stopped:
                 return False
-            if target.length > self.options.max_file_size:
+            if target.exact and target.length > self.options.max_file_size:
                 self.progress.failed(target.path, f"{target.length} bytes is over the size limit")
                 return False
             try:
@@ -206,14 +224,13 @@ class _Sync:
                     return False
                 present = False  # --keep-going: fetch it afresh
             if present:
-                self.progress.present(target.length)
+                self.progress.present(target.length if target.exact else 0)
                 self.mirrored.append(target)
                 return True
             refused = _RefusedAt()
-            urls = self.trust.target_urls(target)
             try:
                 written = await self.tree.download(target, lambda sink: fetch_verified(
-                    self.fetcher, Want.of(target), urls, sink, observer=refused))
+                    self.fetcher, target, urls, sink, observer=refused))
             except RepositoryError as e:
                 self._refuse(target.path, e, refused.url.get(id(e)))
                 return False
@@ -226,7 +243,7 @@ class _Sync:
 
     async def page(self, path: str, required: bool) -> VerifiedTarget | None:
         target = await self.lookup(path, required)
-        if target is None or not await self.fetch(target):
+        if target is None or not await self.fetch(Want.of(target), self.trust.target_urls(target)):
             return None
         return target
 
@@ -251,13 +268,52 @@ class _Sync:
             self.progress.failed(json_path, f"signed page does not parse: {e}")
             return None
         kept = [d for d in page.files if self.options.filter.keeps(d, wanted)]
-        return _Selected(wanted, page, kept)
+        return _Selected(wanted, found[0], page, kept)
 
-    async def wanted(self) -> list[Wanted]:
-        """The projects to mirror: as given, or every project of the (verified) root list."""
+    async def published(self, wanted: list[Wanted]) -> list[Wanted]:
+        """Through a gateway: have it publish each project no signed page lists yet (the miss protocol).
+
+        The projects to go on with; one the gateway refused (not listed by
+        its index, denied by its policy, the index unreachable) is reported
+        here and left out.  Only then is anything looked up or fetched, so
+        the whole sync works from the snapshot the last publish reached.
+        """
+        if not self.options.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
+            return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
+        protocol = MissProtocol(self.mirror.targets_url, self.trust, FetchLocks(self.tree.state / "locks"),
+                                _PUBLISH_DEADLINE)
+        asking = asyncio.Semaphore(self.options.jobs)
+
+        async def one(w: Wanted) -> Wanted | None:
+            path = project_page_target(w.project, PageFormat.JSON)
+            try:
+                await self.trust.get_target(path)
+                return w
+            except UnknownTarget:
+                pass
+            except TrustError:
+                return w  # reported by the lookups that follow
+            async with asking:
+                try:
+                    await protocol.on_miss(w.project)
+                except UnknownTarget as e:
+                    self.progress.not_found(w.project, e.detail)
+                    return None
+                except RepositoryError as e:
+                    self._refuse(path, e)
+                    return None
+                except TrustError as e:
+                    self.progress.failed(w.project, f"the gateway did not publish it: {e}")
+                    return None
+            return w
+
+        return [w for w in await asyncio.gather(*(one(w) for w in wanted)) if w is not None]
+
+    async def wanted(self, given: list[Wanted]) -> list[Wanted]:
+        """The projects to mirror: ``given``, or every project of the (verified) root list."""
         pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
         if not self.options.all_projects:
-            return list(self.options.projects)
+            return given
         data = None if pages[0] is None else self.read_page(pages[0])
         if data is None:
             raise MirrorError("the root project list could not be mirrored: --all needs it")
@@ -265,21 +321,36 @@ class _Sync:
             plist = index.parse_project_list_json(data)
         except index.IndexParseError as e:
             raise MirrorError(f"the signed root project list does not parse: {e}") from e
-        given = {w.project: w for w in self.options.projects}
-        return [given.get(canonicalize_name(p), Wanted(canonicalize_name(p))) for p in plist.projects]
+        specs = {w.project: w for w in given}
+        return [specs.get(canonicalize_name(p), Wanted(canonicalize_name(p))) for p in plist.projects]
 
     async def files(self, selected: list[_Selected]) -> None:
         """Look up and fetch every kept file and its ``.metadata``."""
-        paths = []
+        wanted = []  # (path, its project, its page entry, core metadata?, a required target?)
         for s in selected:
             for dist in s.kept:
-                paths.append((file_target(s.wanted.project, dist.filename), True))
+                wanted.append((file_target(s.wanted.project, dist.filename), s, dist, False, True))
                 if dist.core_metadata:
-                    paths.append((core_metadata_target(s.wanted.project, dist.filename), False))
-        targets = [t for t in await asyncio.gather(*(self.lookup(p, req) for p, req in paths)) if t is not None]
-        self.progress.planned(self.progress.counts.files + len(targets),
-                              sum(t.length for t in self.mirrored) + sum(t.length for t in targets))
-        await asyncio.gather(*(self.fetch(t) for t in targets))
+                    wanted.append((core_metadata_target(s.wanted.project, dist.filename), s, dist, True, False))
+        if self.options.profile.files_are_targets:
+            found = await asyncio.gather(*(self.lookup(path, req) for path, _, _, _, req in wanted))
+            items = [(Want.of(t), self.trust.target_urls(t)) for t in found if t is not None]
+        else:
+            items = [i for i in (self.through_page(path, s, dist, core) for path, s, dist, core, _ in wanted)
+                     if i is not None]
+        self.progress.planned(self.progress.counts.files + len(items),
+                              sum(t.length for t in self.mirrored if t.exact) + sum(t.length for t, _ in items if t.exact))
+        await asyncio.gather(*(self.fetch(t, urls) for t, urls in items))
+
+    def through_page(self, path: str, s: _Selected, dist: index.DistFile, core: bool) -> tuple[Want, list[str]] | None:
+        """What a file the signed page vouches for must be, and its URLs; None (refused) when the entry vouches for nothing usable."""
+        try:
+            want = file_want(path, s.target, dist, core=core, max_file_size=self.options.max_file_size)
+            return want, file_urls(path, self.trust.target_urls(s.target), dist, core=core,
+                                   origins=tuple(m.targets_url for m in self.trust.mirrors))
+        except RepositoryError as e:
+            self._refuse(path, e)
+            return None
 
     async def root_chain(self, mirror: Mirror) -> list[bytes]:
         """The verified roots from the pinned one to the one the sync trusts now."""
@@ -390,8 +461,8 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             raise MirrorError(f"upstream metadata refused ({e.reason}): {e}") from e
         except TrustError as e:
             raise MirrorError(f"cannot load upstream metadata: {e}") from e
-        run = _Sync(options, progress, tree, trust, fetcher, audit)
-        wanted = await run.wanted()
+        run = _Sync(options, progress, tree, trust, fetcher, audit, mirror)
+        wanted = await run.wanted(await run.published(list(options.projects)))
         projects = await asyncio.gather(*(run.project(w) for w in wanted))
         selected = [s for s in projects if s is not None]
         progress.counts.projects = len(selected)
@@ -407,7 +478,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
         for target in run.mirrored:
             tree.link_plain(target)
-        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored))
+        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored), options.profile.name)
         if options.resign_with is not None:
             result.resigned = await asyncio.to_thread(_resign, options.resign_with, run, selected)
         return result

@@ -10,7 +10,8 @@ serve --repository DEST`` and any static HTTP server can serve it)::
                         and under its plain name
     DEST/.mirror/       sync state, never served: trust/ (the trusted
                         metadata of the sync's TUF client), tmp/, audit.log,
-                        manifest.json (the targets the last sync published)
+                        manifest.json (the targets the last sync published,
+                        and the upstream's profile)
 
 A download is streamed into ``.mirror/tmp``, hashed with every signed
 algorithm and length-bounded as it arrives; only a file that matches is
@@ -41,30 +42,31 @@ from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 
 from proxy.atomic import atomic_link, atomic_write, fsync_dir
-from proxy.layout import METADATA_DIR, consistent_name
-from proxy.trust import VerifiedTarget
+from proxy.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
 from proxy.trust.errors import BadMetadata, BadSignature, RepositoryError
-from proxy.trust.fetch import FileSink
+from proxy.trust.fetch import FileSink, Want
 from proxy.trust.hashing import StreamingVerifier
 
-STATE_DIR = ".mirror"
-MANIFEST = "manifest.json"
+STATE_DIR = MIRROR_STATE_DIR
+MANIFEST = MIRROR_MANIFEST
 _READ_CHUNK = 1 << 20
 
 
-def target_names(target: VerifiedTarget) -> list[str]:
+def target_names(target: Want) -> list[str]:
     """Every name ``target`` is served under: one per signed hash, then the plain one."""
     return [*(consistent_name(target.path, d) for d in target.hashes.values()), target.path]
 
 
-def verify_file(path: Path, target: VerifiedTarget, copy_to: BinaryIO | None = None) -> None:
+def verify_file(path: Path, target: Want, copy_to: BinaryIO | None = None) -> None:
     """Re-hash ``path`` against ``target`` (length and every signed hash), optionally copying it.
 
-    Reads at most one byte more than the signed length.  Raises
+    ``target`` is a signed target (``Want.of``) or a file its verified page
+    vouches for (:mod:`proxy.pagefiles`, where the length may be a bound).
+    Reads at most one byte more than the length.  Raises
     ``FileNotFoundError``, or the typed refusal when the bytes are not the
     target's; ``copy_to`` then holds bytes nobody may use.
     """
-    verifier = StreamingVerifier(target.path, target.hashes, target.length, role=target.role)
+    verifier = StreamingVerifier(target.path, target.hashes, target.length, exact=target.exact, role=target.role)
     with open(path, "rb") as f:
         while chunk := f.read(min(_READ_CHUNK, target.length - verifier.received + 1)):
             verifier.update(chunk)
@@ -73,7 +75,7 @@ def verify_file(path: Path, target: VerifiedTarget, copy_to: BinaryIO | None = N
     verifier.finish()
 
 
-def check_file(path: Path, target: VerifiedTarget) -> str | None:
+def check_file(path: Path, target: Want) -> str | None:
     """None when ``path`` holds exactly ``target``'s bytes, else what is wrong."""
     try:
         verify_file(path, target)
@@ -101,7 +103,7 @@ class MirrorTree:
     def path(self, name: str) -> Path:
         return self.root / name
 
-    def read(self, target: VerifiedTarget) -> bytes:
+    def read(self, target: Want) -> bytes:
         """The bytes of a target in the tree (small things: pages), re-verified as they are read.
 
         Raises the typed refusal (after :meth:`discard`) when they are not the target's.
@@ -110,7 +112,7 @@ class MirrorTree:
             self._verified(target, out)
             return out.getvalue()
 
-    def has(self, target: VerifiedTarget) -> bool:
+    def has(self, target: Want) -> bool:
         """True when ``target`` is on disk under its first hash name, re-hashed just now.
 
         False when it is absent; the typed refusal (after :meth:`discard`)
@@ -126,7 +128,7 @@ class MirrorTree:
             _link(path, self.path(other))
         return True
 
-    def copy_verified(self, target: VerifiedTarget, dest: Path) -> None:
+    def copy_verified(self, target: Want, dest: Path) -> None:
         """Copy ``target`` out of the tree to ``dest``, checking the very bytes copied.
 
         What is later read from ``dest`` (a private directory) is what was
@@ -141,19 +143,19 @@ class MirrorTree:
             dest.unlink(missing_ok=True)
             raise
 
-    def discard(self, target: VerifiedTarget) -> None:
+    def discard(self, target: Want) -> None:
         """Remove every name of ``target`` from the tree (its bytes there are not the target's)."""
         for name in target_names(target):
             self.path(name).unlink(missing_ok=True)
 
-    def _verified(self, target: VerifiedTarget, copy_to: BinaryIO | None = None) -> None:
+    def _verified(self, target: Want, copy_to: BinaryIO | None = None) -> None:
         try:
             verify_file(self.path(target_names(target)[0]), target, copy_to)
         except RepositoryError:
             self.discard(target)
             raise
 
-    async def download(self, target: VerifiedTarget, fill: Callable[[FileSink], Awaitable[object]]) -> int:
+    async def download(self, target: Want, fill: Callable[[FileSink], Awaitable[object]]) -> int:
         """Publish ``target`` from what ``fill`` (the one fetch-and-verify) streamed into a temp file.
 
         ``fill`` returns only once the bytes verified (else raises); bytes written.
@@ -182,7 +184,7 @@ class MirrorTree:
             _link(dest, self.path(name))
         return sink.size
 
-    def link_plain(self, target: VerifiedTarget) -> None:
+    def link_plain(self, target: Want) -> None:
         """Give a verified target its plain name too (for plain HTTP clients and humans)."""
         _link(self.path(target_names(target)[0]), self.path(target.path))
 
@@ -224,9 +226,10 @@ class MirrorTree:
                 return
         atomic_write(path, data, durable=False)
 
-    def write_manifest(self, snapshot: int, paths: Iterable[str]) -> None:
-        """Record what this tree is meant to hold, for ``tufproxy mirror verify`` to find what is missing."""
-        atomic_write(self.state / MANIFEST, json.dumps({"snapshot": snapshot, "targets": sorted(set(paths))}, indent=1).encode())
+    def write_manifest(self, snapshot: int, paths: Iterable[str], profile: str) -> None:
+        """Record what this tree is meant to hold (and its layout), for ``tufproxy mirror verify``."""
+        manifest = {"snapshot": snapshot, "profile": profile, "targets": sorted(set(paths))}
+        atomic_write(self.state / MANIFEST, json.dumps(manifest, indent=1).encode())
 
     def published_root(self, version: int) -> bytes | None:
         with contextlib.suppress(FileNotFoundError):

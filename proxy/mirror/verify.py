@@ -3,7 +3,11 @@
 Run after carrying media across an air gap.  The tree's metadata is loaded
 by the trust core from the tree itself (through :class:`LocalFetcher`,
 exactly as ``tufproxy serve --repository`` would), rooted in a pinned
-root; then every file is re-hashed against the target that names it.
+root; then every file is re-hashed against the target that names it or,
+in a tree synced through a ``tufproxy gateway`` (whose files are not
+targets), against its entry in the project's signed page, itself checked
+against its target first (:mod:`proxy.pagefiles`).  The layout is the
+one the last sync recorded in its manifest, else ``profile``.
 
 * **corrupt**: a file under a target's name whose length or hashes differ
   (or whose metadata fails to verify);
@@ -27,16 +31,22 @@ from pathlib import Path
 from proxy import index
 from proxy.layout import (
     METADATA_DIR,
+    BadRequestPath,
     PageFormat,
+    TargetKind,
     core_metadata_target,
     file_target,
+    parse_request_path,
     project_page_target,
     root_page_target,
 )
 from proxy.local import LocalFetcher
 from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
-from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
-from proxy.trust.errors import TrustError, UnknownTarget
+from proxy.pagefiles import MAX_FILE_SIZE, file_want
+from proxy.profiles import TUFPROXY, Profile, get_profile
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.errors import RepositoryError, TrustError, UnknownTarget
+from proxy.trust.fetch import Want
 from proxy.trust.model import ExpiryOverride
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
@@ -73,48 +83,91 @@ def _default_root(directory: Path) -> Path:
     return roots[0][1]
 
 
+def _manifest(directory: Path) -> dict | None:  # type: ignore[type-arg]
+    path = directory / STATE_DIR / MANIFEST
+    return json.loads(path.read_bytes()) if path.exists() else None
+
+
 class _Verifier:
-    def __init__(self, directory: Path, trust: TrustedClient, jobs: int) -> None:
+    def __init__(self, directory: Path, trust: TrustedClient, jobs: int, profile: Profile,
+                 manifest: dict | None) -> None:  # type: ignore[type-arg]
         self.directory = directory
         self.trust = trust
+        self.profile = profile
+        self.manifest = manifest
         self.limit = asyncio.Semaphore(jobs)
         self.report = VerifyReport()
         self.present: set[str] = set()
-        self._targets: dict[str, VerifiedTarget | str | None] = {}
-        self._checked: dict[str, bool] = {}
+        # Memoised as futures: files of one project check their page concurrently, once.
+        self._targets: dict[str, asyncio.Future[Want | str | None]] = {}
+        self._checked: dict[str, asyncio.Future[bool]] = {}
 
-    async def lookup(self, path: str) -> VerifiedTarget | str | None:
-        """The signed target, None if no role lists it, or why its metadata cannot be used."""
+    async def lookup(self, path: str) -> Want | str | None:
+        """What ``path`` must be, None if nothing signed names it, or why that cannot be known."""
         if path not in self._targets:
-            try:
-                self._targets[path] = await self.trust.get_target(path)
-            except UnknownTarget:
-                self._targets[path] = None
-            except TrustError as e:
-                # Delegated metadata missing or bad: what it covers cannot be verified.
-                self._targets[path] = f"metadata: {e}"
-        return self._targets[path]
+            self._targets[path] = asyncio.ensure_future(self._describe(path))
+        return await self._targets[path]
 
-    async def check(self, name: str, target: VerifiedTarget) -> bool:
+    async def _describe(self, path: str) -> Want | str | None:
+        try:
+            request = parse_request_path(f"/{path}")
+        except BadRequestPath:
+            request = None
+        try:
+            if self.profile.files_are_targets or request is None or request.kind not in (
+                    TargetKind.FILE, TargetKind.CORE_METADATA):
+                return Want.of(await self.trust.get_target(path))
+            return await self._through_page(path, request.project or "", request.filename or "",
+                                            request.kind is TargetKind.CORE_METADATA)
+        except UnknownTarget:
+            return None
+        except TrustError as e:
+            # Delegated metadata missing or bad: what it covers cannot be verified.
+            return f"metadata: {e}"
+
+    async def _through_page(self, path: str, project: str, filename: str, core: bool) -> Want | str | None:
+        """A file's description from its entry in the project's signed page (checked in the tree first)."""
+        page_path = project_page_target(project, PageFormat.JSON)
+        page_target = await self.lookup(page_path)
+        if not isinstance(page_target, Want):
+            return page_target and f"its page {page_path}: {page_target}"
+        data = await self._page(page_path)
+        if data is None:
+            return f"its page {page_path} is missing or corrupt in the tree"
+        try:
+            page = index.parse_project_json(data, project)
+        except index.IndexParseError as e:
+            return f"its signed page {page_path} does not parse: {e}"
+        dist = next((f for f in page.files if f.filename == filename), None)
+        if dist is None or (core and not dist.core_metadata):
+            return None
+        try:
+            return file_want(path, page_target, dist, core=core, max_file_size=MAX_FILE_SIZE)
+        except RepositoryError as e:
+            return f"page entry: {e}"
+
+    async def check(self, name: str, target: Want) -> bool:
         """Re-hash one present file against ``target`` (once per name)."""
         if name not in self._checked:
-            async with self.limit:
-                why = await asyncio.to_thread(check_file, self.directory / name, target)
-            self._checked[name] = why is None
-            self.report.checked += 1
-            if why is not None:
-                self.report.corrupt.append((name, why))
-        return self._checked[name]
+            self._checked[name] = asyncio.ensure_future(self._check(name, target))
+        return await self._checked[name]
+
+    async def _check(self, name: str, target: Want) -> bool:
+        async with self.limit:
+            why = await asyncio.to_thread(check_file, self.directory / name, target)
+        self.report.checked += 1
+        if why is not None:
+            self.report.corrupt.append((name, why))
+        return why is None
 
     async def expected(self) -> set[str]:
-        manifest = self.directory / STATE_DIR / MANIFEST
-        if manifest.exists():
-            return set(json.loads(manifest.read_bytes())["targets"])
+        if self.manifest is not None:
+            return set(self.manifest["targets"])
         return await self._listed()
 
     async def _page(self, path: str) -> bytes | None:
         target = await self.lookup(path)
-        if not isinstance(target, VerifiedTarget):
+        if not isinstance(target, Want):
             return None
         name = target_names(target)[0]
         if name not in self.present or not await self.check(name, target):
@@ -141,7 +194,7 @@ class _Verifier:
     async def target(self, path: str, names: list[str], expected: bool) -> None:
         """Check every file standing for ``path``; note what is missing or extra."""
         target = await self.lookup(path)
-        if not isinstance(target, VerifiedTarget):
+        if not isinstance(target, Want):
             if expected:
                 self.report.corrupt.append((path, target or "no signed target"))
             self.report.extra.extend(names)
@@ -154,7 +207,7 @@ class _Verifier:
 
 
 async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 8,
-                      allow_expired_until: datetime | None = None) -> VerifyReport:
+                      allow_expired_until: datetime | None = None, profile: Profile | None = None) -> VerifyReport:
     """Verify ``directory`` (a mirror or ``tufproxy repo`` public tree); see the module docstring.
 
     ``allow_expired_until`` checks a tree whose upstream metadata expired
@@ -163,6 +216,9 @@ async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 
     """
     directory = Path(directory).resolve()
     root_bytes = (root or _default_root(directory)).read_bytes()
+    manifest = _manifest(directory)
+    if profile is None:
+        profile = get_profile(manifest.get("profile", TUFPROXY.name)) if manifest else TUFPROXY
     local = LocalFetcher(directory)
     base = local.base_url()
     expired: list[str] = []
@@ -175,7 +231,7 @@ async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 
         config = TrustConfig(refresh_interval=10 * 365 * 86400.0, expiry_override=override)
         trust = TrustedClient(Path(scratch), [Mirror(f"{base}{METADATA_DIR}/", base)], local, config)
         try:
-            report = await _verify(_Verifier(directory, trust, jobs))
+            report = await _verify(_Verifier(directory, trust, jobs, profile, manifest))
         finally:
             trust.close()
     report.expired = sorted(set(expired))

@@ -83,3 +83,18 @@ def edge_for(tmp_path: Path, gw: GatewayProcess, name: str = "edge") -> ProxyPro
     """An edge (``tufproxy serve --profile gateway``) pinned to ``gw``'s root, refreshing often."""
     return ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
                         "--workers", "1", "--refresh-interval", "0.5")
+
+
+def install_chain_first_try(tmp_path: Path, gw: GatewayProcess, client: str) -> None:
+    """``client`` installs app -> lib -> base through an edge (``serve --workers 2``) in front of ``gw``,
+    nothing published before: the miss protocol publishes each project, pip and uv never retry."""
+    from tests.support.clients import install
+
+    edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                        "--workers", "2", "--refresh-interval", "3600")
+    with edge:
+        r = install(client, edge.url, tmp_path / "target", "app")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "503" not in r.stdout + r.stderr and "Retry" not in r.stdout + r.stderr
+    assert metric(gw.base, "tufproxy_gateway_published_projects_total") == 3  # summed over the gateway's workers
+    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}

@@ -4,8 +4,8 @@ It serves real wheels and sdists built by the test, with sha256, PEP 658
 core metadata, PEP 700 size and upload-time, and yanks; JSON or HTML by
 the request's ``Accept`` (or ``mode="html"`` to force HTML).  Tests change
 it while it runs: add a release, yank one, swap a file's bytes, answer a
-page with raw bytes of their own, or hold a file's second half back until
-an event is set.  Files can be served from a second
+page with raw bytes of their own, hold a file's second half back until
+an event is set, or serve a file at a set rate (``IndexFile.rate``).  Files can be served from a second
 port (``files_port``) to play the index's separate file host.
 """
 
@@ -31,6 +31,7 @@ class IndexFile:
     requires_python: str | None = None
     core: bytes | None = None
     data: bytes = field(default=b"", repr=False)  # what the index serves (a swap changes it)
+    rate: float | None = None  # bytes per second the file is served at (None: at once)
 
 
 class TestIndex:
@@ -111,6 +112,8 @@ class TestIndex:
         if body is None:
             raise web.HTTPNotFound()
         gate = None if core else self.hold.get(f.path.name)
+        if f.rate is not None and not core:
+            return await self._paced(request, body, f.rate)
         if gate is None:
             return web.Response(body=body, content_type="application/octet-stream")
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -119,6 +122,19 @@ class TestIndex:
         await response.write(body[: len(body) // 2])
         await asyncio.get_running_loop().run_in_executor(None, gate.wait, 30)
         await response.write(body[len(body) // 2:])
+        await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _paced(request: web.Request, body: bytes, rate: float) -> web.StreamResponse:
+        """``body`` in pieces, a twentieth of ``rate`` every twentieth of a second: a slow index, not a stalled one."""
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        step = max(1, int(rate / 20))
+        for offset in range(0, len(body), step):
+            await response.write(body[offset: offset + step])
+            await asyncio.sleep(step / rate)
         await response.write_eof()
         return response
 
