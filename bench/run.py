@@ -10,7 +10,9 @@ contender in front of it in turn, every scenario measured for each:
   (download straight from the upstream + sha256);
 * tufproxy's metadata cost: refresh with a 16384-bin snapshot, first
   lookup in an untouched bin;
-* peak RSS of each proxy over all of the above.
+* peak RSS of each proxy over all of the above;
+* tufproxy's cold path (``bench/coldpath.py``): first byte after a slow
+  mirror's first byte, peak RSS with 50 concurrent cold 200 MB downloads.
 
 Writes ``bench/results/latest.md`` and ``bench/results/throughput.png`` and
 prints a one-screen summary.  ``--quick`` (under 5 minutes once the corpus
@@ -35,6 +37,7 @@ from urllib.parse import urlsplit
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import coldpath  # noqa: E402
 import contenders as C  # noqa: E402
 import corpus as corpus_mod  # noqa: E402
 import measure as M  # noqa: E402
@@ -206,9 +209,12 @@ def main() -> int:
             large_url = f"{upstream.url}packages/{corpus_mod.LARGE_PROJECT}/{corp.large_file}"
             floor = [M.download_and_hash(large_url, floor_sha) for _ in range(plan.floor)]
             _log(f"floor (download from the upstream + sha256): {statistics.median(floor):.2f}s")
-            meta = None
+            meta = cold = None
             if any(c.name == "tufproxy" for c in wanted):
                 meta = M.metadata_cost(upstream.url, corp, plan.metadata, args.tufproxy_src.resolve())
+                _log("tufproxy cold path ...")
+                cold = coldpath.measure(corp, HERE / ".cache", work / "coldpath", args.tufproxy_src.resolve(),
+                                        plan.file_cold, log=_log)
             for cls in wanted:
                 _log(f"{cls.name} ...")
                 contender = cls(upstream, corp, work / cls.name, args.tufproxy_src.resolve())
@@ -225,7 +231,7 @@ def main() -> int:
     elapsed = time.monotonic() - started
     run = report.Run(source=_describe(args.tufproxy_src.resolve()), plan=plan.name, plan_detail=plan, corpus=corp, results=results, floor_s=statistics.median(floor),
                      metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY,
-                     load=(load_before, os.getloadavg()), mid_connections=MID_CONNECTIONS)
+                     load=(load_before, os.getloadavg()), mid_connections=MID_CONNECTIONS, cold=cold)
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "latest.md"
     md.write_text(report.markdown(run))
