@@ -63,7 +63,7 @@ def record(pid: int, seconds: float, out: Path, load) -> None:  # type: ignore[n
     if spy is None:
         raise SystemExit("py-spy not found: pip install py-spy")
     proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
-                             "--format", "raw", "--output", str(out),],
+                             "--format", "raw", "--output", str(out), "--subprocesses"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
     worker = threading.Thread(target=load, args=(stop,))

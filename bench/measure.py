@@ -68,11 +68,23 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def wrk_pages(base: str, paths: list[str], connections: int, seconds: float, workdir: Path) -> Load:
-    """Keep-alive GETs rotating over ``paths`` with pip's Accept header, via wrk."""
+def _wrk(url: str, connections: int, seconds: float, *extra: str) -> tuple[str, float]:
+    """Run wrk (keep-alive, at most 2 threads); its output and requests per second."""
     wrk = shutil.which("wrk")
     if wrk is None:
         raise MeasureError("wrk not installed (apt-get install -y wrk)")
+    r = subprocess.run([wrk, "-t", str(min(2, connections)), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
+                        "--timeout", "10s", *extra, url], capture_output=True, text=True, timeout=seconds + 60)
+    out = r.stdout
+    if r.returncode != 0 or "Requests/sec" not in out:
+        raise MeasureError(f"wrk failed: {(out + r.stderr)[-400:]}")
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise MeasureError(f"wrk saw errors: {out[-400:]}")
+    return out, float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+
+
+def wrk_pages(base: str, paths: list[str], connections: int, seconds: float, workdir: Path) -> Load:
+    """Keep-alive GETs rotating over ``paths`` with pip's Accept header, via wrk."""
     script = workdir / "pages.lua"
     quoted = ", ".join(f'"{p}"' for p in paths)
     script.write_text(f"""
@@ -84,18 +96,15 @@ request = function()
   return wrk.format("GET", paths[i])
 end
 """)
-    threads = min(2, connections)
-    r = subprocess.run([wrk, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--latency",
-                        "--timeout", "10s", "-s", str(script), base], capture_output=True, text=True, timeout=seconds + 60)
-    out = r.stdout
-    if r.returncode != 0 or "Requests/sec" not in out:
-        raise MeasureError(f"wrk failed: {(out + r.stderr)[-400:]}")
-    if "Non-2xx" in out or "Socket errors" in out:
-        raise MeasureError(f"wrk saw errors: {out[-400:]}")
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    out, rps = _wrk(base, connections, seconds, "--latency", "-s", str(script))
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
     return Load(rps, p50, p99)
+
+
+def wrk_file(url: str, size: int, connections: int, seconds: float) -> float:
+    """MB/s of keep-alive GETs of one file over ``connections`` connections, via wrk (bodies discarded)."""
+    return _wrk(url, connections, seconds)[1] * size / 1e6
 
 
 def curl_file(url: str, expect_bytes: int) -> float:

@@ -10,7 +10,9 @@ contender in front of it in turn, every scenario measured for each:
   (download straight from the upstream + sha256);
 * tufproxy's metadata cost: refresh with a 16384-bin snapshot, first
   lookup in an untouched bin;
-* peak RSS of each proxy over all of the above.
+* peak RSS of each proxy over all of the above;
+* tufproxy's cold path (``bench/coldpath.py``): first byte after a slow
+  mirror's first byte, peak RSS with 50 concurrent cold 200 MB downloads.
 
 Writes ``bench/results/latest.md`` and ``bench/results/throughput.png`` and
 prints a one-screen summary.  ``--quick`` (under 5 minutes once the corpus
@@ -21,6 +23,7 @@ everywhere and longer loads.  See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -34,12 +37,15 @@ from urllib.parse import urlsplit
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import coldpath  # noqa: E402
 import contenders as C  # noqa: E402
 import corpus as corpus_mod  # noqa: E402
 import measure as M  # noqa: E402
 import report  # noqa: E402
 
 CONCURRENCY = (1, 16, 64)
+# The warm-path issue's file scenario: a 16 MB wheel over this many keep-alive connections.
+MID_PROJECT, MID_CONNECTIONS = "numpy", 8
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,14 @@ def bench_contender(contender: C.Contender, corp: corpus_mod.Corpus, plan: Plan,
             res.add("file_warm", corp.large_size / 1e6 / M.curl_file(url, corp.large_size))
         _log(f"  {contender.name}: large file warm: {res.median('file_warm'):.0f} MB/s")
 
+    def mid_warm() -> None:
+        mid = next((corp.public_dir / "packages" / MID_PROJECT).glob(f"{MID_PROJECT}-1.0-*.whl"))
+        url = contender.file_url(MID_PROJECT, mid.name)
+        M.curl_file(url, mid.stat().st_size)  # cached (and re-checked) first
+        for _ in range(plan.load_runs):
+            res.add("mid_warm", M.wrk_file(url, mid.stat().st_size, MID_CONNECTIONS, plan.load_seconds))
+        _log(f"  {contender.name}: 16 MB wheel warm x{MID_CONNECTIONS}: {res.median('mid_warm'):.0f} MB/s")
+
     def file_cold() -> None:
         for _ in range(plan.file_cold):
             contender.fresh()
@@ -141,6 +155,7 @@ def bench_contender(contender: C.Contender, corp: corpus_mod.Corpus, plan: Plan,
             contender.fresh()
         _scenario(res, "index load", index_load)
         _scenario(res, "warm large file", file_warm)
+        _scenario(res, "warm 16 MB wheel", mid_warm)
         _scenario(res, "cold large file", file_cold)
     finally:
         contender.stop()
@@ -177,6 +192,7 @@ def main() -> int:
     wanted = [c for c in C.ALL if not args.only or c.name in args.only.split(",")]
 
     started = time.monotonic()
+    load_before = os.getloadavg()
     corp = corpus_mod.build(HERE / ".cache", log=_log)
     venv_problem = C.ensure_venv(log=_log) if any(c.name in C.NEEDS_VENV for c in wanted) else None
     floor_sha = M.sha256_of(corp.public_dir / "packages" / corpus_mod.LARGE_PROJECT / corp.large_file)
@@ -193,9 +209,12 @@ def main() -> int:
             large_url = f"{upstream.url}packages/{corpus_mod.LARGE_PROJECT}/{corp.large_file}"
             floor = [M.download_and_hash(large_url, floor_sha) for _ in range(plan.floor)]
             _log(f"floor (download from the upstream + sha256): {statistics.median(floor):.2f}s")
-            meta = None
+            meta = cold = None
             if any(c.name == "tufproxy" for c in wanted):
                 meta = M.metadata_cost(upstream.url, corp, plan.metadata, args.tufproxy_src.resolve())
+                _log("tufproxy cold path ...")
+                cold = coldpath.measure(corp, HERE / ".cache", work / "coldpath", args.tufproxy_src.resolve(),
+                                        plan.file_cold, log=_log)
             for cls in wanted:
                 _log(f"{cls.name} ...")
                 contender = cls(upstream, corp, work / cls.name, args.tufproxy_src.resolve())
@@ -211,7 +230,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - started
     run = report.Run(source=_describe(args.tufproxy_src.resolve()), plan=plan.name, plan_detail=plan, corpus=corp, results=results, floor_s=statistics.median(floor),
-                     metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY)
+                     metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY,
+                     load=(load_before, os.getloadavg()), mid_connections=MID_CONNECTIONS, cold=cold)
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "latest.md"
     md.write_text(report.markdown(run))

@@ -47,6 +47,16 @@ async def timed_get(url: str) -> tuple[float, float, str]:
     return first or 0.0, time.monotonic() - start, digest.hexdigest()
 
 
+async def first_byte(url: str) -> float:
+    """Seconds from the request to the first body byte of ``url``; the rest is not read."""
+    start = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as r:
+        r.raise_for_status()
+        await r.content.readany()
+        return time.monotonic() - start
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="200M", type=parse_size)

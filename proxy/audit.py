@@ -151,7 +151,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy audit``."""
     p = subparsers.add_parser(
         "audit",
-        help="summarise an audit log: refusals by reason, target and client",
         description="Read an audit log (JSON lines written by 'tufproxy serve') and print what was refused. "
         "Other log lines mixed into the file are skipped.",
     )

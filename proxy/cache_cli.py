@@ -102,8 +102,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy cache``."""
-    p = subparsers.add_parser("cache", help="inspect a proxy's cache directory",
-                              description="Offline checks of a tufproxy cache directory (safe while proxies run).")
+    p = subparsers.add_parser("cache", description="Offline checks of a tufproxy cache directory (safe while proxies run).")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     v = actions.add_parser("verify", help="re-hash every blob and page; exit 1 if any is not what its name says",
                            description="Re-hash every blob under DIR/blobs against its sha256 name, every cached "

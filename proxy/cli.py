@@ -5,6 +5,10 @@ through a ``register(subparsers)`` function; this module only assembles
 them and turns every error into one line on stderr, ``<command>: error:
 <what>``, with exit status 2 (argparse's usage errors included), and sets up
 the one log format every command shares (:mod:`proxy.logs`).
+
+Only the module of the command being run is imported (``tufproxy client``
+runs in loops: a conformance suite calls it a thousand times); the others
+are known by :data:`COMMANDS`, whose one-line help ``tufproxy --help`` lists.
 """
 
 from __future__ import annotations
@@ -14,21 +18,24 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from proxy import __version__, logs
 from proxy.cmderror import EXIT_ERROR, CommandError
 
-# module path of each subcommand's ``register``; order is --help order.
-_SUBCOMMANDS = (
-    "proxy.serve_cli",
-    "proxy.repository.cli",
-    "proxy.audit",
-    "proxy.trust.cli",
-    "proxy.mirror.cli",
-    "proxy.gateway.cli",
-    "proxy.cache_cli",
-)
+# Each command: the module whose ``register`` defines it, and its line in ``tufproxy --help``; in --help order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("proxy.serve_cli", "run the verifying proxy in front of untrusted mirrors (or a local signed tree)"),
+    "demo": ("proxy.serve_cli", "one command, no services: a signed repository, a mirror of it and the proxy, "
+                                "on 127.0.0.1"),
+    "repo": ("proxy.repository.cli", "create and maintain a PEP 458 signed repository (be your own root of trust)"),
+    "audit": ("proxy.audit", "summarise an audit log: refusals by reason, target and client"),
+    "client": ("proxy.trust.cli", "a command-line TUF client (init, refresh, download) over the proxy's trust core"),
+    "mirror": ("proxy.mirror.cli", "verified mirrors for air-gapped sites: sync a selection, verify a carried tree"),
+    "gateway": ("proxy.gateway.cli", "publish a plain index's packages as a PEP 458 repository signed with your "
+                                     "own keys"),
+    "cache": ("proxy.cache_cli", "inspect a proxy's cache directory"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,8 +45,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``tufproxy`` argument parser."""
+class _Commands(argparse._SubParsersAction):
+    """The top-level subcommands: each one's help comes from :data:`COMMANDS`."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", COMMANDS[name][1])
+        return super().add_parser(name, **kwargs)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``tufproxy`` argument parser: whole, or with only ``command``'s module imported.
+
+    The other commands are placeholders that name and explain themselves in
+    ``--help`` but parse nothing.
+    """
     parser = _Parser(
         prog="tufproxy",
         description=(
@@ -52,11 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (repeatable)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _SUBCOMMANDS:
-        importlib.import_module(module).register(sub)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, action=_Commands)
+    wanted = None if command is None else COMMANDS[command][0] if command in COMMANDS else ""
+    registered: set[str] = set()
+    for name, (module, _) in COMMANDS.items():
+        if wanted is not None and module != wanted:
+            sub.add_parser(name)
+        elif module not in registered:  # a module registers all of its commands at once, in order
+            importlib.import_module(module).register(sub)
+            registered.add(module)
     _name_commands(parser)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str:
+    """The command named in ``argv`` (the first word that is not an option: the top level takes no values)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def _name_commands(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +105,8 @@ def _os_error(e: OSError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tufproxy`` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     logs.configure(("warning", "info", "debug")[min(args.verbose, 2)])
     try:

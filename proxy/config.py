@@ -18,6 +18,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from proxy.bucket import BucketConfigError, parse_store_url
 from proxy.profiles import Profile, get_profile, recorded_profile
 
 ENV_PREFIX = "TUFPROXY_"
@@ -110,6 +111,14 @@ def _url_list(value: str | list[str]) -> list[str]:
     return urls
 
 
+def _store_url(value: str) -> str:
+    try:
+        parse_store_url(value)
+    except BucketConfigError as e:
+        raise ConfigError(str(e)) from None
+    return value.strip()
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: its flag, its env var, its TOML key, its parser."""
@@ -173,8 +182,20 @@ OPTIONS: tuple[Option, ...] = (
            metavar="N"),
     Option("client_timeout", "seconds a client connection may sit idle or take to send a request head",
            15.0, _positive_float, metavar="SECONDS"),
+    Option("store", "keep verified files and pages in a bucket shared by every replica, s3://BUCKET/PREFIX "
+           "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
+           "environment, web identity or instance role)", None, _store_url, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's for the region)",
+           None, metavar="URL"),
+    Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",
+           30.0, _positive_float, metavar="SECONDS"),
+    Option("s3_lease_seconds", "seconds one replica's upstream fetch of a file holds the others off before "
+           "they take it over (a crashed replica's lease goes stale after this)", 300.0, _positive_float,
+           metavar="SECONDS"),
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
+    Option("uvloop", "run the event loop on uvloop if it is installed (yes/no): more warm page requests per "
+           "second, but files lose sendfile (aiohttp copies them through the loop)", False, _yes_no, metavar="YES|NO"),
 )
 
 
@@ -205,8 +226,13 @@ class ServeConfig:
     verify_before_send: bool = False
     min_rate: int = 16 * 1024
     mirror_downloads: int = 16
+    store: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_timeout: float = 30.0
+    s3_lease_seconds: float = 300.0
     max_connections: int = 1024
     client_timeout: float = 15.0
+    uvloop: bool = False
 
     @property
     def layout(self) -> Profile:

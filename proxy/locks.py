@@ -4,8 +4,12 @@ Several processes (workers, or hosts on a shared volume whose filesystem
 honours ``flock``) use one cache root.  :func:`try_flock` is the
 non-blocking primitive the blob store builds its pins and sweeps on;
 :class:`FetchLocks` is the cross-process single flight of downloads: one
-lock file per download key under ``<root>/locks/``; :class:`Leadership`
-picks one process of several for a periodic job.
+lock file per download key under ``<root>/locks/``.  While it holds a
+lock, the fetching process announces where its bytes are
+(:meth:`Held.announce`: a side file beside the lock, replaced atomically,
+gone before the lock is released), so other processes can follow them
+(:meth:`FetchLocks.announced`).  :class:`Leadership` picks one process of
+several for a periodic job.
 """
 
 from __future__ import annotations
@@ -40,6 +44,31 @@ def try_flock(path: Path | str, flags: int, exclusive: bool) -> int | None:
     return fd
 
 
+class Held:
+    """A held download lock: announce the bytes' whereabouts, then :meth:`release`."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self._path = path
+        self._fd = fd
+        self._serial = 0
+
+    def announce(self, where: str) -> None:
+        """Tell followers the bytes are now at ``where`` (a new file each time the body starts over)."""
+        self._serial += 1
+        side = self._path.with_suffix(".follow")
+        part = side.with_suffix(f".follow.{os.getpid()}")
+        part.write_text(f"{os.getpid()} {self._serial} {where}")
+        os.replace(part, side)
+
+    def release(self) -> None:
+        # Side file, then lock file, then the lock: a follower that finds the lock free
+        # finds no announcement left behind; waiters re-check the lock file's inode.
+        for path in (self._path.with_suffix(".follow"), self._path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.close(self._fd)
+
+
 class FetchLocks:
     """One lock file per download key under ``directory``."""
 
@@ -47,37 +76,53 @@ class FetchLocks:
         self._locks = Path(directory)
         self._locks.mkdir(parents=True, exist_ok=True)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str, wait: float = FETCH_LOCK_WAIT) -> AsyncIterator[bool]:
-        """Hold the cross-process lock of download ``key``; yields False if ``wait`` ran out.
+    def _path(self, key: str) -> Path:
+        return self._locks / f"{hashlib.sha256(key.encode()).hexdigest()}.lock"
 
-        The holder downloads; a process that waited re-checks the store
-        after acquiring it.  Past ``wait`` the caller downloads anyway: two
-        writers of one verified blob are harmless, a wait without end is not.
-        A dead holder's lock is released by the kernel.
-        """
-        path = self._locks / f"{hashlib.sha256(key.encode()).hexdigest()}.lock"
-        deadline = time.monotonic() + wait
-        delay = _FETCH_LOCK_POLL[0]
-        fd = -1
+    def try_hold(self, key: str) -> Held | None:
+        """The lock of download ``key`` if no process holds it (never blocks).  A dead holder's
+        lock is released by the kernel."""
+        path = self._path(key)
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                try:
-                    current = os.stat(path).st_ino
-                except FileNotFoundError:
-                    current = None
-                if current == os.fstat(fd).st_ino:
-                    break
-                # The previous holder unlinked this file as it let go: lock the new one.
-                os.close(fd)
-                continue
             except BlockingIOError:
                 os.close(fd)
-                fd = -1
+                return None
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                # A holder that died left its announcement: nobody must follow that file now.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path.with_suffix(".follow"))
+                return Held(path, fd)
+            # The previous holder unlinked this file as it let go: lock the new one.
+            os.close(fd)
+
+    def announced(self, key: str) -> str | None:
+        """What the holder of ``key`` last announced (None: nothing, or nobody holds it)."""
+        try:
+            return self._path(key).with_suffix(".follow").read_text()
+        except FileNotFoundError:
+            return None
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str, wait: float = FETCH_LOCK_WAIT) -> AsyncIterator[bool]:
+        """Hold the cross-process lock of ``key``; yields False if ``wait`` ran out.
+
+        The holder does the work; a process that waited re-checks for its
+        result after acquiring it.  Past ``wait`` the caller goes ahead
+        anyway: two writers of one verified blob are harmless, a wait
+        without end is not.
+        """
+        deadline = time.monotonic() + wait
+        delay = _FETCH_LOCK_POLL[0]
+        while (held := self.try_hold(key)) is None:
             if time.monotonic() >= deadline:
-                log.warning("waited %.0fs for another process's download of %s: fetching it too", wait, key)
+                log.warning("waited %.0fs for another process's work on %s: doing it too", wait, key)
                 yield False
                 return
             await asyncio.sleep(delay)
@@ -85,10 +130,7 @@ class FetchLocks:
         try:
             yield True
         finally:
-            # Unlink before unlocking, so lock files do not pile up; waiters re-check the inode.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            os.close(fd)
+            held.release()
 
 
 class Leadership:

@@ -8,23 +8,33 @@ audit record a request causes can be joined on it.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import json
 import logging
+import os
 import re
 import sys
-import uuid
-
-from aiohttp.http_exceptions import BadHttpMessage
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+def _new_id_source() -> None:
+    """A random prefix per process (drawn again in each forked worker) and a counter after it."""
+    global _id_prefix, _id_counter
+    _id_prefix, _id_counter = os.urandom(4).hex(), itertools.count()
+
+
+_id_prefix, _id_counter = "", itertools.count()
+_new_id_source()
+os.register_at_fork(after_in_child=_new_id_source)
+
+
 def new_request_id(offered: str | None) -> str:
-    """The client's id if it is short and plain, else a new random one."""
+    """The client's id if it is short and plain, else a new one (16 hex digits, unique per process)."""
     if offered and _SANE_ID.fullmatch(offered):
         return offered
-    return uuid.uuid4().hex[:16]
+    return f"{_id_prefix}{next(_id_counter) & 0xFFFFFFFF:08x}"
 
 
 class _RequestIdFilter(logging.Filter):
@@ -39,7 +49,9 @@ class _QuietBadRequests(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, BadHttpMessage):
+        # Looked up, not imported: a command that serves no HTTP need not load aiohttp to log.
+        http = sys.modules.get("aiohttp.http_exceptions")
+        if http is not None and isinstance(exc, http.BadHttpMessage):
             record.msg, record.args, record.exc_info, record.exc_text = f"bad request from a client: {exc}", (), None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True

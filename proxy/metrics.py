@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,7 +29,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "enable_multiprocess", "exposition", "mark_process_dead"]
+__all__ = ["CONTENT_TYPE_LATEST", "BucketMetrics", "Metrics", "enable_multiprocess", "exposition", "mark_process_dead"]
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -55,10 +56,26 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(merged)
 
 
+class BucketMetrics:
+    """Traffic to the shared bucket (``--store s3://...``) by operation: head, get, put, delete."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.requests = Counter("tufproxy_bucket_requests_total", "Requests to the shared bucket by operation",
+                                ["op"], registry=r)
+        self.errors = Counter("tufproxy_bucket_errors_total", "Bucket requests that failed (unreachable, "
+                              "timed out, refused) by operation", ["op"], registry=r)
+        self.bytes = Counter("tufproxy_bucket_bytes_total", "Bytes read from (get) or written to (put) the bucket",
+                             ["op"], registry=r)
+        self.seconds = Histogram("tufproxy_bucket_request_duration_seconds", "Bucket request latency by operation",
+                                 ["op"], buckets=_LATENCY_BUCKETS, registry=r)
+
+
 class Metrics:
     """Every metric tufproxy exports."""
 
     def __init__(self) -> None:
+        # Labelled children by (metric, label values): label values are bounded, so is this.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry = CollectorRegistry()
         self.requests = Counter("tufproxy_requests_total", "Client requests by route and status", ["route", "status"], registry=r)
         self.request_seconds = Histogram(
@@ -87,6 +104,7 @@ class Metrics:
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )
+        self.bucket = BucketMetrics(r)
         self.role_version = Gauge("tufproxy_trusted_role_version", "Trusted version of each top-level role", ["role"], registry=r,
                                   multiprocess_mode="livemin")
         self.role_expiry = Gauge(
@@ -97,6 +115,25 @@ class Metrics:
             "tufproxy_last_successful_refresh_timestamp_seconds", "Unix time of the last successful metadata refresh", registry=r,
             multiprocess_mode="livemin",
         )
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per process (the request path's hot calls)."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
+    def hit(self, kind: str) -> None:
+        self.child(self.cache_hits, kind).inc()
+
+    def miss(self, kind: str) -> None:
+        self.child(self.cache_misses, kind).inc()
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        """One client request answered."""
+        self.child(self.requests, route, str(status)).inc()
+        self.child(self.request_seconds, route).observe(seconds)
 
     def exposition(self) -> bytes:
         """The text format: this process's registry, or every worker's in multiprocess mode."""

@@ -1,12 +1,17 @@
-"""Verified index pages on disk: a size-bounded LRU diskcache under ``<root>/index/``.
+"""Verified index pages: on disk, a size-bounded LRU diskcache under ``<root>/index/``;
+in memory, the hottest rendered pages ready to send (:class:`HotPages`).
 
 Callers store only bytes they have verified; keys name the signed digest
-so a page can be re-hashed later.
+so a page can be re-hashed later, and a rendered page can never outlive
+the signed digest it was rendered from.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Hashable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import diskcache
 
@@ -68,3 +73,40 @@ class IndexCache:
     def close(self) -> None:
         """Close the underlying database."""
         self._cache.close()
+
+
+V = TypeVar("V")
+
+
+class HotPages(Generic[V]):
+    """A bounded LRU (entries and bytes) of rendered pages, kept by key.
+
+    Keys must name the signed digest the page was rendered from, so a new
+    trusted state that changes a page looks up a new key; the old entry
+    ages out unused.
+    """
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 128 * 2**20) -> None:
+        self._entries: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def get(self, key: Hashable) -> V | None:
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        self._entries.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: Hashable, value: V, size: int) -> None:
+        """Keep ``value`` (``size`` bytes); a value over a quarter of the byte bound is not kept."""
+        if size > self._max_bytes // 4:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1]
+        self._entries[key] = (value, size)
+        self._bytes += size
+        while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+            self._bytes -= self._entries.popitem(last=False)[1][1]

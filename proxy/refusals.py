@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from proxy.audit import AuditLog, AuditWriteError
+from proxy.bucket import BucketUnavailable
 from proxy.metrics import Metrics
 from proxy.store import StoreError, StoreFull
 from proxy.trust import TrustedClient
@@ -72,6 +73,7 @@ TABLE: tuple[tuple[type[BaseException], Row], ...] = (
     (UpstreamUnreachable, Row(502, "upstream", "upstream unreachable", audit=True)),
     (TrustError, Row(503, "upstream", "no trusted metadata yet", audit=True)),
     (StoreFull, Row(503, "resources", "cache full, cannot store new files", audit=False)),
+    (BucketUnavailable, Row(503, "resources", "shared bucket unreachable, retry", audit=False)),
     (Busy, Row(503, "resources", "too many downloads in progress, retry", audit=False)),
     (StoreError, Row(500, "resources", "internal store error", audit=False)),
     (AuditWriteError, Row(500, "resources", "audit log unwritable: refusing to serve", audit=False)),

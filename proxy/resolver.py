@@ -5,7 +5,10 @@ request) and returns one decision value, in the way aiohttp's
 ``FileResponse`` decides before it sends:
 
 * :class:`Redirect` (PEP 503 name normalisation, ``/`` to ``/simple/``);
-* :class:`Page`: a verified index page, re-rendered with links to us;
+* :class:`Page`: a verified index page, re-rendered with links to us,
+  with its ETag and headers (the hottest kept ready to send);
+* :class:`NotModified`: the client's ``If-None-Match`` names the page the
+  trusted metadata vouches for now (decided without the store);
 * :class:`CachedFile`: a verified blob, PINNED until the decision is
   released (call :meth:`CachedFile.release`, or use it as a context manager);
 * :class:`Streamed`: a cold download to follow as it arrives;
@@ -16,17 +19,24 @@ trust core says what that target must be under the freshest trusted
 metadata (for profiles whose files are not targets, through the project's
 verified page); the bytes come from the verified store or from the one
 fetch-and-verify.  An unknown project page is offered to ``on_miss`` once.
+
+A warm request does the least that keeps every check: path parsing and
+content negotiation are memoised (pure functions of the request), the
+trust core remembers lookups per trusted state but checks expiry at every
+one, and a rendered page is kept under its signed digest, so it can never
+be served once the trusted state stops vouching for that digest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from proxy import index
 from proxy.audit import AuditLog, AuditWriteError
@@ -46,7 +56,7 @@ from proxy.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
 from proxy.profiles import TUFPROXY, Profile
 
 from proxy.refusals import Asker, BadPath, ClientMistake, NotAcceptable, Refusals
-from proxy.pagecache import IndexCache
+from proxy.pagecache import HotPages, IndexCache
 from proxy.store import Blob, BlobStore, StoreError
 from proxy.trust import TrustedClient, VerifiedTarget
 from proxy.trust.errors import LengthMismatch, RepositoryError, TrustError, UnknownTarget, UpstreamUnreachable
@@ -54,13 +64,22 @@ from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
 from proxy.trust.hashing import accepted_hashes, verify_bytes
 from proxy.upstream import Fetcher
 
+if TYPE_CHECKING:
+    from proxy.tiered import SharedTier
+
 log = logging.getLogger(__name__)
 CONTENT_TYPES = {
     index.MediaType.JSON_V1: "application/vnd.pypi.simple.v1+json",
     index.MediaType.HTML_V1: "application/vnd.pypi.simple.v1+html",
     index.MediaType.HTML: "text/html; charset=utf-8",
 }
-_RENDERED_CACHE_SIZE = 4096
+# Media types by Accept header and requests by path: pure functions, a few hot inputs.
+_negotiate = functools.lru_cache(maxsize=256)(index.negotiate)
+_parse_path = functools.lru_cache(maxsize=8192)(parse_request_path)
+# The route label of each kind of request (metrics, audit).
+_ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
+# Sources of files (what each must be, where it comes from), remembered per trusted target.
+_SOURCES_SIZE = 16384
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
@@ -90,6 +109,7 @@ class Ask(Asker):
 
     accept: str | None = None
     whole: bool = False
+    if_none_match: str | None = None
     route: str = "other"
 
 
@@ -101,8 +121,19 @@ class Redirect:
 
 @dataclass(frozen=True)
 class Page:
+    """A rendered page and the headers to send with it (ETag: signed digest and media type)."""
+
     body: bytes
     content_type: str
+    etag: str
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class NotModified:
+    """The client holds the page the trusted metadata vouches for now: 304 with these headers."""
+
+    headers: Mapping[str, str]
 
 
 class CachedFile:
@@ -142,7 +173,7 @@ class Refused:
     error: BaseException
 
 
-Decision = Redirect | Page | CachedFile | Streamed | Refused
+Decision = Redirect | Page | NotModified | CachedFile | Streamed | Refused
 
 
 @dataclass(frozen=True)
@@ -188,6 +219,7 @@ class Resolver:
         file_origins: tuple[str, ...] = (),
         on_miss: OnMiss | None = None,
         page_fetcher: Fetcher | None = None,
+        shared: SharedTier | None = None,
     ) -> None:
         self.trust = trust
         self.fetcher = fetcher
@@ -204,8 +236,10 @@ class Resolver:
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
         # and any file host the operator named. Anything else is never fetched.
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
-        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads)
-        self._rendered: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()
+        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
+        self._hot: HotPages[Page] = HotPages()
+        # Request target path -> (the trusted target it was derived from, its source).
+        self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
         self._rechecked: set[str] = set()
 
@@ -218,13 +252,13 @@ class Resolver:
 
     async def _resolve(self, ask: Ask) -> Decision:
         try:
-            req = parse_request_path(ask.path)
+            req = _parse_path(ask.path)
         except BadRequestPath as e:
             if ask.path in ("/", ""):
                 return Redirect("simple/", permanent=False)
             ask.route = "bad_path"
             raise BadPath(str(e)) from None
-        ask.route = req.kind.value.replace("-", "_")
+        ask.route = _ROUTES[req.kind]
         if req.kind in (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX):
             if req.redirect_to is not None:
                 return Redirect(req.redirect_to, permanent=True)
@@ -232,8 +266,8 @@ class Resolver:
         return await self._file(ask, req)
 
     # -- pages ---------------------------------------------------------
-    async def _page(self, ask: Ask, req: TargetRequest) -> Page:
-        media = index.negotiate(ask.accept)
+    async def _page(self, ask: Ask, req: TargetRequest) -> Page | NotModified:
+        media = _negotiate(ask.accept)
         if media is None:
             raise NotAcceptable(ask.accept or "")
         fmt = PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML
@@ -248,21 +282,26 @@ class Resolver:
         else:
             assert req.project is not None
             target = await self._page_target(ask, req.project, source)
-        key = (target.path, _first_hash(target), fmt.value)
-        body = self._rendered.get(key)
-        if body is None:
+        digest = _first_hash(target)
+        key = (target.path, digest, media.value)
+        page = self._hot.get(key)
+        if page is not None:
+            self.metrics.hit("page")
+        if ask.if_none_match is not None:
+            etag = page.etag if page is not None else _etag(digest, media)
+            if _etag_matches(ask.if_none_match, etag):
+                return NotModified(_not_modified_headers(etag))
+        if page is None:
             raw = await self._page_bytes(ask, target)
             try:
                 body = _render(req, raw, source, fmt)
             except index.IndexParseError as e:
                 raise _Malformed(target.path, str(e)) from e
-            self._rendered[key] = body
-            if len(self._rendered) > _RENDERED_CACHE_SIZE:
-                self._rendered.popitem(last=False)
-        else:
-            self._rendered.move_to_end(key)
-            self.metrics.cache_hits.labels("page").inc()
-        return Page(body, CONTENT_TYPES[media])
+            etag = _etag(digest, media)
+            page = Page(body, CONTENT_TYPES[media], etag,
+                        {"Content-Type": CONTENT_TYPES[media], "Vary": "Accept", "ETag": etag})
+            self._hot.put(key, page, len(body))
+        return page
 
     async def _page_target(self, ask: Ask, project: str, fmt: PageFormat) -> VerifiedTarget:
         """A project page's signed target; an unknown one is offered to ``on_miss`` once.
@@ -295,9 +334,9 @@ class Resolver:
                 else:
                     self._rechecked.add(cache_key)
             if data is not None:
-                self.metrics.cache_hits.labels("page").inc()
+                self.metrics.hit("page")
                 return data
-        self.metrics.cache_misses.labels("page").inc()
+        self.metrics.miss("page")
         if target.length > self.settings.max_page_size:
             raise LengthMismatch(f"{target.path}: signed length {target.length} exceeds the page limit",
                                  target=target.path, expected=self.settings.max_page_size, actual=target.length)
@@ -318,9 +357,9 @@ class Resolver:
         kind = "metadata" if want.path.endswith(".metadata") else "file"
         cached = await self._cached(want)
         if cached is not None:
-            self.metrics.cache_hits.labels(kind).inc()
+            self.metrics.hit(kind)
             return self._serve(ask, source, cached)
-        self.metrics.cache_misses.labels(kind).inc()
+        self.metrics.miss(kind)
         download, joined = self._start(ask, source)
         if not (self.settings.verify_before_send or ask.whole):
             return Streamed(download, want.length if want.exact else None,
@@ -367,25 +406,45 @@ class Resolver:
 
     def _accepted(self, ask: Ask, source: _Source, blob: Blob) -> None:
         self._rechecked.add(blob.sha256)
-        self.audit.accepted(request_id=ask.request_id, client=ask.client, request_path=ask.path,
-                            target=source.want.path, role=source.role, length=blob.size,
-                            hashes=dict(source.want.hashes))
+        if self.audit.log_accepted:
+            self.audit.accepted(request_id=ask.request_id, client=ask.client, request_path=ask.path,
+                                target=source.want.path, role=source.role, length=blob.size,
+                                hashes=dict(source.want.hashes))
 
     async def _file_source(self, ask: Ask, req: TargetRequest) -> _Source:
         """What a file must be, and its URLs: its own target, or its entry on the verified page.
 
+        Remembered per request path for as long as the trust core answers with
+        the same target object, i.e. while the trusted state that vouched for
+        it is live (the lookup itself, with its expiry check, runs every time).
         A signed target's length is exact; through a page,
         :mod:`proxy.pagefiles` decides (PEP 700 ``size`` exact, else a bound).
         """
         path = req.target_path()
         if self.profile.files_are_targets:
             target = await self.trust.get_target(path)
+        else:
+            assert req.project is not None
+            target = await self._page_target(ask, req.project, self.profile.signed_formats[0])
+            ask.target = path
+        known = self._sources.get(path)
+        if known is not None and known[0] is target:
+            return known[1]
+        source = await self._new_file_source(ask, req, target)
+        if len(self._sources) >= _SOURCES_SIZE:
+            del self._sources[next(iter(self._sources))]
+        self._sources[path] = (target, source)
+        return source
+
+    async def _new_file_source(self, ask: Ask, req: TargetRequest, target: VerifiedTarget) -> _Source:
+        """:meth:`_file_source` for ``target``: the file's own, or its project page's."""
+        path = req.target_path()
+        if self.profile.files_are_targets:
             hashes = accepted_hashes(path, target.hashes, target.role)
             return _Source(Want(path, hashes, target.length, True, target.role), target.role,
                            self.trust.target_urls(target))
         assert req.project is not None and req.filename is not None
-        page_target = await self._page_target(ask, req.project, self.profile.signed_formats[0])
-        ask.target = path
+        page_target = target
         raw = await self._page_bytes(ask, page_target)
         try:
             page = _parse(raw, req.project, self.profile.signed_formats[0])
@@ -416,6 +475,26 @@ def _first_hash(target: VerifiedTarget) -> str:
 
 def _first_hash_of(hashes: Mapping[str, str]) -> str:
     return next(iter(hashes.values()))
+
+
+_MEDIA_TAGS = {index.MediaType.JSON_V1: "json", index.MediaType.HTML_V1: "html1", index.MediaType.HTML: "html"}
+
+
+def _etag(digest: str, media: index.MediaType) -> str:
+    """A page's ETag: the signed digest it was rendered from, and the media type it was rendered as."""
+    return f'"{digest[:40]}-{_MEDIA_TAGS[media]}"'
+
+
+def _etag_matches(if_none_match: str, etag: str) -> bool:
+    """RFC 9110 weak comparison of ``If-None-Match`` with the current ETag (``*`` matches any)."""
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(",", 64))
+
+
+@functools.lru_cache(maxsize=1024)
+def _not_modified_headers(etag: str) -> Mapping[str, str]:
+    return {"ETag": etag, "Vary": "Accept"}
 
 
 def _parse(raw: bytes, project: str, fmt: PageFormat) -> index.ProjectPage:

@@ -16,13 +16,16 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from proxy.audit import AuditLog
+from proxy.bucket import Bucket, BucketConfigError, BucketFetcher
 from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
@@ -34,6 +37,7 @@ from proxy.server import Proxy
 from proxy.trust.fetch import Pace
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError
+from proxy.tiered import BucketPages, SharedTier
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -42,12 +46,14 @@ from proxy.trust.model import ExpiryOverride
 from proxy.upstream import AiohttpFetcher, Fetcher
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
 DRAIN_SECONDS = 25.0
 # Processes sharing one cache dir each hold one trusted-metadata directory of at most this many.
 MAX_METADATA_SLOTS = 64
 _SLOT_LOCK_WAIT = 30.0
+BACKLOG = 1024
 
 
 @dataclass
@@ -67,6 +73,24 @@ class Running:
         await self.metadata_fetcher.close()
         self.proxy.resolver.pages.close()
         self.proxy.resolver.audit.close()
+
+
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (OSError if it cannot be); listening unless told not to."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
@@ -161,7 +185,7 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
 
 
 async def start(config: ServeConfig, sock: socket.socket | None = None) -> Running:
-    """Open the cache, load trusted metadata, listen (on ``sock`` if given, else ``config.listen``).
+    """Bind ``config.listen`` (unless given ``sock``), open the cache, load trusted metadata, listen.
 
     Errors are :class:`CommandError`, with everything opened so far closed again.
     """
@@ -172,6 +196,15 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
 
 
 async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    host, port = config.listen
+    if sock is None:
+        # Bound first, so a busy port is the one error line at once, not after an initial refresh that
+        # may warn; listening only once ready (asyncio's server calls listen()).
+        try:
+            sock = bind(host, port, listen=False)
+        except OSError as e:
+            raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+        opened.callback(sock.close)
     try:
         store = BlobStore(config.cache_dir, max_bytes=config.cache_size)
         pages = IndexCache(config.cache_dir)
@@ -205,20 +238,34 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
                              max_connections=config.max_connections,
                              client_idle_timeout=config.client_timeout,
                              pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
-    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, Metrics(), settings, layout,
-                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher))
+    metrics = Metrics()
+    shared, file_fetcher, pages = _bucket_tier(config, metrics, file_fetcher, pages)
+    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
+                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher, shared=shared))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
-    host, port = config.listen
-    site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
     try:
-        await site.start()
+        await web.SockSite(runner, sock).start()
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
     return Running(runner, proxy, actual, refresher, fetcher)
+
+
+def _bucket_tier(config: ServeConfig, metrics: Metrics, file_fetcher: Fetcher,
+                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+    if config.store is None:
+        return None, file_fetcher, pages
+    try:
+        bucket = Bucket(config.store, metrics.bucket, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
+    except BucketConfigError as e:
+        raise CommandError(str(e)) from None
+    log.info("shared store: %s (local tier %s in front)", bucket.url, config.cache_dir)
+    return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
+            BucketPages(pages, bucket, ProxySettings.max_page_size))
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
@@ -242,6 +289,22 @@ async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -
             log.exception("background refresh failed unexpectedly")
         metrics.refresh_failures.labels(reason).inc()
         failures += 1
+
+
+def run_loop(main: Coroutine[Any, Any, T], use_uvloop: bool) -> T:
+    """Run ``main`` to completion on uvloop (if ``use_uvloop`` and it is installed), else on
+    asyncio's own loop.  uvloop cuts the cost of a warm page hit, but has no sendfile: files
+    are then copied through the loop, so it is opt-in (``--uvloop yes``)."""
+    factory = None
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            log.info("uvloop is not installed: running on asyncio's own event loop")
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy import logs, workers
 from proxy.cmderror import CommandError
 from proxy.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
-from proxy.serve import start, stop_on_signals
+from proxy.serve import run_loop, start, stop_on_signals
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -39,7 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         finally:
             await running.stop()
 
-    asyncio.run(main())
+    run_loop(main(), config.uvloop)
     return 0
 
 
@@ -128,7 +128,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy serve`` and ``tufproxy demo``."""
     p = subparsers.add_parser(
         "serve",
-        help="run the verifying proxy in front of untrusted mirrors (or a local signed tree)",
         description="Serve the Simple API (PEP 503/691) to pip and uv. Every page and file is "
         "verified against TUF metadata rooted in the pinned --root before it is cached or served. "
         "Settings come from flags, then TUFPROXY_* environment variables, then --config FILE (TOML).",
@@ -138,7 +137,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "demo",
-        help="one command, no services: a signed repository, a mirror of it and the proxy, on 127.0.0.1",
         description="Build (or reuse) a signed repository of real distributions in DIR, serve it as an "
         "untrusted mirror on a loopback port, start tufproxy in front of it, and print the pip line to try.",
     )

@@ -9,8 +9,9 @@ record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
 
 A streamed cold file holds back its final byte until every signed hash
 matched (:mod:`proxy.streaming`, shared with the gateway); on a refusal
-the connection is reset instead, so no client ever holds a complete file
-that was not verified.
+the connection is reset instead (the refusal is still counted and audited
+as the table says), so no client ever holds a complete file that was not
+verified.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from proxy.refusals import Answer
 from proxy.resolver import (
     Ask,
     CachedFile,
+    NotModified,
     Page,
     Redirect,
     Refused,
@@ -91,16 +93,16 @@ class Proxy:
             self.clients.end(request.protocol)
         route = request.get("route", request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
-        self.metrics.requests.labels(route, str(response.status)).inc()
-        self.metrics.request_seconds.labels(route).observe(time.monotonic() - start)
+        self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):
             raise response
         return response
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
-                  accept=request.headers.get("Accept"),
-                  whole=request.method == "HEAD" or any(h in request.headers for h in _WHOLE_FILE_HEADERS))
+                  accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
+                  whole=request.method == "HEAD" or _asks_whole_file(headers))
         decision = await self.resolver.resolve(ask)
         request["route"] = ask.route
         if isinstance(decision, Refused):
@@ -108,9 +110,11 @@ class Proxy:
         if isinstance(decision, Redirect):
             raise (web.HTTPMovedPermanently if decision.permanent else web.HTTPFound)(decision.location)
         if isinstance(decision, Page):
-            return web.Response(body=decision.body, headers={"Content-Type": decision.content_type, "Vary": "Accept"})
+            return web.Response(body=decision.body, headers=decision.headers)
+        if isinstance(decision, NotModified):
+            return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
-            return _PinnedFileResponse(decision)
+            return _PinnedFileResponse(decision, self.clients)
         return await self._stream(request, ask, decision)
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
@@ -129,6 +133,9 @@ class Proxy:
         response, blob = await send_download(request, download, _FILE_HEADERS, decision.length)
         if blob is not None:
             decision.served(blob)
+        elif download.result.done() and not download.result.cancelled() and download.result.exception():
+            # Too late for a status: the refusal still gets its metric, audit record and log line.
+            self.resolver.refusals.answer(ask, download.result.exception())  # type: ignore[arg-type]
         return response
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -154,7 +161,7 @@ class Proxy:
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        """Ready: trusted metadata unexpired, cache writable, an upstream reached lately."""
+        """Ready: trusted metadata unexpired, cache writable (and the bucket reachable), an upstream reached lately."""
         status = self.trust.status()
         problems = []
         if not status["ready"]:
@@ -167,6 +174,12 @@ class Proxy:
             await asyncio.to_thread(self.store.probe_writable)
         except StoreError as e:
             problems.append(f"cache not writable: {e}")
+        shared = self.resolver.downloads.shared
+        if shared is not None:
+            try:
+                await shared.probe()
+            except StoreError as e:
+                problems.append(f"shared bucket unreachable: {e}")
         body = {
             "ready": not problems,
             "problems": problems,
@@ -176,20 +189,35 @@ class Proxy:
         return web.json_response(body, status=200 if not problems else 503)
 
 
+def _asks_whole_file(headers: Any) -> bool:
+    for name in _WHOLE_FILE_HEADERS:  # a loop, not any(): this runs on every request
+        if name in headers:
+            return True
+    return False
+
+
 def _answer(answer: Answer) -> web.Response:
     return web.Response(status=answer.status, reason=answer.phrase, text=answer.text + "\n", headers=answer.headers)
 
 
 class _PinnedFileResponse(web.FileResponse):
     """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
-    released once sent so eviction cannot pull it away mid-response."""
+    released once sent so eviction cannot pull it away mid-response.
 
-    def __init__(self, decision: CachedFile) -> None:
+    aiohttp sends it after the handler (and our middleware) returned: the
+    connection is marked busy again for the send, or the idle sweeper would
+    cut a download that takes longer than the idle timeout.
+    """
+
+    def __init__(self, decision: CachedFile, clients: ClientBounds) -> None:
         super().__init__(decision.blob.path, headers=_FILE_HEADERS)
         self._decision = decision
+        self._clients = clients
 
     async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+        self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)
         finally:
+            self._clients.end(request.protocol)
             self._decision.release()

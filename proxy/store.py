@@ -541,7 +541,7 @@ class BlobWriter:
             self._state = "failed"
             raise disk_error(exc, what) from exc
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         """Append ``data`` within the reserved space (growing it for a bounded length)."""
         self._check_open()
         end = self.size + len(data)

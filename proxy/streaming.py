@@ -3,8 +3,9 @@
 Both the edge (:mod:`proxy.server`) and the gateway (:mod:`proxy.gateway.files`)
 stream a cold file to every request that wants it from one
 :class:`~proxy.downloads.Download`: the bytes are read from its temp file
-as they arrive (``available``), and the last one is sent only once the
-download's ``result`` is a verified blob.  If the body starts over
+as they arrive (``available``; in another worker, from the fetching
+worker's file, hashed there first), and the last one is sent only once
+the download's ``result`` is a verified blob.  If the body starts over
 (``generation``) after bytes went out, or the download is refused, the
 connection is reset, so no client ever holds a complete file that was
 not verified.
@@ -65,7 +66,7 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
     await response.prepare(request)
     sent = 0
     generation = download.generation
-    fd = -1
+    fd, fd_generation = -1, generation
     try:
         while True:
             changed = download.waiter()
@@ -77,16 +78,22 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
                 reset(request)
                 return response, None
             verified = result.done()
-            path = result.result().path if verified else download.path
             end = download.available if not verified else result.result().size
             limit = end if verified else end - 1  # the held-back tail
             if sent < limit:
-                if fd < 0:
-                    assert path is not None
-                    try:
-                        fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
-                    except FileNotFoundError:
-                        # Published (or dropped) between our look and the open: look again.
+                if fd < 0 or fd_generation != generation:
+                    if fd >= 0:
+                        os.close(fd)
+                    # The download's file (which becomes the blob when published), or the blob.
+                    opened, fd_generation = download.open(), generation
+                    fd = -1 if opened is None else opened
+                    if fd < 0 and verified:
+                        try:
+                            fd = await asyncio.to_thread(os.open, result.result().path, os.O_RDONLY)
+                        except FileNotFoundError:  # evicted already: this client tries again
+                            reset(request)
+                            return response, None
+                    if fd < 0:
                         await changed.wait()
                         continue
                 data = await asyncio.to_thread(os.pread, fd, min(limit - sent, SEND_CHUNK), sent)

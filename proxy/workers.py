@@ -51,11 +51,10 @@ from typing import NoReturn, Protocol
 from proxy import metrics
 from proxy.cmderror import EXIT_ERROR, CommandError
 from proxy.config import ServeConfig
-from proxy.serve import DRAIN_SECONDS, start
+from proxy.serve import DRAIN_SECONDS, bind, run_loop, start
 
 log = logging.getLogger(__name__)
 
-_BACKLOG = 1024
 _RESTART_WINDOW = 60.0
 # Past the drain, stragglers get this much more before SIGKILL.
 _KILL_GRACE = 5.0
@@ -77,28 +76,11 @@ class _Worker:
     ready: bool = False
 
 
-def _bind(host: str, port: int, *, reuse_port: bool, listen: bool) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-        if listen:
-            sock.listen(_BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def _reuse_port_works(host: str) -> bool:
     if not hasattr(socket, "SO_REUSEPORT"):
         return False
     try:
-        _bind(host, 0, reuse_port=True, listen=False).close()
+        bind(host, 0, reuse_port=True, listen=False).close()
     except OSError:
         return False
     return True
@@ -223,7 +205,7 @@ class Supervisor:
         self.reuse_port = _reuse_port_works(host)
         try:
             # Reuseport: a bound, non-listening socket holds the port; workers listen on their own.
-            self._sock: socket.socket | None = _bind(host, port, reuse_port=self.reuse_port, listen=not self.reuse_port)
+            self._sock: socket.socket | None = bind(host, port, reuse_port=self.reuse_port, listen=not self.reuse_port)
         except OSError as e:
             raise WorkersError(f"cannot listen on {host}:{port}: {e.strerror}") from e
         self.port = self._sock.getsockname()[1]
@@ -389,10 +371,12 @@ class Supervisor:
             if self.reuse_port:
                 host = self.app.listen[0]
                 self._sock.close()
-                sock = _bind(host, self.port, reuse_port=True, listen=True)
+                sock = bind(host, self.port, reuse_port=True, listen=True)
             else:
                 sock = self._sock
-            code = asyncio.run(_worker_main(self.app, sock, self._ready_w, self._alive_r))
+            # The proxy's workers run on uvloop with --uvloop yes; other apps on asyncio's own loop.
+            uvloop = isinstance(self.app, ServeApp) and self.app.config.uvloop
+            code = run_loop(_worker_main(self.app, sock, self._ready_w, self._alive_r), uvloop)
         except KeyboardInterrupt:
             code = 130
         except Exception:  # a worker must never return into the supervisor's code

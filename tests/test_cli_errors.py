@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.repository import Repository
 from tests.conftest import SampleRepo
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import signed_timestamp
@@ -61,7 +62,8 @@ def _files(tmp: Path) -> None:
     (tmp / "b.txt").write_text("--requirement a.txt\n")
 
 
-# (id, argv with {tmp} and {port}, what the one line must say); "env-" cases set TUFPROXY_READ_TIMEOUT.
+# (id, argv with {tmp}, {port} and {root} (a valid root), what the one line must say); "env-" cases set
+# TUFPROXY_READ_TIMEOUT.
 CASES: list[tuple[str, list[str], str]] = [
     ("serve-without-root", ["serve", "--upstream", UNREACHABLE], "--root is required"),
     ("serve-root-missing", ["serve", "--upstream", UNREACHABLE, "--root", "{tmp}/absent.json", "--workers", "2",
@@ -82,6 +84,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("toml-syntax", ["serve", "--config", "{tmp}/broken.toml"], "cannot read config file {tmp}/broken.toml"),
     ("serve-busy-port", ["serve", "--upstream", UNREACHABLE, "--root", "{tmp}/not-a-root.json", "--workers", "2",
                          "--listen", "127.0.0.1:{port}"], "cannot listen on 127.0.0.1:{port}"),
+    # One process: the port is bound before the initial refresh, whose failure would log a warning first.
+    ("serve-busy-port-unreachable-upstream", ["serve", "--upstream", UNREACHABLE, "--root", "{root}", "--workers",
+                                              "1", "--cache-dir", "{tmp}/c4", "--listen", "127.0.0.1:{port}"],
+     "cannot listen on 127.0.0.1:{port}"),
     ("audit-missing-log", ["audit", "/nonexistent.log"], "cannot read the audit log /nonexistent.log"),
     ("mirror-upstream-not-url", ["mirror", "sync", "--upstream", "htp:/bad", "--root", "r.json", "--dest", "{tmp}/m",
                                  "--project", "lib"], "--upstream must be an http(s) URL or an existing directory"),
@@ -105,13 +111,19 @@ CASES: list[tuple[str, list[str], str]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def valid_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = Repository.init(tmp_path_factory.mktemp("root") / "repo", bins=4)
+    return repo.metadata_dir / "1.root.json"
+
+
 @pytest.mark.parametrize("name,argv,says", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_invocation_is_one_line_and_exit_2(name: str, argv: list[str], says: str, tmp_path: Path,
-                                                 busy_port: int) -> None:
+                                                 busy_port: int, valid_root: Path) -> None:
     _files(tmp_path)
 
     def fill(text: str) -> str:
-        return text.replace("{tmp}", str(tmp_path)).replace("{port}", str(busy_port))
+        return text.replace("{tmp}", str(tmp_path)).replace("{port}", str(busy_port)).replace("{root}", str(valid_root))
 
     env = {"TUFPROXY_READ_TIMEOUT": "soon"} if name.startswith("env-") else {}
     done = tufproxy([fill(a) for a in argv], tmp_path, **env)

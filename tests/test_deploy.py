@@ -31,7 +31,7 @@ YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"
 JSON_FILES = sorted([*DEPLOY.rglob("*.json"), *DASHBOARDS.rglob("*.json")])
 SETTING_NAMES = {o.name for o in OPTIONS}
 # ``# key = value`` lines of an example config: settings left at their default.
-_COMMENTED_SETTING = re.compile(r"^#\s*([a-z_]+\s*=.*)$", re.MULTILINE)
+_COMMENTED_SETTING = re.compile(r"^#\s*([a-z0-9_]+\s*=.*)$", re.MULTILINE)
 # PromQL: a name right before a label matcher or a range is a metric selector.
 _SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*[{\[]")
 _TUFPROXY_NAME = re.compile(r"\btufproxy_[A-Za-z0-9_:]*")
@@ -251,7 +251,7 @@ def test_kustomization_lists_every_manifest(yaml: ModuleType) -> None:
 
 # The replicated forms are kustomize overlays of deploy/k8s (siblings: kustomize
 # refuses an overlay inside its base).
-REPLICATED = ("k8s-statefulset", "k8s-shared-cache")
+REPLICATED = ("k8s-statefulset", "k8s-shared-cache", "k8s-bucket")
 
 
 def _kustomize(overlay: str, yaml: ModuleType) -> dict[str, list[dict[str, Any]]]:
@@ -302,6 +302,14 @@ def test_k8s_replicated_forms_hold_together(overlay: str, yaml: ModuleType, tmp_
         assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
         assert workload["spec"]["strategy"]["type"] == "RollingUpdate"
+
+    if overlay == "k8s-bucket":
+        # the bucket form: the store from the environment, resolved by the same table as the flags
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        with_env = resolve(_parse_command(["serve", "--config", str(tmp_path / "tufproxy.toml")]),
+                           environ={k: v for k, v in env.items() if k.startswith("TUFPROXY_")})
+        assert with_env.store is not None and with_env.store.startswith("s3://")
+        assert [s["secretRef"]["name"] for s in container["envFrom"]] == ["tufproxy-s3"]
 
     (hpa,) = objects["HorizontalPodAutoscaler"]
     target = hpa["spec"]["scaleTargetRef"]

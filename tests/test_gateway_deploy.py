@@ -33,7 +33,7 @@ def _parse(argv: list[str]) -> object:
 
 def test_example_config_documents_every_setting() -> None:
     text = (GATEWAY / "gateway.toml").read_text()
-    commented = tomllib.loads("\n".join(re.findall(r"^#\s*([a-z_]+\s*=.*)$", text, re.M)))
+    commented = tomllib.loads("\n".join(re.findall(r"^#\s*([a-z0-9_]+\s*=.*)$", text, re.M)))
     assert set(tomllib.loads(text)) | set(commented) == {o.name for o in OPTIONS} | POLICY_KEYS
     policy_values = {k: v for k, v in (commented | tomllib.loads(text)).items() if k in POLICY_KEYS}
     assert resolve_policy(None, {}, policy_values, "gateway.toml").private_project == ("acme-*",)

@@ -7,8 +7,12 @@ imports happens to hide it at run time.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +108,32 @@ def test_lower_layers_never_import_higher_ones() -> None:
     for name, targets in edges.items():
         if not _is_top(name) and name != "proxy.trust.cli" and name != "proxy.__main__":
             assert not [t for t in targets if _is_top(t)], f"{name} imports {sorted(t for t in targets if _is_top(t))}"
+
+
+# A command imports its own module and what that needs, never what serves HTTP or runs another command.
+FOREIGN_TO_CLIENT = ("proxy.serve", "proxy.server", "proxy.workers", "proxy.gateway", "proxy.mirror",
+                     "proxy.repository", "proxy.resolver", "aiohttp.web", "prometheus_client", "diskcache")
+
+
+def test_tufproxy_client_imports_only_what_it_runs() -> None:
+    code = ("import sys\nfrom proxy.cli import main\ntry:\n    main(['client', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(' '.join(sorted(sys.modules)), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--metadata-dir" in done.stdout, done.stderr
+    loaded = set(done.stderr.split())
+    assert "proxy.trust.cli" in loaded
+    assert not {m for m in loaded if any(m == f or m.startswith(f"{f}.") for f in FOREIGN_TO_CLIENT)}
+
+
+def test_every_command_is_registered_by_the_module_the_table_names() -> None:
+    from proxy.cli import COMMANDS, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    whole = commands(build_parser())
+    assert list(whole) == list(COMMANDS)  # nothing registered that the table (and --help) does not name
+    for name, (module, _) in COMMANDS.items():
+        alone = commands(build_parser(name))
+        assert alone[name].format_help() == whole[name].format_help(), f"{module} does not register {name}"

@@ -23,7 +23,7 @@ from proxy.metrics import Metrics
 from proxy.refusals import TABLE, Asker, BadPath, Busy, NotAcceptable, Refusals, row
 from proxy.repository.sample import build_wheel
 from proxy.repository.signer import _Change
-from proxy.resolver import Ask, CachedFile, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError, StoreFull
 from proxy.trust import Mirror, TrustConfig, TrustedClient
@@ -211,3 +211,27 @@ async def test_a_malformed_sha256_on_a_signed_page_is_a_typed_refusal(world: Wor
     decision = await world.ask(WHEEL)
     assert isinstance(decision, Refused) and isinstance(decision.error, UnsupportedHashes), decision
     assert world.resolver.refusals.answer(Asker("rid", None, WHEEL), decision.error).status == 502
+
+
+JSON = "application/vnd.pypi.simple.v1+json"
+
+
+async def test_a_page_carries_an_etag_that_never_outlives_its_trusted_state(
+        world: World, sample_repo: SampleRepo, tmp_path: Path) -> None:
+    first = await world.ask("/simple/base/", accept=JSON)
+    assert isinstance(first, Page) and first.headers["ETag"] == first.etag
+    assert await world.ask("/simple/base/", accept=JSON) is first  # kept ready to send
+    html = await world.ask("/simple/base/", accept="text/html")
+    assert isinstance(html, Page) and html.etag != first.etag  # one ETag per representation
+    # A conditional request is answered from the trusted target alone: no page read, no fetch.
+    cold = Resolver(world.trust, LocalFetcher(sample_repo.repo.public_dir), world.store, IndexCache(tmp_path / "other"),
+                    AuditLog(tmp_path / "other.log"), Metrics(), ProxySettings(), sample_repo.repo.profile)
+    unchanged = await cold.resolve(Ask("rid", "127.0.0.1", "/simple/base/", accept=JSON, if_none_match=f'W/"x", {first.etag}'))
+    assert isinstance(unchanged, NotModified) and unchanged.headers["ETag"] == first.etag
+    assert cold.metrics.cache_misses.labels("page")._value.get() == 0
+    # A new trusted state that changes the page: new bytes, and the old ETag no longer matches.
+    sample_repo.repo.add([build_wheel(tmp_path / "new", "base", "3.0")])
+    await world.trust.refresh(force=True)
+    again = await world.resolver.resolve(Ask("rid", "127.0.0.1", "/simple/base/", accept=JSON, if_none_match=first.etag))
+    assert isinstance(again, Page) and again.etag != first.etag
+    assert "3.0" in json.loads(again.body)["versions"] and "3.0" not in json.loads(first.body)["versions"]

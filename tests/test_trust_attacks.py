@@ -234,6 +234,21 @@ async def test_freeze_attack_fails_closed(env: Env, monkeypatch: pytest.MonkeyPa
     assert not client.status()["ready"]
 
 
+async def test_remembered_lookup_still_refuses_once_expired(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup answered from memory (no second walk) checks expiry at every call, as a walk does."""
+    client = env.client(refresh_interval=3600.0)
+    first = await client.get_target(WHEEL)
+    walks = []
+    real_walk = trust_client.walk
+    monkeypatch.setattr(trust_client, "walk", lambda *a: walks.append(a) or real_walk(*a))
+    assert await client.get_target(WHEEL) == first
+    assert walks == []  # remembered for this trusted state
+    _clock(monkeypatch, timedelta(days=2))
+    with pytest.raises(ExpiredMetadata):
+        await client.get_target(WHEEL)
+    assert not client.status()["ready"]
+
+
 async def test_expired_new_timestamp_is_refused(env: Env) -> None:
     client = env.client()
     await client.refresh()

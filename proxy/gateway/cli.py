@@ -25,11 +25,13 @@ from packaging.utils import canonicalize_name
 from proxy import logs
 from proxy.atomic import atomic_write
 from proxy.audit import AuditLog
+from proxy.bucket import Bucket, BucketConfigError, BucketUnavailable
 from proxy.cmderror import CommandError
 from proxy.config import (
     ConfigError,
     Option,
     _positive_float,
+    _store_url,
     _url_list,
     add_arguments,
     parse_listen,
@@ -51,6 +53,7 @@ from proxy.locks import FetchLocks, Leadership
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.repository.cli import _days, _guarded
 from proxy.serve import stop_on_signals
+from proxy.treepush import TreePush
 from proxy.trust.fetch import Pace
 from proxy.workers import Started, Supervisor
 
@@ -86,6 +89,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
     Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
            "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
+    Option("store", "also publish the signed repository (metadata, pages, files in DIR/public) to a bucket, "
+           "s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read it from there",
+           None, _store_url, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
@@ -141,6 +148,20 @@ def _open(directory: Path) -> Repository:
     return repo
 
 
+async def _pusher(values: dict, directory: Path, public: Path,  # type: ignore[type-arg]
+                  metrics: GatewayMetrics) -> TreePush | None:
+    """With ``--store``: the bucket the signed tree is pushed to, brought up to date before serving."""
+    if values["store"] is None:
+        return None
+    try:
+        bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
+        pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock")
+        await pusher.push()
+    except (BucketConfigError, BucketUnavailable) as e:
+        raise CommandError(str(e)) from e
+    return pusher
+
+
 def state_dir(directory: Path, cache_dir: Path | None) -> Path:
     """Where a running gateway keeps what it can lose: files fetched on demand go under ``packages/``
     of the cache dir, worker locks and metrics under ``run/``."""
@@ -183,7 +204,9 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
-    publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch)
+    pusher = await _pusher(values, directory, repo.public_dir, metrics)
+    publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
+                          after=pusher.push if pusher is not None else None)
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -202,6 +225,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     publisher.start()
+    pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
     # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
@@ -209,6 +233,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
 
     async def stop() -> None:
         fresh.cancel()
+        if pushing is not None:
+            pushing.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()
@@ -313,8 +339,7 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy gateway`` and its subcommands."""
     gw = subparsers.add_parser(
-        "gateway", help="publish a plain index's packages as a PEP 458 repository signed with your own keys",
-        description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
+        "gateway", description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
         "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.metrics import exposition
+from proxy.metrics import BucketMetrics, exposition
 
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -40,6 +40,7 @@ class GatewayMetrics:
         self.timestamp_expiry = Gauge("tufproxy_gateway_timestamp_expiry_seconds", "Seconds until the published timestamp expires",
                                       registry=r, multiprocess_mode="livemax")
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
+        self.bucket = BucketMetrics(r)  # the push to --store
 
     def batch(self, projects: int, seconds: float) -> None:
         self.publishes.inc()

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tuf.api.metadata import Metadata
@@ -46,8 +46,11 @@ class Publisher:
     """The one signer task of a gateway process."""
 
     def __init__(self, repo: Repository, window: float = 0.2,
-                 observe: Callable[[int, float], None] | None = None) -> None:
+                 observe: Callable[[int, float], None] | None = None,
+                 after: Callable[[], Awaitable[object]] | None = None) -> None:
         self.repo = repo
+        # Run after each signed batch, before its waiters hear (the bucket push: proxy.treepush).
+        self._after = after
         self.window = window
         self._observe = observe  # (pages the batch changed, seconds it took)
         self._pending: Pages = {}
@@ -129,6 +132,11 @@ class Publisher:
                 continue
             if self._observe is not None and signed:
                 self._observe(signed, time.monotonic() - start)
+            if self._after is not None:
+                try:
+                    await self._after()
+                except Exception as e:  # noqa: BLE001 - signed locally; the next push catches the bucket up
+                    log.error("after publishing: %s", e)
             for w in waiters:
                 if not w.done():
                     w.set_result(self.timestamp_version)

@@ -112,8 +112,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy mirror`` with ``sync`` and ``verify``."""
     mirror = subparsers.add_parser(
-        "mirror", help="verified mirrors for air-gapped sites: sync a selection, verify a carried tree",
-        description="Copy a selection of a TUF-signed index into a tree that stays verifiable offline, "
+        "mirror", description="Copy a selection of a TUF-signed index into a tree that stays verifiable offline, "
         "and check such a tree after carrying it across.",
     )
     sub = mirror.add_subparsers(dest="mirror_command", metavar="ACTION", required=True)

@@ -137,7 +137,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy repo`` and its subcommands."""
     repo = subparsers.add_parser(
         "repo",
-        help="create and maintain a PEP 458 signed repository (be your own root of trust)",
         description="Create and maintain a PEP 458 repository: keys, signed TUF metadata, "
         "simple index pages and distribution files, as a static tree any HTTP server can serve.",
         epilog=LAYOUT_HELP,

@@ -76,7 +76,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``client`` subcommand."""
     p = subparsers.add_parser(
         "client",
-        help="a command-line TUF client (init, refresh, download) over the proxy's trust core",
         description=(
             "A TUF client over tufproxy's trust core. 'init' stores a trusted root in the "
             "metadata directory (no network); 'refresh' updates the top-level metadata; "

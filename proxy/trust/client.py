@@ -16,6 +16,9 @@ bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
   lied) fails lookups closed, naming the refusal, until a cycle succeeds.
 * Every lookup checks the earliest expiry of every role it used against
   the wall clock (fail closed: a long-lived set never notices expiry).
+  A found target is remembered, with that expiry, for as long as the
+  state that vouched for it is live: the walk is done once per state, the
+  expiry check at every lookup.
 * Delegated roles are loaded on demand into a bounded LRU, reused across
   cycles while the snapshot lists the same version and the delegator is
   byte-for-byte the one that verified them.
@@ -103,14 +106,24 @@ class _State:
         ]
         object.__setattr__(self, "earliest", min(expiries))
 
+    def deadline(self, used: tuple[VerifiedRole, ...] = ()) -> tuple[datetime, str]:
+        """The first expiry, and its role, of this state and the delegated roles ``used``."""
+        return min([self.earliest, *((r.expires, r.name) for r in used)])
+
     def check_expiry(self, now: datetime, used: tuple[VerifiedRole, ...] = ()) -> None:
         """Raise ExpiredMetadata naming the first role (of these) to expire."""
-        expires, role = min([self.earliest, *((r.expires, r.name) for r in used)])
-        if expires <= now:
-            raise errors.ExpiredMetadata(role, expires)
+        _check_deadline(self.deadline(used), now)
+
+
+def _check_deadline(deadline: tuple[datetime, str], now: datetime) -> None:
+    expires, role = deadline
+    if expires <= now:
+        raise errors.ExpiredMetadata(role, expires)
 
 
 _RoleKey = tuple[str, str, int, int | None, tuple[tuple[str, str], ...]]
+# Lookups remembered per trusted state (found targets only): enough for every page and file a busy index serves.
+_FOUND_CACHE_SIZE = 65536
 
 
 class TrustedClient:
@@ -143,6 +156,10 @@ class TrustedClient:
         self._state: _State | None = self._offline_state()
         self._roles: OrderedDict[_RoleKey, VerifiedRole] = OrderedDict()
         self._loading: dict[_RoleKey, asyncio.Task[VerifiedRole]] = {}
+        # What _lookup found in _found_state: path -> (target, deadline of every role the walk used).
+        # Dropped whenever another state goes live; the deadline is still checked at every hit.
+        self._found: dict[str, tuple[VerifiedTarget, tuple[datetime, str]]] = {}
+        self._found_state: _State | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._last_attempt: float | None = None  # monotonic
         self._last_success: float | None = None  # wall clock
@@ -432,6 +449,9 @@ class TrustedClient:
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
         state = await self._current(target_path)
+        if state is self._found_state and (hit := self._found.get(target_path)) is not None:
+            _check_deadline(hit[1], self._expiry_clock())
+            return hit[0]
         try:
             return await self._lookup(state, target_path)
         except errors.UnknownTarget:
@@ -462,13 +482,26 @@ class TrustedClient:
         if found.target is None or found.role is None:
             raise errors.UnknownTarget(target_path)
         target = found.target
-        return VerifiedTarget(
+        verified = VerifiedTarget(
             path=target.path,
             length=target.length,
             hashes=dict(target.hashes),
             role=found.role,
             custom=dict(target.unrecognized_fields),
         )
+        if self.config.expiry_override is None:  # under an override every lookup walks (and reports)
+            self._remember(state, target_path, verified, state.deadline(found.used))
+        return verified
+
+    def _remember(self, state: _State, target_path: str, target: VerifiedTarget, deadline: tuple[datetime, str]) -> None:
+        """Keep a lookup's answer for as long as ``state`` is the live one."""
+        if state is not self._state:
+            return  # answered from a state already replaced: not worth keeping
+        if self._found_state is not state:
+            self._found, self._found_state = {}, state
+        if len(self._found) >= _FOUND_CACHE_SIZE:
+            del self._found[next(iter(self._found))]
+        self._found[target_path] = (target, deadline)
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.trust.errors import HashMismatch, LengthMismatch, RepositoryError
@@ -108,6 +108,11 @@ class StreamingVerifier:
         """Hash bytes already counted by :meth:`admit` (safe in a thread: hashlib releases the GIL)."""
         for h in self._hashers.values():
             h.update(chunk)
+
+    def updaters(self) -> list[Callable[[bytes | bytearray | memoryview], None]]:
+        """One hashing function per digest, for bytes already admitted: :meth:`hash` split, so
+        the digests of one chunk can run in threads of their own at once."""
+        return [h.update for h in self._hashers.values()]
 
     def restart(self) -> None:
         """Forget every byte: the body starts over (from another mirror)."""

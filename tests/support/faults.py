@@ -40,7 +40,8 @@ from proxy.repository.sample import build_wheel
 _MAX_REQUEST_HEAD = 64 * 1024
 # A stalled answer never outlives this, even if a test forgets to release it.
 _MAX_STALL = 120.0
-_ENDLESS_LIMIT = 2**31
+# An endless body stops here at the latest: the largest file the proxy accepts by default (--max-file-size 4G).
+_ENDLESS_LIMIT = 4 * 2**30
 
 
 class Fault(str, enum.Enum):
@@ -92,6 +93,8 @@ class FaultyUpstream:
         self.rate = rate  # bytes per second per response for normal answers (None: full speed)
         self.ranges = ranges  # honour "Range: bytes=N-" (False: answer 200 with the whole body)
         self.requests: list[str] = []
+        self.sent: dict[str, int] = {}  # path -> body bytes an endless or oversized answer got out
+        self.completed: list[str] = []  # paths of normal answers sent to their last byte
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,6 +138,12 @@ class FaultyUpstream:
         rx = re.compile(pattern)
         with self._lock:
             return sum(1 for p in self.requests if rx.fullmatch(p))
+
+    def done(self, pattern: str) -> int:
+        """How many normal answers to paths matching ``pattern`` were sent to their last byte."""
+        rx = re.compile(pattern)
+        with self._lock:
+            return sum(1 for p in self.completed if rx.fullmatch(p))
 
     def _add(self, rule: _Rule) -> None:
         with self._lock:
@@ -214,7 +223,7 @@ class FaultyUpstream:
                 rule = None
             if rule is None:
                 ranged = re.search(rb"\r\nrange: bytes=(\d+)-\r\n", head, re.I)
-                await self._serve(writer, data, int(ranged.group(1)) if ranged and self.ranges else 0)
+                await self._serve(writer, data, int(ranged.group(1)) if ranged and self.ranges else 0, path)
             else:
                 await self._misbehave(writer, rule, data, path)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError):
@@ -224,7 +233,7 @@ class FaultyUpstream:
         finally:
             writer.close()
 
-    async def _serve(self, writer: asyncio.StreamWriter, data: bytes | None, start: int = 0) -> None:
+    async def _serve(self, writer: asyncio.StreamWriter, data: bytes | None, start: int = 0, path: str = "") -> None:
         if data is None:
             writer.write(_head(404, {"Content-Length": "9"}) + b"not found")
             await writer.drain()
@@ -241,6 +250,8 @@ class FaultyUpstream:
             await writer.drain()
             if self.rate is not None:
                 await asyncio.sleep(step / self.rate)
+        with self._lock:
+            self.completed.append(path)
 
     async def _misbehave(self, writer: asyncio.StreamWriter, rule: _Rule, data: bytes | None, path: str) -> None:
         body = data if data is not None else b"{}"
@@ -280,6 +291,9 @@ class FaultyUpstream:
             for _ in range(_ENDLESS_LIMIT // len(chunk)):
                 writer.write(chunk)
                 await writer.drain()
+                # Counted once drained: in the kernel's buffers or beyond, no longer ours.
+                with self._lock:
+                    self.sent[path] = self.sent.get(path, 0) + len(chunk)
         elif fault is Fault.GARBAGE:
             junk = b'{"signed": {"_type": "timestamp", "version": ]}' if path.endswith(".json") else os.urandom(len(body))
             writer.write(_head(200, {"Content-Length": str(len(junk))}) + junk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ from tests.support.net import free_port, wait_for_port
 class ProxyProcess:
     """Start with :meth:`start`; ``url`` is the index URL to give pip."""
 
-    def __init__(self, cache_dir: Path, *args: str) -> None:
+    def __init__(self, cache_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.cache_dir = cache_dir
+        self.env = env  # added to this process's environment (None: inherit it as it is)
         self.args = args
         self.port = free_port()
         self.log_path = cache_dir.parent / f"proxy-{self.port}.log"
@@ -34,7 +36,8 @@ class ProxyProcess:
     def start(self, timeout: float = 20.0) -> ProxyProcess:
         """Start and wait (at most ``timeout`` seconds) until it listens."""
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT)
+        env = None if self.env is None else {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_for_port(self.port, self.proc, timeout)
         except RuntimeError as e:

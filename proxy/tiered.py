@@ -1,0 +1,221 @@
+"""Two tiers: the local disk store in front of a bucket shared by every replica.
+
+:class:`SharedTier` decides how a cold file (missing from the local
+:class:`~proxy.store.BlobStore`) is obtained when a bucket is configured:
+
+* blobs live in the bucket content-addressed, ``blobs/<aa>/<sha256>``;
+* a blob in the bucket is read through the one fetch-and-verify as the
+  first "mirror", with the upstream mirrors after it: its bytes stream
+  into the local tier and to clients exactly like upstream bytes (final
+  byte held back) and are checked against the same signed hashes.  An
+  object that does not verify is refused and audited like a lying
+  mirror, the body starts over from upstream, and the bad object is
+  replaced; a missing one is a 404 the fetch moves past;
+* a blob nobody has stored yet is fetched upstream by ONE replica: it
+  creates ``leases/<sha256>`` with a conditional PUT (``If-None-Match:
+  *``); the others wait (bounded) until the blob appears or the lease is
+  released or stale, then read it from the bucket;
+* the fetcher publishes the verified file with a single conditional PUT
+  (no multipart), so an object appears whole or not at all: a replica
+  killed mid-upload leaves at most a lease, which goes stale.
+
+The local tier only ever receives bytes that passed the check (the store's
+writer publishes after the fetch verified them).  :class:`BucketPages`
+does the same for the page cache, keyed by the page's signed digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from proxy.bucket import Bucket, BucketUnavailable
+from proxy.pagecache import IndexCache
+from proxy.refusals import Busy
+from proxy.store import Blob
+from proxy.trust.errors import RepositoryError
+from proxy.trust.fetch import Observer, Want
+from proxy.trust.hashing import verify_bytes
+
+log = logging.getLogger(__name__)
+# A waiter polls the bucket this often at first, backing off to the maximum.
+_POLL_FIRST, _POLL_MAX = 0.05, 1.0
+Fetch = Callable[[list[str], Observer], Awaitable[Blob]]
+
+
+def blob_key(sha256: str) -> str:
+    return f"blobs/{sha256[:2]}/{sha256}"
+
+
+class _BucketFirst(Observer):
+    """The caller's observer, with the bucket as mirror 0 in front of its mirrors.
+
+    Upstream attempts reach the caller renumbered as before; a refusal of
+    the bucket's object is reported (audited) and remembered so it is replaced.
+    """
+
+    def __init__(self, inner: Observer, bucket_url: str) -> None:
+        self.inner = inner
+        self.bucket_url = bucket_url
+        self.from_bucket = False
+        self.tampered = False
+
+    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
+        if mirror == 0:
+            self.from_bucket = outcome == "ok"
+            return
+        self.inner.attempt(mirror - 1, outcome, nbytes, seconds)
+
+    def refused(self, error: RepositoryError, url: str) -> None:
+        if url == self.bucket_url:
+            self.tampered = True
+            log.error("object %s in the bucket failed verification (%s): refetching from upstream",
+                      url, error.reason)
+        self.inner.refused(error, url)
+
+
+class SharedTier:
+    """The bucket behind the local store; see the module docstring."""
+
+    def __init__(self, bucket: Bucket, lease_seconds: float = 300.0) -> None:
+        self.bucket = bucket
+        self.lease_seconds = lease_seconds
+
+    async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+        """The verified blob of ``want``: from the bucket, or fetched upstream by one replica and published."""
+        sha256 = want.hashes.get("sha256")
+        if sha256 is None:
+            return await fetch(urls, observer)  # not content-addressed by a signed sha256: no bucket
+        key = blob_key(sha256)
+        lease = f"leases/{sha256}"
+        deadline = time.monotonic() + 2 * self.lease_seconds
+        while True:
+            if await self.bucket.exists(key):
+                return await self._from_bucket(key, urls, observer, fetch)
+            if await self.bucket.create(lease, self._lease_body()):
+                break
+            await self._wait(key, lease, deadline)
+        try:
+            if await self.bucket.exists(key):  # published between our look and our lease
+                return await self._from_bucket(key, urls, observer, fetch)
+            blob = await fetch(urls, observer)
+            await self._publish(key, blob)
+            return blob
+        finally:
+            await _quietly(self.bucket.delete(lease))
+
+    async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+        watch = _BucketFirst(observer, self.bucket.key_url(key))
+        try:
+            blob = await fetch([watch.bucket_url, *urls], watch)
+        finally:
+            if watch.tampered:  # gone even if upstream failed too: the next reader does not start from it
+                await _quietly(self.bucket.delete(key))
+        if not watch.from_bucket:
+            await self._publish(key, blob)
+        return blob
+
+    async def _publish(self, key: str, blob: Blob) -> None:
+        """Put a verified file in the bucket, once: an object there already is left alone (it is read verified)."""
+        if not await self.bucket.create(key, blob.path):
+            log.debug("bucket already holds %s", key)
+
+    def _lease_body(self) -> bytes:
+        return json.dumps({"until": time.time() + self.lease_seconds}).encode()
+
+    async def _wait(self, key: str, lease: str, deadline: float) -> None:
+        """Until the blob appears or the lease is gone (released, or stale and removed here)."""
+        delay = _POLL_FIRST
+        while time.monotonic() < deadline:
+            if await self.bucket.exists(key):
+                return
+            body = await self.bucket.read(lease)
+            if body is None:
+                return
+            if _lease_until(body) < time.time():
+                log.warning("lease %s is stale (its holder died?): taking over", lease)
+                await self.bucket.delete(lease)
+                return
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(_POLL_MAX, delay * 2)
+        raise Busy(f"another replica's download of {key} did not finish in {2 * self.lease_seconds:.0f}s")
+
+    async def probe(self) -> None:
+        await self.bucket.probe()
+
+
+def _lease_until(body: bytes) -> float:
+    try:
+        return float(json.loads(body)["until"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0  # unreadable: treat as stale
+
+
+async def _quietly(call: Awaitable[None]) -> None:
+    """A clean-up the request need not wait on if the bucket is down (a lease then goes stale)."""
+    try:
+        await call
+    except BucketUnavailable as e:
+        log.warning("%s", e)
+
+
+class BucketPages:
+    """The page cache in two tiers: the local :class:`IndexCache` in front of ``pages/<alg>/<digest>``.
+
+    Same interface as :class:`IndexCache` (blocking calls, run in threads).
+    A page read from the bucket is checked against the signed digest its
+    key names before it is returned or cached locally; one that does not
+    match is deleted from the bucket and reported missing (the caller
+    fetches it upstream and stores it again).
+    """
+
+    def __init__(self, local: IndexCache, bucket: Bucket, max_page_size: int) -> None:
+        self.local = local
+        self.bucket = bucket
+        self.max_page_size = max_page_size
+
+    @staticmethod
+    def _bucket_key(key: str) -> str | None:
+        parsed = IndexCache.parse_key(key)
+        return None if parsed is None else f"pages/{parsed[1]}/{parsed[2]}"
+
+    def get(self, key: str) -> bytes | None:
+        data = self.local.get(key)
+        parsed = IndexCache.parse_key(key)
+        if data is not None or parsed is None:
+            return data
+        path, algorithm, digest = parsed
+        remote = f"pages/{algorithm}/{digest}"
+        data = self.bucket.read_sync(remote)
+        if data is None:
+            return None
+        try:
+            verify_bytes(path, {algorithm: digest}, self.max_page_size, data, exact=False)
+        except RepositoryError as e:
+            log.error("page %s in the bucket failed verification (%s): deleted, refetching", remote, e.reason)
+            self.bucket.delete_sync(remote)
+            return None
+        self.local.set(key, data)
+        return data
+
+    def set(self, key: str, value: bytes) -> None:
+        self.local.set(key, value)
+        remote = self._bucket_key(key)
+        if remote is not None:
+            self.bucket.create_sync(remote, value)
+
+    def delete(self, key: str) -> None:
+        self.local.delete(key)
+        remote = self._bucket_key(key)
+        if remote is not None:
+            self.bucket.delete_sync(remote)
+
+    def keys(self) -> list[str]:
+        return self.local.keys()
+
+    def close(self) -> None:
+        self.local.close()

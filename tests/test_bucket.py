@@ -1,0 +1,304 @@
+"""The bucket tier (``serve --store s3://...``) against a real SeaweedFS, with real replicas and pip.
+
+SeaweedFS starts once per session (``weed`` from the test extra; a missing
+binary fails the tests with a clear message, it is never skipped).  Each
+test uses its own prefix in the one bucket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from proxy.repository import Repository
+from tests.conftest import make_sample_dists
+from tests.support.clients import install
+from proxy.repository.sample import build_wheel
+from tests.support.faults import FaultyUpstream, sized_wheel
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
+from tests.support.proxyproc import ProxyProcess
+from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
+from tests.support.testindex import TestIndex
+
+BIG = 24 * 2**20
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    server = Seaweed(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class World:
+    public: Path  # the signed tree the upstream serves
+    root: Path
+    upstream: FaultyUpstream
+    big: Path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("bucket")
+    repo = Repository.init(tmp / "repo", bins=16)
+    big = sized_wheel(tmp / "dists", "heavy", "1.0", BIG)
+    repo.add([*make_sample_dists(tmp / "dists"), big])
+    root = tmp / "root.json"
+    root.write_bytes((repo.metadata_dir / "1.root.json").read_bytes())
+    with FaultyUpstream(repo.public_dir) as upstream:
+        yield World(repo.public_dir, root, upstream, big)
+
+
+def target_of(world: World, filename: str) -> tuple[str, bytes]:
+    """(the proxy path, the exact bytes) of a distribution file."""
+    project = filename.split("-")[0]
+    path = next(p for p in (world.public / "packages" / project).iterdir() if p.name.endswith("." + filename))
+    return f"/packages/{project}/{filename}", path.read_bytes()
+
+
+def upstream_pattern(filename: str) -> str:
+    return rf"/packages/[^/]+/[0-9a-f]+\.{re.escape(filename)}"
+
+
+def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str) -> ProxyProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return ProxyProcess(tmp / "cache", "--upstream", world.upstream.url, "--root", str(world.root),
+                        "--workers", "1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", seaweed.endpoint,
+                        "--audit-log", str(tmp / "audit.jsonl"), *extra, env=seaweed.env())
+
+
+def fetch(proxy: ProxyProcess, path: str, timeout: float = 60) -> tuple[int, bytes, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(proxy.base.rstrip("/") + path, timeout=timeout) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def fetch_cut_off(proxy: ProxyProcess, path: str) -> None:
+    """A client whose transfer is cut when its replica is killed."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        fetch(proxy, path)
+
+
+def bucket_store(seaweed: Seaweed, prefix: str):  # type: ignore[no-untyped-def]
+    from obstore.store import S3Store
+    return S3Store(BUCKET, prefix=prefix, endpoint=seaweed.endpoint, access_key_id=ACCESS_KEY,
+                   secret_access_key=SECRET_KEY, region="us-east-1", client_options={"allow_http": True},
+                   virtual_hosted_style_request=False)
+
+
+def blob_key(data: bytes) -> str:
+    sha = hashlib.sha256(data).hexdigest()
+    return f"blobs/{sha[:2]}/{sha}"
+
+
+def audit_records(tmp: Path) -> list[dict[str, object]]:
+    path = tmp / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_no_secrets(*texts: str) -> None:
+    for text in texts:
+        assert SECRET_KEY not in text
+        assert ACCESS_KEY not in text
+
+
+@pytest.mark.slow
+def test_three_replicas_share_one_bucket_one_upstream_fetch_per_file(world: World, seaweed: Seaweed,
+                                                                       tmp_path: Path) -> None:
+    replicas = [replica(world, seaweed, tmp_path / f"r{i}", "fleet") for i in range(3)]
+    try:
+        for i, r in enumerate(replicas):
+            r.start()
+            result = install("pip", r.url, tmp_path / f"target{i}", "app")
+            assert result.returncode == 0, result.stdout + result.stderr + r.log()
+        for name in ("app-1.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl", "base-2.0-py3-none-any.whl"):
+            assert world.upstream.count(upstream_pattern(name)) == 1, name
+        # Pages too: each project's signed page was fetched upstream once for the fleet.
+        assert world.upstream.count(r"/simple/app/[0-9a-f]+\.index\.(json|html)") == 1
+        metrics = urllib.request.urlopen(replicas[2].base + "metrics", timeout=10).read().decode()
+        assert re.search(r'tufproxy_bucket_requests_total\{op="get"\} [1-9]', metrics)
+        assert_no_secrets(metrics, *(r.log() for r in replicas), (tmp_path / "r0" / "audit.jsonl").read_text()
+                          if (tmp_path / "r0" / "audit.jsonl").exists() else "")
+    finally:
+        for r in replicas:
+            r.stop()
+
+
+def test_tampered_object_is_refused_refetched_and_audited(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    path, good = target_of(world, "base-2.0-py3-none-any.whl")
+    before = world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl"))
+    store = bucket_store(seaweed, "tamper")
+    with replica(world, seaweed, tmp_path / "a", "tamper") as a:
+        status, body, _ = fetch(a, path)
+        assert (status, body) == (200, good)
+    key = blob_key(good)
+    assert bytes(obstore.get(store, key).bytes()) == good
+    evil = bytearray(good)
+    evil[len(evil) // 2] ^= 0xFF
+    obstore.put(store, key, bytes(evil))
+    with replica(world, seaweed, tmp_path / "b", "tamper") as b:
+        status, body, _ = fetch(b, path)
+        assert (status, body) == (200, good)
+        assert world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")) == before + 2
+        refused = [r for r in audit_records(tmp_path / "b") if r["event"] == "refused"]
+        assert refused and refused[0]["reason"] == "hash-mismatch", refused
+        assert str(refused[0]["upstream_url"]).startswith(f"s3://{BUCKET}/tamper/blobs/")
+        assert_no_secrets(b.log(), (tmp_path / "b" / "audit.jsonl").read_text())
+    # The bad object was replaced by the verified bytes.
+    assert bytes(obstore.get(store, key).bytes()) == good
+
+
+@pytest.mark.slow
+def test_replica_killed_mid_upload_leaves_nothing_served(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    path, good = target_of(world, world.big.name)
+    store = bucket_store(seaweed, "killed")
+    key = blob_key(good)
+    a = replica(world, seaweed, tmp_path / "a", "killed", "--s3-lease-seconds", "3").start()
+    try:
+        threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
+        # The local tier publishes before the bucket PUT starts: stop the bucket as soon as it has,
+        # so the PUT hangs mid-body, and kill the replica then.
+        local = a.cache_dir / "blobs" / key.split("/")[1] / key.split("/")[2]
+        deadline = time.monotonic() + 60
+        while not local.exists():
+            assert time.monotonic() < deadline, a.log()
+            time.sleep(0.005)
+        seaweed.pause()
+        try:
+            os.kill(a.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            a.proc.wait(20)  # type: ignore[union-attr]
+        finally:
+            seaweed.resume()
+    finally:
+        a.stop()
+    # Nothing partial is in the bucket: the object is absent, or whole.
+    try:
+        assert bytes(obstore.get(store, key).bytes()) == good
+    except FileNotFoundError:
+        pass
+    except Exception as e:  # noqa: BLE001 - obstore's NotFoundError
+        assert type(e).__name__ == "NotFoundError", e
+    with replica(world, seaweed, tmp_path / "b", "killed", "--s3-lease-seconds", "3") as b:
+        status, body, _ = fetch(b, path, timeout=120)
+        assert status == 200 and hashlib.sha256(body).digest() == hashlib.sha256(good).digest()
+    assert bytes(obstore.get(store, key).bytes()) == good
+
+
+def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaweed: Seaweed,
+                                                              tmp_path: Path) -> None:
+    warm_path, warm = target_of(world, "lib-1.0-py3-none-any.whl")
+    cold_path, cold = target_of(world, "lib-1.1-py3-none-any.whl")
+    with replica(world, seaweed, tmp_path / "a", "outage", "--s3-timeout", "1.5") as a:
+        assert fetch(a, warm_path)[:2] == (200, warm)
+        seaweed.pause()
+        try:
+            status, body, headers = fetch(a, cold_path)
+            assert status == 503, body
+            assert headers.get("X-Tufproxy-Reason") == "bucket-unavailable"
+            assert body != cold
+            # What the local tier verified is still served.
+            assert fetch(a, warm_path)[:2] == (200, warm)
+            status, body, _ = fetch(a, "/readyz")
+            assert status == 503 and b"shared bucket unreachable" in body
+        finally:
+            seaweed.resume()
+        deadline = time.monotonic() + 60
+        while (got := fetch(a, cold_path))[0] != 200:
+            assert got[0] == 503 and time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert got[1] == cold
+        assert fetch(a, "/readyz")[0] == 200
+        assert_no_secrets(a.log())
+
+
+@pytest.mark.slow
+def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    index = TestIndex(separate_files_host=True)
+    dists = tmp_path / "dists"
+    for dist in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
+                 build_wheel(dists, "base", "2.0")):
+        index.add(dist)
+    gateway_init(tmp_path / "gw")
+    store = bucket_store(seaweed, "gw")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(index)
+        gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/gw", "--s3-endpoint-url", seaweed.endpoint)
+        gw.env = seaweed.env()
+        stack.enter_context(gw)
+        # An edge of the gateway publishes the projects and makes it fetch their files.
+        with edge_for(tmp_path, gw) as edge:
+            r = install("pip", edge.url, tmp_path / "t1", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + gw.log()
+
+        def pushed() -> bool:
+            names = {m["path"] for batch in obstore.list(store, "packages/") for m in batch}
+            return sum(n.endswith(".whl") for n in names) == 3
+        wait_for(pushed, 30, "the files in the bucket")
+        # An edge that reads only the bucket (as through a CDN), anonymously, verifies and installs.
+        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/gw/",
+                              "--root", str(gw.root), "--workers", "1")
+        with reader:
+            r = install("pip", reader.url, tmp_path / "t2", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + reader.log()
+        assert {p.name for p in (tmp_path / "t2").iterdir()} >= {"app", "lib", "base"}
+        assert_no_secrets(gw.log())
+
+
+def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_path: Path) -> None:
+    from proxy.treepush import TreePush
+
+    tree = tmp_path / "public"
+    names = ["metadata/timestamp.json", "metadata/7.snapshot.json", "metadata/7.bin-3.json", "metadata/2.root.json",
+             "metadata/1.bins.json", "simple/app/ab12.index.json", "packages/app/cd34.app-1.0-py3-none-any.whl",
+             "metadata/.timestamp.json.x1.tmp"]
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(name.encode())
+    order = [relative for relative, _, _ in TreePush(None, tree, tmp_path / "push.lock")._changed()]  # type: ignore[arg-type]
+    assert order.index("metadata/timestamp.json") == len(order) - 1
+    assert order.index("metadata/7.snapshot.json") == len(order) - 2
+    assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
+    assert "metadata/.timestamp.json.x1.tmp" not in order
+
+
+def test_refused_credentials_are_a_503_and_never_printed(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    path, _ = target_of(world, "app-1.0-py3-none-any.whl")
+    wrong = "wrong-secret-0123456789-abcdefghij"
+    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
+    proxy.env = {**seaweed.env(), "AWS_SECRET_ACCESS_KEY": wrong}
+    with proxy:
+        status, body, headers = fetch(proxy, path)
+        assert status == 503 and headers.get("X-Tufproxy-Reason") == "bucket-unavailable", body
+        ready = fetch(proxy, "/readyz")
+        metrics = fetch(proxy, "/metrics")[1].decode()
+        assert re.search(r'tufproxy_bucket_errors_total\{op="head"\} [1-9]', metrics)
+        audit = (tmp_path / "a" / "audit.jsonl").read_text() if (tmp_path / "a" / "audit.jsonl").exists() else ""
+        for text in (body.decode(), ready[1].decode(), metrics, proxy.log(), audit):
+            assert wrong not in text
+            assert ACCESS_KEY not in text
