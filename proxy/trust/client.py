@@ -282,16 +282,18 @@ class TrustedClient:
         self._last_success = time.time()
         self._last_error = None
 
-    def _trust(self, role: str, data: bytes, top: TopLevelSet) -> None:
+    async def _trust(self, role: str, data: bytes, top: TopLevelSet) -> None:
         """Persist a role the moment it verified (spec 5.3.8, 5.4.5, 5.5.7, 5.6.6).
 
         A later step of the same cycle failing does not undo it: a new root or
         timestamp keeps protecting against rollback after a restart.  The live
-        state is still swapped only when the whole cycle verified.
+        state is still swapped only when the whole cycle verified.  The write
+        (with its fsync) runs off the loop: a large snapshot's fsync on a busy
+        disk stalled every request for over 100 ms.
         """
-        self._store.write(role, data)
+        await asyncio.to_thread(self._store.write, role, data)
         if role == "root":
-            self._store.keep_root(top.root.version, data)
+            await asyncio.to_thread(self._store.keep_root, top.root.version, data)
             self._root_bytes = data
         else:
             self._local[role] = data
@@ -308,7 +310,7 @@ class TrustedClient:
             "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
         )
         if new_ts is not None:
-            self._trust("timestamp", data, top)
+            await self._trust("timestamp", data, top)
         elif not rotated and self._state is not None and self._state.timestamp.version == top.timestamp.version:
             # Nothing changed upstream: the live snapshot stays, if still valid.
             self._state.check_expiry(self._expiry_clock())
@@ -323,7 +325,7 @@ class TrustedClient:
                 meta.length or self.config.snapshot_max_length,
                 top.update_snapshot,
             )
-            self._trust("snapshot", data, top)
+            await self._trust("snapshot", data, top)
 
         targets_bytes = self._local.get("targets")
         if targets_bytes is None or not await asyncio.to_thread(top.load_local_targets, targets_bytes):
@@ -334,7 +336,7 @@ class TrustedClient:
                 meta.length or self.config.targets_max_length,
                 top.update_targets,
             )
-            self._trust("targets", targets_bytes, top)
+            await self._trust("targets", targets_bytes, top)
         return _state_of(top, targets_bytes)
 
     async def _update_root(self, top: TopLevelSet) -> bool:
@@ -346,7 +348,7 @@ class TrustedClient:
             )
             if found is None:
                 break
-            self._trust("root", found[0], top)
+            await self._trust("root", found[0], top)
         return top.root.version >= first
 
     @staticmethod
