@@ -133,7 +133,10 @@ def test_file_differing_from_its_pin_is_a_502_and_never_published(tmp_path: Path
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, timeout=10).read()
     assert refused.value.code == 502
-    assert refused.value.reason == "refused by the gateway (hash-mismatch)"  # the whole file fits in the held-back tail
+    # The whole file fits in the held-back tail, so the refusal comes before any byte.
+    assert refused.value.reason.startswith("hash-mismatch: ")
+    assert refused.value.headers["X-Tufproxy-Reason"] == "hash-mismatch"
+    assert json.loads(refused.value.read())["reason"] == "hash-mismatch"
     assert not (gateway.directory / "public" / "packages" / "lib" / "lib-1.0-py3-none-any.whl").exists()
     assert any(a.get("reason") == "hash-mismatch" for a in gateway.audit())
     assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1

@@ -32,13 +32,14 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy import index
+from proxy import index, refusals
 from proxy.audit import AuditWriteError
 from proxy.gateway.files import FileSource
 from proxy.gateway.listing import PageRefused
 from proxy.gateway.service import Gateway, NotListed
 from proxy.layout import is_valid_filename, is_valid_project_name
 from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.trust.errors import TrustError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ def _status(error: Exception) -> tuple[int, str]:
         return 404, "not-found"
     if isinstance(error, PageRefused):
         return 502, error.reason
+    if isinstance(error, TrustError):  # a file the index lied about or withheld: the edge's rows
+        return refusals.row(error).status, error.reason
     if isinstance(error, AuditWriteError):
         return 500, "audit-unwritable"
     if isinstance(error, OSError):
@@ -93,10 +96,11 @@ class GatewayApp:
             response = await handler(request)
         except web.HTTPException as e:
             response = e
-        except (NotListed, PageRefused, OSError) as e:
+        except (NotListed, PageRefused, TrustError, OSError) as e:
             status, reason = _status(e)
             log.warning("%s %s -> %d %s: %s", request.method, request.path, status, reason, e)
             response = web.json_response({"reason": reason, "detail": str(e)[:500]}, status=status,
+                                         headers={"X-Tufproxy-Reason": reason},
                                          reason=f"{reason}: {str(e)[:200]}".encode("ascii", "replace").decode())
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response

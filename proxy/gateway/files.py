@@ -17,7 +17,8 @@ bytes as they arrive, each holding the final chunk back until the
 download is verified (:mod:`proxy.streaming`, as the edge does), so a
 cold big wheel flows to pip at the index's pace, and no complete
 unverified file ever leaves the gateway or lands in its tree.  A refusal
-before any byte went out is a 502 naming the reason; after, the client's
+before any byte went out is answered by the app's one table (a 502 naming
+the reason for a file the index lied about); after, the client's
 connection is reset before its last byte.
 
 A client that goes away mid-file does not stop the fetch: the file is
@@ -81,10 +82,8 @@ class FileSource:
                 return web.FileResponse(path)
             download = self._start(request, pin, target, path, core)
         refusal = await first_bytes(download, joined)
-        if isinstance(refusal, TrustError):
-            raise web.HTTPBadGateway(reason=f"refused by the gateway ({refusal.reason})", text=f"{refusal}\n")
         if refusal is not None:
-            raise refusal  # our resources (the disk): the app's one table answers it
+            raise refusal  # the app's one table answers it, before any byte went out
         response, _ = await send_download(request, download, _HEADERS, download.want.length if download.want.exact else None)
         return response
 
