@@ -184,7 +184,8 @@ OPTIONS: tuple[Option, ...] = (
            15.0, _positive_float, metavar="SECONDS"),
     Option("store", "keep verified files and pages in a bucket shared by every replica, s3://BUCKET/PREFIX "
            "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
-           "environment, web identity or instance role)", None, _store_url, metavar="URL"),
+           "chain: environment, web identity, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config, "
+           "container or instance role)", None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's for the region)",
            None, metavar="URL"),
     Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",

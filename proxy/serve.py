@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from proxy.audit import AuditLog
-from proxy.bucket import Bucket, BucketConfigError, BucketFetcher
+from proxy.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
 from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
@@ -216,6 +216,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
     opened.callback(audit.close)
+    metrics = Metrics()
+    bucket = await _open_bucket(config, metrics)
     fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
     opened.push_async_callback(fetcher.close)
     if file_fetcher is not fetcher:
@@ -238,8 +240,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
                              max_connections=config.max_connections,
                              client_idle_timeout=config.client_timeout,
                              pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
-    metrics = Metrics()
-    shared, file_fetcher, pages = _bucket_tier(config, metrics, file_fetcher, pages)
+    shared, file_fetcher, pages = _bucket_tier(config, bucket, file_fetcher, pages)
     proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
                            tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher, shared=shared))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
@@ -254,16 +255,28 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     return Running(runner, proxy, actual, refresher, fetcher)
 
 
-def _bucket_tier(config: ServeConfig, metrics: Metrics, file_fetcher: Fetcher,
-                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
-    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
+    """The ``--store`` bucket, asked once: credentials it refuses end start-up with one line; a bucket
+    that does not answer yet does not (requests get 503s and /readyz says why until it does)."""
     if config.store is None:
-        return None, file_fetcher, pages
+        return None
     try:
         bucket = Bucket(config.store, metrics.bucket, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
-    except BucketConfigError as e:
+        await bucket.probe()
+    except (BucketConfigError, BucketDenied) as e:
         raise CommandError(str(e)) from None
-    log.info("shared store: %s (local tier %s in front)", bucket.url, config.cache_dir)
+    except BucketUnavailable as e:
+        log.warning("%s (starting anyway)", e)
+    log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir,
+             bucket.aws.source)
+    return bucket
+
+
+def _bucket_tier(config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher,
+                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+    if bucket is None:
+        return None, file_fetcher, pages
     return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
             BucketPages(pages, bucket, ProxySettings.max_page_size))
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -287,18 +288,58 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     assert "metadata/.timestamp.json.x1.tmp" not in order
 
 
-def test_refused_credentials_are_a_503_and_never_printed(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
-    path, _ = target_of(world, "app-1.0-py3-none-any.whl")
-    wrong = "wrong-secret-0123456789-abcdefghij"
-    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
-    proxy.env = {**seaweed.env(), "AWS_SECRET_ACCESS_KEY": wrong}
+def aws_files(monkeypatch: pytest.MonkeyPatch, tmp: Path, credentials: str, config: str = "") -> dict[str, str]:
+    """A process environment whose only AWS settings are the shared files under ``tmp/home/.aws``."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    aws = tmp / "home" / ".aws"
+    aws.mkdir(parents=True)
+    (aws / "credentials").write_text(credentials)
+    (aws / "config").write_text(config)
+    # Were the files ignored, object_store would ask the instance metadata service: keep that on 127.0.0.1.
+    return {"HOME": str(tmp / "home"), "AWS_METADATA_ENDPOINT": "http://127.0.0.1:9"}
+
+
+@pytest.mark.slow
+def test_keys_region_and_endpoint_from_the_shared_files_of_a_profile(world: World, seaweed: Seaweed, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    env = aws_files(monkeypatch, tmp_path, f"[fleet]\naws_access_key_id = {ACCESS_KEY}\n"
+                    f"aws_secret_access_key = {SECRET_KEY}\n",
+                    f"[profile fleet]\nregion = us-east-1\nendpoint_url = {seaweed.endpoint}\n")
+    env["AWS_PROFILE"] = "fleet"
+    # No --s3-endpoint-url: the profile names the endpoint.
+    proxy = ProxyProcess(tmp_path / "cache", "--upstream", world.upstream.url, "--root", str(world.root),
+                         "--workers", "1", "--store", f"s3://{BUCKET}/profile",
+                         "--audit-log", str(tmp_path / "audit.jsonl"), env=env)
     with proxy:
-        status, body, headers = fetch(proxy, path)
-        assert status == 503 and headers.get("X-Tufproxy-Reason") == "bucket-unavailable", body
-        ready = fetch(proxy, "/readyz")
+        result = install("pip", proxy.url, tmp_path / "target", "app")
+        assert result.returncode == 0, result.stdout + result.stderr + proxy.log()
         metrics = fetch(proxy, "/metrics")[1].decode()
-        assert re.search(r'tufproxy_bucket_errors_total\{op="head"\} [1-9]', metrics)
-        audit = (tmp_path / "a" / "audit.jsonl").read_text() if (tmp_path / "a" / "audit.jsonl").exists() else ""
-        for text in (body.decode(), ready[1].decode(), metrics, proxy.log(), audit):
-            assert wrong not in text
-            assert ACCESS_KEY not in text
+        assert re.search(r'tufproxy_bucket_requests_total\{op="put"\} [1-9]', metrics)
+        assert f"profile 'fleet' in {tmp_path / 'home' / '.aws' / 'credentials'}" in proxy.log()
+        assert_no_secrets(metrics, proxy.log(), (tmp_path / "audit.jsonl").read_text())
+    _, app = target_of(world, "app-1.0-py3-none-any.whl")
+    import obstore
+    assert bytes(obstore.get(bucket_store(seaweed, "profile"), blob_key(app)).bytes()) == app
+
+
+@pytest.mark.parametrize("where", ["shared-file", "environment"])
+def test_refused_credentials_end_start_up_with_one_line_and_are_never_printed(
+        world: World, seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    wrong = "wrong-secret-0123456789-abcdefghij"
+    env = aws_files(monkeypatch, tmp_path, "")
+    if where == "shared-file":
+        (tmp_path / "keys").write_text(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {wrong}\n")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp_path / "keys")
+        source = f"profile 'default' in {tmp_path / 'keys'}"
+    else:
+        env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=wrong)
+        source = "AWS_ACCESS_KEY_ID in the environment"
+    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
+    r = subprocess.run(proxy.argv(), env={**os.environ, **env, "AWS_REGION": "us-east-1"}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    [line] = r.stderr.strip().splitlines()
+    assert f"bucket s3://{BUCKET}/creds/ refused the credentials of {source}" in line and "403" in line, line
+    assert wrong not in r.stderr + r.stdout and ACCESS_KEY not in r.stderr + r.stdout
