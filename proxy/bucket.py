@@ -116,16 +116,6 @@ class Bucket:
             op.nbytes = len(data)
         return data
 
-    def read_sync(self, key: str) -> bytes | None:
-        """:meth:`read` for a thread (page caches are called from threads)."""
-        with _Op(self, "get") as op:
-            try:
-                data = bytes(self._obstore.get(self._store, key).bytes())
-            except self._missing:
-                return None
-            op.nbytes = len(data)
-        return data
-
     async def create(self, key: str, data: bytes | Path) -> bool:
         """Store ``data`` under ``key`` only if nothing is there (``If-None-Match: *``); False if taken.
 
@@ -147,26 +137,10 @@ class Bucket:
             await self._obstore.put_async(self._store, key, data, use_multipart=False)
             op.nbytes = size
 
-    def create_sync(self, key: str, data: bytes) -> bool:
-        with _Op(self, "put") as op:
-            try:
-                self._obstore.put(self._store, key, data, mode="create", use_multipart=False)
-            except self._taken:
-                return False
-            op.nbytes = len(data)
-        return True
-
     async def delete(self, key: str) -> None:
         async with self._op("delete"):
             try:
                 await self._obstore.delete_async(self._store, key)
-            except self._missing:
-                pass
-
-    def delete_sync(self, key: str) -> None:
-        with _Op(self, "delete"):
-            try:
-                self._obstore.delete(self._store, key)
             except self._missing:
                 pass
 

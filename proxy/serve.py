@@ -37,7 +37,7 @@ from proxy.server import Proxy
 from proxy.trust.fetch import Pace
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError
-from proxy.tiered import BucketPages, SharedTier
+from proxy.tiered import SharedTier
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -240,9 +240,9 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
                              max_connections=config.max_connections,
                              client_idle_timeout=config.client_timeout,
                              pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
-    shared, file_fetcher, pages = _bucket_tier(config, bucket, file_fetcher, pages)
+    shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
     proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
-                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher, shared=shared))
+                           tuple(config.files_url), on_miss=on_miss, page_fetcher=page_fetcher, shared=shared))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
@@ -273,12 +273,13 @@ async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
 
 
 def _bucket_tier(config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher,
-                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
-    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+                 page_fetcher: Fetcher) -> tuple[SharedTier | None, Fetcher, Fetcher]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror
+    of files and pages (the fetchers returned read its URLs from it)."""
     if bucket is None:
-        return None, file_fetcher, pages
+        return None, file_fetcher, page_fetcher
     return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
-            BucketPages(pages, bucket, ProxySettings.max_page_size))
+            BucketFetcher(bucket, page_fetcher))
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

@@ -19,9 +19,13 @@
   (no multipart), so an object appears whole or not at all: a replica
   killed mid-upload leaves at most a lease, which goes stale.
 
-The local tier only ever receives bytes that passed the check (the store's
-writer publishes after the fetch verified them).  :class:`BucketPages`
-does the same for the page cache, keyed by the page's signed digest.
+Signed pages live in the bucket under their signed digest,
+``pages/<alg>/<digest>``, and are read the same way (the bucket first,
+refused and audited if they do not verify, replaced), without a lease.
+
+The local tiers only ever receive bytes that passed the check (the store's
+writer publishes after the fetch verified them; the page cache is filled
+by the caller with the verified bytes).
 """
 
 from __future__ import annotations
@@ -32,19 +36,19 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from proxy.bucket import Bucket, BucketUnavailable
-from proxy.pagecache import IndexCache
 from proxy.refusals import Busy
 from proxy.store import Blob
 from proxy.trust.errors import RepositoryError
 from proxy.trust.fetch import Observer, Want
-from proxy.trust.hashing import verify_bytes
 
 log = logging.getLogger(__name__)
 # A waiter polls the bucket this often at first, backing off to the maximum.
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
-Fetch = Callable[[list[str], Observer], Awaitable[Blob]]
+T = TypeVar("T", Blob, bytes)
+Fetch = Callable[[list[str], Observer], Awaitable[T]]
 
 
 def blob_key(sha256: str) -> str:
@@ -85,7 +89,7 @@ class SharedTier:
         self.bucket = bucket
         self.lease_seconds = lease_seconds
 
-    async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+    async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch[Blob]) -> Blob:
         """The verified blob of ``want``: from the bucket, or fetched upstream by one replica and published."""
         sha256 = want.hashes.get("sha256")
         if sha256 is None:
@@ -108,20 +112,25 @@ class SharedTier:
         finally:
             await _quietly(self.bucket.delete(lease))
 
-    async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+    async def page(self, algorithm: str, digest: str, urls: list[str], observer: Observer,
+                   fetch: Fetch[bytes]) -> bytes:
+        """A signed page's verified bytes: the bucket's copy, else upstream's (then published for the fleet)."""
+        return await self._from_bucket(f"pages/{algorithm}/{digest}", urls, observer, fetch)
+
+    async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch[T]) -> T:
         watch = _BucketFirst(observer, self.bucket.key_url(key))
         try:
-            blob = await fetch([watch.bucket_url, *urls], watch)
+            got = await fetch([watch.bucket_url, *urls], watch)
         finally:
             if watch.tampered:  # gone even if upstream failed too: the next reader does not start from it
                 await _quietly(self.bucket.delete(key))
         if not watch.from_bucket:
-            await self._publish(key, blob)
-        return blob
+            await self._publish(key, got)
+        return got
 
-    async def _publish(self, key: str, blob: Blob) -> None:
-        """Put a verified file in the bucket, once: an object there already is left alone (it is read verified)."""
-        if not await self.bucket.create(key, blob.path):
+    async def _publish(self, key: str, got: Blob | bytes) -> None:
+        """Put a verified file or page in the bucket, once: an object there already is left alone (it is read verified)."""
+        if not await self.bucket.create(key, got.path if isinstance(got, Blob) else got):
             log.debug("bucket already holds %s", key)
 
     def _lease_body(self) -> bytes:
@@ -161,61 +170,3 @@ async def _quietly(call: Awaitable[None]) -> None:
         await call
     except BucketUnavailable as e:
         log.warning("%s", e)
-
-
-class BucketPages:
-    """The page cache in two tiers: the local :class:`IndexCache` in front of ``pages/<alg>/<digest>``.
-
-    Same interface as :class:`IndexCache` (blocking calls, run in threads).
-    A page read from the bucket is checked against the signed digest its
-    key names before it is returned or cached locally; one that does not
-    match is deleted from the bucket and reported missing (the caller
-    fetches it upstream and stores it again).
-    """
-
-    def __init__(self, local: IndexCache, bucket: Bucket, max_page_size: int) -> None:
-        self.local = local
-        self.bucket = bucket
-        self.max_page_size = max_page_size
-
-    @staticmethod
-    def _bucket_key(key: str) -> str | None:
-        parsed = IndexCache.parse_key(key)
-        return None if parsed is None else f"pages/{parsed[1]}/{parsed[2]}"
-
-    def get(self, key: str) -> bytes | None:
-        data = self.local.get(key)
-        parsed = IndexCache.parse_key(key)
-        if data is not None or parsed is None:
-            return data
-        path, algorithm, digest = parsed
-        remote = f"pages/{algorithm}/{digest}"
-        data = self.bucket.read_sync(remote)
-        if data is None:
-            return None
-        try:
-            verify_bytes(path, {algorithm: digest}, self.max_page_size, data, exact=False)
-        except RepositoryError as e:
-            log.error("page %s in the bucket failed verification (%s): deleted, refetching", remote, e.reason)
-            self.bucket.delete_sync(remote)
-            return None
-        self.local.set(key, data)
-        return data
-
-    def set(self, key: str, value: bytes) -> None:
-        self.local.set(key, value)
-        remote = self._bucket_key(key)
-        if remote is not None:
-            self.bucket.create_sync(remote, value)
-
-    def delete(self, key: str) -> None:
-        self.local.delete(key)
-        remote = self._bucket_key(key)
-        if remote is not None:
-            self.bucket.delete_sync(remote)
-
-    def keys(self) -> list[str]:
-        return self.local.keys()
-
-    def close(self) -> None:
-        self.local.close()

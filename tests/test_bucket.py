@@ -144,30 +144,40 @@ def test_three_replicas_share_one_bucket_one_upstream_fetch_per_file(world: Worl
             r.stop()
 
 
-def test_tampered_object_is_refused_refetched_and_audited(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+def test_tampered_file_and_page_objects_are_refused_evicted_refetched_and_audited_alike(
+        world: World, seaweed: Seaweed, tmp_path: Path) -> None:
     import obstore
 
     path, good = target_of(world, "base-2.0-py3-none-any.whl")
-    before = world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl"))
+    page_pattern = r"/simple/base/[0-9a-f]+\.index\.(json|html)"
+    before = world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")), world.upstream.count(page_pattern)
     store = bucket_store(seaweed, "tamper")
     with replica(world, seaweed, tmp_path / "a", "tamper") as a:
         status, body, _ = fetch(a, path)
         assert (status, body) == (200, good)
-    key = blob_key(good)
-    assert bytes(obstore.get(store, key).bytes()) == good
-    evil = bytearray(good)
-    evil[len(evil) // 2] ^= 0xFF
-    obstore.put(store, key, bytes(evil))
+        status, page, _ = fetch(a, "/simple/base/")
+        assert status == 200
+    [page_key] = [m["path"] for batch in obstore.list(store, "pages/") for m in batch]
+    objects = {blob_key(good): good, page_key: bytes(obstore.get(store, page_key).bytes())}
+    assert bytes(obstore.get(store, blob_key(good)).bytes()) == good
+    for key, data in objects.items():
+        evil = bytearray(data)
+        evil[len(evil) // 2] ^= 0xFF
+        obstore.put(store, key, bytes(evil))
     with replica(world, seaweed, tmp_path / "b", "tamper") as b:
-        status, body, _ = fetch(b, path)
-        assert (status, body) == (200, good)
-        assert world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")) == before + 2
+        assert fetch(b, path)[:2] == (200, good)
+        assert fetch(b, "/simple/base/")[:2] == (200, page)
+        assert (world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")),
+                world.upstream.count(page_pattern)) == (before[0] + 2, before[1] + 2)
         refused = [r for r in audit_records(tmp_path / "b") if r["event"] == "refused"]
-        assert refused and refused[0]["reason"] == "hash-mismatch", refused
-        assert str(refused[0]["upstream_url"]).startswith(f"s3://{BUCKET}/tamper/blobs/")
+        assert [r["upstream_url"] for r in refused] == [f"s3://{BUCKET}/tamper/{k}" for k in objects], refused
+        assert all(r["reason"] == "hash-mismatch" for r in refused), refused
+        # One record shape for both, the shape of any lying mirror's.
+        assert set(refused[0]) == set(refused[1]), refused
         assert_no_secrets(b.log(), (tmp_path / "b" / "audit.jsonl").read_text())
-    # The bad object was replaced by the verified bytes.
-    assert bytes(obstore.get(store, key).bytes()) == good
+    # The bad objects were evicted and replaced by the verified bytes.
+    for key, data in objects.items():
+        assert bytes(obstore.get(store, key).bytes()) == data
 
 
 @pytest.mark.slow
