@@ -32,6 +32,7 @@ from proxy.repository.sample import build_wheel
 from tests.support.faults import FaultyUpstream, sized_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
+from tests.support.s3relay import S3Relay
 from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
 from tests.support.testindex import TestIndex
 
@@ -78,10 +79,11 @@ def upstream_pattern(filename: str) -> str:
     return rf"/packages/[^/]+/[0-9a-f]+\.{re.escape(filename)}"
 
 
-def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str) -> ProxyProcess:
+def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str,
+            endpoint: str | None = None) -> ProxyProcess:
     tmp.mkdir(parents=True, exist_ok=True)
-    return ProxyProcess(tmp / "cache", "--upstream", world.upstream.url, "--root", str(world.root),
-                        "--workers", "1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", seaweed.endpoint,
+    return ProxyProcess(tmp / "cache", "--upstream", world.upstream.url, "--root", str(world.root), "--workers", "1",
+                        "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", endpoint or seaweed.endpoint,
                         "--audit-log", str(tmp / "audit.jsonl"), *extra, env=seaweed.env())
 
 
@@ -187,34 +189,35 @@ def test_replica_killed_mid_upload_leaves_nothing_served(world: World, seaweed: 
     path, good = target_of(world, world.big.name)
     store = bucket_store(seaweed, "killed")
     key = blob_key(good)
-    a = replica(world, seaweed, tmp_path / "a", "killed", "--s3-lease-seconds", "3").start()
-    try:
-        threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
-        # The local tier publishes before the bucket PUT starts: stop the bucket as soon as it has,
-        # so the PUT hangs mid-body, and kill the replica then.
-        local = a.cache_dir / "blobs" / key.split("/")[1] / key.split("/")[2]
-        deadline = time.monotonic() + 60
-        while not local.exists():
-            assert time.monotonic() < deadline, a.log()
-            time.sleep(0.005)
-        seaweed.pause()
+    lease = ("--s3-lease-seconds", "3")
+    got: dict[str, tuple[int, bytes, dict[str, str]]] = {}
+    # Replica a reaches the bucket through a relay that lets its PUT of the file start, then holds it.
+    with S3Relay(seaweed.ports["s3"], f"/{BUCKET}/killed/{key}") as relay, \
+            replica(world, seaweed, tmp_path / "c", "killed", *lease) as c:
+        a = replica(world, seaweed, tmp_path / "a", "killed", *lease, endpoint=relay.endpoint).start()
         try:
+            threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
+            assert relay.put_began.wait(60), relay.error or a.log()
+            assert relay.body_forwarded > 0 and b"content-length: %d" % len(good) in relay.head.lower()
+            # Replica c asks while a's upload hangs: it must wait or fetch for itself, never read a partial object.
+            waiter = threading.Thread(target=lambda: got.setdefault("c", fetch(c, path, timeout=120)), daemon=True)
+            waiter.start()
             os.kill(a.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
             a.proc.wait(20)  # type: ignore[union-attr]
         finally:
-            seaweed.resume()
-    finally:
-        a.stop()
-    # Nothing partial is in the bucket: the object is absent, or whole.
-    try:
-        assert bytes(obstore.get(store, key).bytes()) == good
-    except FileNotFoundError:
-        pass
-    except Exception as e:  # noqa: BLE001 - obstore's NotFoundError
-        assert type(e).__name__ == "NotFoundError", e
-    with replica(world, seaweed, tmp_path / "b", "killed", "--s3-lease-seconds", "3") as b:
-        status, body, _ = fetch(b, path, timeout=120)
-        assert status == 200 and hashlib.sha256(body).digest() == hashlib.sha256(good).digest()
+            a.stop()
+            relay.close()  # the store sees the PUT's body end early
+        # Nothing partial is in the bucket: the object is absent, or whole (c may have published it by now).
+        try:
+            assert bytes(obstore.get(store, key).bytes()) == good
+        except FileNotFoundError:
+            pass
+        with replica(world, seaweed, tmp_path / "b", "killed", *lease) as b:
+            got["b"] = fetch(b, path, timeout=120)
+        waiter.join(120)
+    for name in ("b", "c"):
+        status, body, _ = got[name]
+        assert status == 200 and len(body) == len(good) and body == good, name
     assert bytes(obstore.get(store, key).bytes()) == good
 
 
