@@ -190,9 +190,11 @@ OPTIONS: tuple[Option, ...] = (
            None, metavar="URL"),
     Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",
            30.0, _positive_float, metavar="SECONDS"),
-    Option("s3_lease_seconds", "seconds one replica's upstream fetch of a file holds the others off before "
-           "they take it over (a crashed replica's lease goes stale after this)", 300.0, _positive_float,
-           metavar="SECONDS"),
+    Option("s3_lease_seconds", "seconds one replica's lease on the upstream fetch of a file lasts; a crashed "
+           "replica's lease is taken over after this", 300.0, _positive_float, metavar="SECONDS"),
+    Option("s3_wait", "seconds a replica waits for another replica's upstream fetch of the same file before "
+           "fetching it upstream too (keep it well under clients' read timeouts, 15 s for pip)", 5.0,
+           _positive_float, metavar="SECONDS"),
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
     Option("uvloop", "run the event loop on uvloop if it is installed (yes/no): more warm page requests per "
@@ -231,6 +233,7 @@ class ServeConfig:
     s3_endpoint_url: str | None = None
     s3_timeout: float = 30.0
     s3_lease_seconds: float = 300.0
+    s3_wait: float = 5.0
     max_connections: int = 1024
     client_timeout: float = 15.0
     uvloop: bool = False

@@ -278,7 +278,7 @@ def _bucket_tier(config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetch
     of files and pages (the fetchers returned read its URLs from it)."""
     if bucket is None:
         return None, file_fetcher, page_fetcher
-    return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
+    return (SharedTier(bucket, config.s3_lease_seconds, config.s3_wait), BucketFetcher(bucket, file_fetcher),
             BucketFetcher(bucket, page_fetcher))
 
 

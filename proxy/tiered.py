@@ -13,8 +13,13 @@
   replaced; a missing one is a 404 the fetch moves past;
 * a blob nobody has stored yet is fetched upstream by ONE replica: it
   creates ``leases/<sha256>`` with a conditional PUT (``If-None-Match:
-  *``); the others wait (bounded) until the blob appears or the lease is
-  released or stale, then read it from the bucket;
+  *``); the others wait until the blob appears or the lease is released
+  or stale, then read it from the bucket.  They wait at most ``wait``
+  seconds, so their clients see a first byte well within their read
+  timeouts: a holder still fetching after that (a big file, a slow
+  upstream) is not waited for, and the waiter fetches upstream itself,
+  verified and conditionally published like the holder's (the fleet then
+  fetched that file twice);
 * the fetcher publishes the verified file with a single conditional PUT
   (no multipart), so an object appears whole or not at all: a replica
   killed mid-upload leaves at most a lease, which goes stale.
@@ -39,7 +44,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from proxy.bucket import Bucket, BucketUnavailable
-from proxy.refusals import Busy
 from proxy.store import Blob
 from proxy.trust.errors import RepositoryError
 from proxy.trust.fetch import Observer, Want
@@ -85,9 +89,10 @@ class _BucketFirst(Observer):
 class SharedTier:
     """The bucket behind the local store; see the module docstring."""
 
-    def __init__(self, bucket: Bucket, lease_seconds: float = 300.0) -> None:
+    def __init__(self, bucket: Bucket, lease_seconds: float = 300.0, wait: float = 5.0) -> None:
         self.bucket = bucket
         self.lease_seconds = lease_seconds
+        self.wait = wait
 
     async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch[Blob]) -> Blob:
         """The verified blob of ``want``: from the bucket, or fetched upstream by one replica and published."""
@@ -96,13 +101,17 @@ class SharedTier:
             return await fetch(urls, observer)  # not content-addressed by a signed sha256: no bucket
         key = blob_key(sha256)
         lease = f"leases/{sha256}"
-        deadline = time.monotonic() + 2 * self.lease_seconds
+        deadline = time.monotonic() + self.wait
         while True:
             if await self.bucket.exists(key):
                 return await self._from_bucket(key, urls, observer, fetch)
             if await self.bucket.create(lease, self._lease_body()):
                 break
-            await self._wait(key, lease, deadline)
+            if not await self._wait(key, lease, deadline):
+                log.info("another replica is still fetching %s after %.1fs: fetching it too", key, self.wait)
+                blob = await fetch(urls, observer)
+                await self._publish(key, blob)
+                return blob
         try:
             if await self.bucket.exists(key):  # published between our look and our lease
                 return await self._from_bucket(key, urls, observer, fetch)
@@ -136,22 +145,25 @@ class SharedTier:
     def _lease_body(self) -> bytes:
         return json.dumps({"until": time.time() + self.lease_seconds}).encode()
 
-    async def _wait(self, key: str, lease: str, deadline: float) -> None:
-        """Until the blob appears or the lease is gone (released, or stale and removed here)."""
+    async def _wait(self, key: str, lease: str, deadline: float) -> bool:
+        """Until the blob appears or the lease is gone (released, or stale and removed here): True;
+        False if the holder is still at it at ``deadline``."""
         delay = _POLL_FIRST
-        while time.monotonic() < deadline:
+        while True:
             if await self.bucket.exists(key):
-                return
+                return True
             body = await self.bucket.read(lease)
             if body is None:
-                return
+                return True
             if _lease_until(body) < time.time():
                 log.warning("lease %s is stale (its holder died?): taking over", lease)
                 await self.bucket.delete(lease)
-                return
-            await asyncio.sleep(delay * (0.5 + random.random()))
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(left, delay * (0.5 + random.random())))
             delay = min(_POLL_MAX, delay * 2)
-        raise Busy(f"another replica's download of {key} did not finish in {2 * self.lease_seconds:.0f}s")
 
     async def probe(self) -> None:
         await self.bucket.probe()

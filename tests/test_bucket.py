@@ -80,9 +80,9 @@ def upstream_pattern(filename: str) -> str:
 
 
 def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str,
-            endpoint: str | None = None) -> ProxyProcess:
+            endpoint: str | None = None, upstream: str | None = None) -> ProxyProcess:
     tmp.mkdir(parents=True, exist_ok=True)
-    return ProxyProcess(tmp / "cache", "--upstream", world.upstream.url, "--root", str(world.root), "--workers", "1",
+    return ProxyProcess(tmp / "cache", "--upstream", upstream or world.upstream.url, "--root", str(world.root), "--workers", "1",
                         "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", endpoint or seaweed.endpoint,
                         "--audit-log", str(tmp / "audit.jsonl"), *extra, env=seaweed.env())
 
@@ -219,6 +219,46 @@ def test_replica_killed_mid_upload_leaves_nothing_served(world: World, seaweed: 
         status, body, _ = got[name]
         assert status == 200 and len(body) == len(good) and body == good, name
     assert bytes(obstore.get(store, key).bytes()) == good
+
+
+def first_bytes(proxy: ProxyProcess, path: str, n: int) -> tuple[float, bytes]:
+    """Seconds until the first body byte of ``path`` arrived, and the first ``n`` bytes."""
+    began = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        first = response.read(1)
+        seconds = time.monotonic() - began
+        return seconds, first + response.read(n - 1)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_waiting_replica_fetches_for_itself_after_the_wait(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    path, good = target_of(world, world.big.name)
+    store = bucket_store(seaweed, "waiting")
+    wait = 2.0
+    # An upstream that drips every answer at 64 KiB/s: the big file takes minutes, so a's lease outlives the wait.
+    with FaultyUpstream(world.public, rate=64 * 1024) as slow:
+        args = ("--s3-wait", str(wait))
+        with replica(world, seaweed, tmp_path / "a", "waiting", *args, upstream=slow.url) as a, \
+                replica(world, seaweed, tmp_path / "b", "waiting", *args, upstream=slow.url) as b:
+            threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
+            wait_for(lambda: obstore.list(store, "leases/").collect(), 60, "replica a's lease")
+
+            assert slow.count(upstream_pattern(world.big.name)) == 1
+            seconds, head = first_bytes(b, path, 64 * 1024)
+            # b waited for a (the fetch a small file needs), then fetched too: first byte within the bound.
+            assert wait * 0.9 <= seconds < wait + 4, seconds
+            assert head == good[:len(head)] and len(head) == 64 * 1024
+            assert slow.count(upstream_pattern(world.big.name)) == 2
+            assert "still fetching" in b.log()
+            slow.stop()  # the replicas' downloads end now, so they stop without draining them
 
 
 def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaweed: Seaweed,
