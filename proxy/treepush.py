@@ -3,8 +3,10 @@
 The gateway signs into a directory (``DIR/public``); with ``--store
 s3://...`` that tree is copied into the bucket after every signing batch
 (and every few seconds, for files fetched meanwhile), so edges and CDNs can
-read the published repository straight from the bucket.  Each push uploads
-what changed since the last one in this order:
+read the published repository straight from the bucket.  Files the gateway
+keeps elsewhere (``--cache-dir DIR2``: ``DIR2/packages/``) are pushed with
+it, under the same names as in the tree.  Each push uploads what changed
+since the last one in this order:
 
 1. everything outside ``metadata/`` (pages and distribution files, all
    under hashed, immutable names);
@@ -31,7 +33,7 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from proxy.bucket import Bucket
@@ -61,22 +63,23 @@ def _rank(relative: str) -> int:
 
 
 class TreePush:
-    """Copies ``root`` into ``bucket`` (see the module docstring); one push at a time."""
+    """Copies ``root`` (and ``more``) into ``bucket`` (see the module docstring); one push at a time.
 
-    def __init__(self, bucket: Bucket, root: Path, lock_path: Path) -> None:
+    ``more`` maps a name in the tree (``"packages"``) to the directory that holds it instead.
+    """
+
+    def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None) -> None:
         self.bucket = bucket
         self.root = root
         self.lock_path = lock_path
+        self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
         self._pushed: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) last pushed
         self._lock = asyncio.Lock()
 
     def _changed(self) -> list[tuple[str, Path | bytes, tuple[int, int]]]:
         """What changed since the last push, in push order; unversioned metadata as its bytes now."""
         found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
-        for path in self.root.rglob("*"):
-            relative = path.relative_to(self.root).as_posix()
-            if relative.startswith(".") or "/." in relative:
-                continue  # temp files of atomic writes
+        for path, relative in self._files():
             try:
                 st = path.stat()
             except FileNotFoundError:
@@ -90,6 +93,14 @@ class TreePush:
                 except FileNotFoundError:
                     continue
         return sorted(found, key=lambda f: (_rank(f[0]), f[0]))
+
+    def _files(self) -> Iterator[tuple[Path, str]]:
+        """Every file of the trees with its name in the bucket, but temp files of atomic writes."""
+        for prefix, directory in self.trees.items():
+            for path in directory.rglob("*"):
+                relative = path.relative_to(directory).as_posix()
+                if not (relative.startswith(".") or "/." in relative):
+                    yield path, prefix + relative
 
     async def push(self) -> int:
         """Upload what changed, in order; how many files.  BucketUnavailable if the bucket fails (retried next push)."""

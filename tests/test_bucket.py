@@ -289,7 +289,9 @@ def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaw
 
 
 @pytest.mark.slow
-def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("cache_dir", [False, True], ids=["files-in-public", "files-in-cache-dir"])
+def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path,
+                                                                     cache_dir: bool) -> None:
     import obstore
 
     index = TestIndex(separate_files_host=True)
@@ -298,11 +300,14 @@ def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Sea
                  build_wheel(dists, "base", "2.0")):
         index.add(dist)
     gateway_init(tmp_path / "gw")
-    store = bucket_store(seaweed, "gw")
+    prefix = f"gw-{cache_dir}"
+    store = bucket_store(seaweed, prefix)
+    cache = ("--cache-dir", str(tmp_path / "gwcache")) if cache_dir else ()
     with contextlib.ExitStack() as stack:
         stack.enter_context(index)
         gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
-                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/gw", "--s3-endpoint-url", seaweed.endpoint)
+                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url",
+                            seaweed.endpoint, *cache)
         gw.env = seaweed.env()
         stack.enter_context(gw)
         # An edge of the gateway publishes the projects and makes it fetch their files.
@@ -314,8 +319,10 @@ def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Sea
             names = {m["path"] for batch in obstore.list(store, "packages/") for m in batch}
             return sum(n.endswith(".whl") for n in names) == 3
         wait_for(pushed, 30, "the files in the bucket")
+        wheels = {p.name for p in (tmp_path / ("gwcache" if cache_dir else "gw/public")).glob("packages/*/*.whl")}
+        assert len(wheels) == 3, wheels  # the gateway kept its files where the test says
         # An edge that reads only the bucket (as through a CDN), anonymously, verifies and installs.
-        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/gw/",
+        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/{prefix}/",
                               "--root", str(gw.root), "--workers", "1")
         with reader:
             r = install("pip", reader.url, tmp_path / "t2", "app")
@@ -334,7 +341,17 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     for name in names:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_bytes(name.encode())
-    order = [relative for relative, _, _ in TreePush(None, tree, tmp_path / "push.lock")._changed()]  # type: ignore[arg-type]
+    cache = tmp_path / "cache"  # --cache-dir: files fetched on demand, worker state beside them
+    for name in ["packages/app/ef56.app-2.0-py3-none-any.whl", "run/metrics/1.db", "packages/app/.ef56.x.tmp"]:
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(name.encode())
+    push = TreePush(None, tree, tmp_path / "push.lock", {"packages": cache / "packages"})  # type: ignore[arg-type]
+    changed = push._changed()
+    order = [relative for relative, _, _ in changed]
+    assert order[:3] == ["packages/app/cd34.app-1.0-py3-none-any.whl", "packages/app/ef56.app-2.0-py3-none-any.whl",
+                         "simple/app/ab12.index.json"]
+    assert changed[1][1] == cache / "packages/app/ef56.app-2.0-py3-none-any.whl"
+    assert not any("run/" in n or ".x.tmp" in n for n in order)
     assert order.index("metadata/timestamp.json") == len(order) - 1
     assert order.index("metadata/7.snapshot.json") == len(order) - 2
     assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
