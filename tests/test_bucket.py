@@ -346,7 +346,8 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
         (cache / name).parent.mkdir(parents=True, exist_ok=True)
         (cache / name).write_bytes(name.encode())
     push = TreePush(None, tree, tmp_path / "push.lock", {"packages": cache / "packages"})  # type: ignore[arg-type]
-    changed = push._changed()
+    changed, gone = push._changed()
+    assert gone == []
     order = [relative for relative, _, _ in changed]
     assert order[:3] == ["packages/app/cd34.app-1.0-py3-none-any.whl", "packages/app/ef56.app-2.0-py3-none-any.whl",
                          "simple/app/ab12.index.json"]
@@ -356,6 +357,45 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     assert order.index("metadata/7.snapshot.json") == len(order) - 2
     assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
     assert "metadata/.timestamp.json.x1.tmp" not in order
+
+
+def test_a_push_deletes_what_the_gateway_collected_but_never_files(seaweed: Seaweed, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import obstore
+    from prometheus_client import CollectorRegistry
+
+    from proxy.bucket import Bucket
+    from proxy.metrics import BucketMetrics
+    from proxy.treepush import TreePush
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    tree, cache = tmp_path / "public", tmp_path / "cache"
+    names = {tree: ["metadata/timestamp.json", "metadata/6.snapshot.json", "metadata/7.snapshot.json",
+                    "simple/app/ab12.index.json", "simple/app/index.json"],
+             cache: ["packages/app/cd34.app-1.0-py3-none-any.whl"]}
+    for directory, files in names.items():
+        for name in files:
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_bytes(name.encode())
+    store = bucket_store(seaweed, "collect")
+    obstore.put(store, "simple/app/ef56.index.json", b"put by someone else")
+    push = TreePush(Bucket(f"s3://{BUCKET}/collect", BucketMetrics(CollectorRegistry()), seaweed.endpoint), tree,
+                    tmp_path / "push.lock", {"packages": cache / "packages"})
+    assert asyncio.run(push.push()) == 6
+
+    def listed() -> set[str]:
+        return {m["path"] for batch in obstore.list(store) for m in batch}
+    assert listed() == {*names[tree], *names[cache], "simple/app/ef56.index.json"}
+    # The gateway collects an old snapshot and an old page; a lost cache dir takes the file with it.
+    for gone in (tree / "metadata/6.snapshot.json", tree / "simple/app/ab12.index.json",
+                 cache / "packages/app/cd34.app-1.0-py3-none-any.whl"):
+        gone.unlink()
+    asyncio.run(push.push())
+    assert listed() == {"metadata/timestamp.json", "metadata/7.snapshot.json", "simple/app/index.json",
+                        *names[cache], "simple/app/ef56.index.json"}
 
 
 def aws_files(monkeypatch: pytest.MonkeyPatch, tmp: Path, credentials: str, config: str = "") -> dict[str, str]:
