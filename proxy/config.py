@@ -111,6 +111,13 @@ def _url_list(value: str | list[str]) -> list[str]:
     return urls
 
 
+def _url(value: str) -> str:
+    urls = _url_list(str(value).strip())
+    if len(urls) != 1:
+        raise ConfigError(f"not one http(s) URL: {value!r}")
+    return urls[0]
+
+
 def _store_url(value: str) -> str:
     try:
         parse_store_url(value)
@@ -149,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
            "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
+    Option("gateway_url", "gateway profile: the gateway asked to publish a project no signed page lists yet "
+           "(the miss protocol; default: the first --upstream), for edges that read the repository from a "
+           "bucket or CDN", None, _url, metavar="URL"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
@@ -210,6 +220,7 @@ class ServeConfig:
     profile: str = "tufproxy"
     metadata_path: str | None = None
     files_url: list[str] = field(default_factory=list)
+    gateway_url: str | None = None
     repository: Path | None = None
     root: Path | None = None
     cache_dir: Path = Path("tufproxy-cache")
@@ -281,6 +292,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
+    if config.gateway_url is not None and not config.layout.miss_protocol:
+        raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -233,7 +233,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    on_miss = MissProtocol(config.upstream[0], trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and config.upstream else None
+    gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
+    on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
     settings = ProxySettings(max_file_size=config.max_file_size,
                              upstream_freshness=max(3 * config.refresh_interval, 30.0),
                              verify_before_send=config.verify_before_send,

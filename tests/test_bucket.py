@@ -288,28 +288,41 @@ def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaw
         assert_no_secrets(a.log())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("cache_dir", [False, True], ids=["files-in-public", "files-in-cache-dir"])
-def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path,
-                                                                     cache_dir: bool) -> None:
-    import obstore
-
+@contextlib.contextmanager
+def gateway_to_bucket(seaweed: Seaweed, tmp_path: Path, prefix: str, *extra: str) -> Iterator[GatewayProcess]:
+    """A gateway (over a test index of app -> lib -> base) that pushes to ``prefix`` of the bucket."""
     index = TestIndex(separate_files_host=True)
     dists = tmp_path / "dists"
     for dist in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
                  build_wheel(dists, "base", "2.0")):
         index.add(dist)
     gateway_init(tmp_path / "gw")
+    with index:
+        gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url",
+                            seaweed.endpoint, *extra)
+        gw.env = seaweed.env()
+        with gw:
+            yield gw
+        assert_no_secrets(gw.log())
+
+
+def bucket_edge(seaweed: Seaweed, tmp_path: Path, gw: GatewayProcess, prefix: str, *extra: str) -> ProxyProcess:
+    """An edge that reads the repository from the bucket, anonymously (as through a CDN)."""
+    return ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/{prefix}/",
+                        "--root", str(gw.root), "--workers", "1", *extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_dir", [False, True], ids=["files-in-public", "files-in-cache-dir"])
+def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path,
+                                                                     cache_dir: bool) -> None:
+    import obstore
+
     prefix = f"gw-{cache_dir}"
     store = bucket_store(seaweed, prefix)
     cache = ("--cache-dir", str(tmp_path / "gwcache")) if cache_dir else ()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(index)
-        gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
-                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url",
-                            seaweed.endpoint, *cache)
-        gw.env = seaweed.env()
-        stack.enter_context(gw)
+    with gateway_to_bucket(seaweed, tmp_path, prefix, *cache) as gw:
         # An edge of the gateway publishes the projects and makes it fetch their files.
         with edge_for(tmp_path, gw) as edge:
             r = install("pip", edge.url, tmp_path / "t1", "app")
@@ -321,14 +334,35 @@ def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Sea
         wait_for(pushed, 30, "the files in the bucket")
         wheels = {p.name for p in (tmp_path / ("gwcache" if cache_dir else "gw/public")).glob("packages/*/*.whl")}
         assert len(wheels) == 3, wheels  # the gateway kept its files where the test says
-        # An edge that reads only the bucket (as through a CDN), anonymously, verifies and installs.
-        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/{prefix}/",
-                              "--root", str(gw.root), "--workers", "1")
-        with reader:
+        # An edge that reads only the bucket verifies and installs.
+        with bucket_edge(seaweed, tmp_path, gw, prefix) as reader:
             r = install("pip", reader.url, tmp_path / "t2", "app")
             assert r.returncode == 0, r.stdout + r.stderr + reader.log()
         assert {p.name for p in (tmp_path / "t2").iterdir()} >= {"app", "lib", "base"}
-        assert_no_secrets(gw.log())
+
+
+@pytest.mark.slow
+def test_an_edge_reading_the_bucket_asks_the_gateway_for_what_is_not_there_yet(seaweed: Seaweed,
+                                                                               tmp_path: Path) -> None:
+    import obstore
+
+    store = bucket_store(seaweed, "gw-miss")
+    with gateway_to_bucket(seaweed, tmp_path, "gw-miss") as gw:
+        assert not obstore.list(store, "simple/app/").collect()  # no project published yet
+        # Pages and metadata from the bucket; the miss protocol asks the gateway to publish each project,
+        # and files the gateway has not fetched yet come from it as the second upstream.
+        with bucket_edge(seaweed, tmp_path, gw, "gw-miss", "--upstream", gw.base, "--gateway-url", gw.base,
+                         "--refresh-interval", "0.5") as edge:
+            r = install("pip", edge.url, tmp_path / "t", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + edge.log() + gw.log()
+            metrics = fetch(edge, "/metrics")[1].decode()
+        fetched = {(m, o): float(n) for m, o, n in
+                   re.findall(r'tufproxy_upstream_fetches_total\{mirror="(\d)",outcome="(\w+)"\} (\S+)', metrics)}
+        # Three pages from the bucket; three files (not in it yet) from the gateway after the bucket's 404.
+        assert fetched.get(("0", "ok"), 0) >= 3 and fetched.get(("1", "ok"), 0) >= 3, fetched
+        assert {p.name for p in (tmp_path / "t").iterdir()} >= {"app", "lib", "base"}
+        pages = {m["path"].split("/")[1] for batch in obstore.list(store, "simple/") for m in batch}
+        assert pages >= {"app", "lib", "base"}, pages
 
 
 def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_path: Path) -> None:
