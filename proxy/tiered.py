@@ -109,17 +109,18 @@ class SharedTier:
                 break
             if not await self._wait(key, lease, deadline):
                 log.info("another replica is still fetching %s after %.1fs: fetching it too", key, self.wait)
-                blob = await fetch(urls, observer)
-                await self._publish(key, blob)
-                return blob
+                return await self._upstream(key, urls, observer, fetch)
         try:
             if await self.bucket.exists(key):  # published between our look and our lease
                 return await self._from_bucket(key, urls, observer, fetch)
-            blob = await fetch(urls, observer)
-            await self._publish(key, blob)
-            return blob
+            return await self._upstream(key, urls, observer, fetch)
         finally:
             await _quietly(self.bucket.delete(lease))
+
+    async def _upstream(self, key: str, urls: list[str], observer: Observer, fetch: Fetch[Blob]) -> Blob:
+        blob = await fetch(urls, observer)
+        await self._publish(key, blob)
+        return blob
 
     async def page(self, algorithm: str, digest: str, urls: list[str], observer: Observer,
                    fetch: Fetch[bytes]) -> bytes:
