@@ -3,11 +3,12 @@
 :class:`Bucket` is the only place that talks to the object store, through
 obstore (Rust ``object_store`` bindings, chosen by measurement:
 bench/results/s3client.md; an optional extra, ``tufproxy[s3]``).
-Credentials come from the standard AWS chain as ``object_store`` reads it:
-``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``,
-web identity (IRSA), the ECS container endpoint and the instance role.
-Nothing here logs or formats a credential: errors carry the operation,
-the key and the error's class and first line, scrubbed of the key pair.
+Credentials come from the standard AWS chain: the environment, web
+identity (IRSA), the shared credentials and config files
+(:mod:`proxy.awsprofile`), the ECS container endpoint and the instance
+role.  Nothing here logs or formats a credential: errors carry the
+operation, the key, where the credentials came from and the error's class
+and first line, scrubbed of every key and secret in use.
 
 Nothing read from a bucket is trusted here: :class:`BucketFetcher` hands
 objects to the one fetch-and-verify as a mirror like any other, and
@@ -18,7 +19,6 @@ caller would fail over from.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import AsyncIterator
@@ -27,18 +27,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from proxy.awsprofile import AwsSettings, ProfileError, resolve
 from proxy.metrics import BucketMetrics
 from proxy.store import StoreError
 from proxy.upstream import ByteStream, DownloadHTTPError, DownloadLengthError, Fetcher
 
 _CHUNK = 256 * 1024
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 class BucketUnavailable(StoreError):
     """The bucket did not answer usably (down, timing out, refusing our credentials)."""
 
     reason = "bucket-unavailable"
+
+
+class BucketDenied(BucketUnavailable):
+    """The bucket refused our credentials (wrong keys, or not allowed): a configuration error at start-up."""
 
 
 class BucketConfigError(ValueError):
@@ -62,27 +66,34 @@ class Bucket:
             from obstore.store import S3Store
         except ImportError:
             raise BucketConfigError("--store s3://... needs the S3 client: pip install 'tufproxy[s3]'") from None
-        from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
+        from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
+                                        UnauthenticatedError)
         self._obstore = obstore
+        self._denied = (PermissionDeniedError, UnauthenticatedError)
         # obstore raises the built-in FileNotFoundError/FileExistsError for some calls, its own for others.
         self._missing = (NotFoundError, FileNotFoundError)
         self._taken = (AlreadyExistsError, PreconditionError, FileExistsError)
         self.name, self.prefix = parse_store_url(url)
         self.url = f"s3://{self.name}/{self.prefix}/" if self.prefix else f"s3://{self.name}/"
         self.metrics = metrics
-        kwargs: dict[str, Any] = {}
-        if endpoint_url:
-            kwargs.update(endpoint=endpoint_url, virtual_hosted_style_request=False)
+        try:
+            self.aws: AwsSettings = resolve(endpoint_url)
+        except ProfileError as e:
+            raise BucketConfigError(f"--store {url}: {e}") from None
+        kwargs: dict[str, Any] = dict(self.aws.options)
+        endpoint = self.aws.endpoint
+        if endpoint:
+            kwargs["virtual_hosted_style_request"] = False
         try:
             self._store = S3Store(self.name, prefix=self.prefix or None,
-                                  client_options={"allow_http": bool(endpoint_url and endpoint_url.startswith("http:")),
+                                  client_options={"allow_http": bool(endpoint and endpoint.startswith("http:")),
                                                   "timeout": timedelta(seconds=timeout),
                                                   "connect_timeout": timedelta(seconds=min(timeout, 10.0))},
                                   # Two tries, bounded: a request waits on a down bucket for at most this long.
                                   retry_config={"max_retries": 1, "retry_timeout": timedelta(seconds=timeout)},
                                   **kwargs)
         except Exception as e:  # obstore raises its own config errors; show them as one line
-            raise BucketConfigError(f"--store {url}: {scrub(e)}") from None
+            raise BucketConfigError(f"--store {url}: {self.scrub(e)}") from None
 
     def key_url(self, key: str) -> str:
         return self.url + key
@@ -100,16 +111,6 @@ class Bucket:
         async with self._op("get") as op:
             try:
                 data = bytes(await (await self._obstore.get_async(self._store, key)).bytes_async())
-            except self._missing:
-                return None
-            op.nbytes = len(data)
-        return data
-
-    def read_sync(self, key: str) -> bytes | None:
-        """:meth:`read` for a thread (page caches are called from threads)."""
-        with _Op(self, "get") as op:
-            try:
-                data = bytes(self._obstore.get(self._store, key).bytes())
             except self._missing:
                 return None
             op.nbytes = len(data)
@@ -136,15 +137,6 @@ class Bucket:
             await self._obstore.put_async(self._store, key, data, use_multipart=False)
             op.nbytes = size
 
-    def create_sync(self, key: str, data: bytes) -> bool:
-        with _Op(self, "put") as op:
-            try:
-                self._obstore.put(self._store, key, data, mode="create", use_multipart=False)
-            except self._taken:
-                return False
-            op.nbytes = len(data)
-        return True
-
     async def delete(self, key: str) -> None:
         async with self._op("delete"):
             try:
@@ -152,16 +144,17 @@ class Bucket:
             except self._missing:
                 pass
 
-    def delete_sync(self, key: str) -> None:
-        with _Op(self, "delete"):
-            try:
-                self._obstore.delete(self._store, key)
-            except self._missing:
-                pass
-
     async def probe(self) -> None:
-        """One cheap request; :class:`BucketUnavailable` if the bucket does not answer (for /readyz)."""
+        """One cheap request; :class:`BucketUnavailable` if the bucket does not answer (for /readyz),
+        :class:`BucketDenied` if it refuses our credentials."""
         await self.exists("readyz-probe")
+
+    def scrub(self, error: BaseException) -> str:
+        """An error's first line, bounded, with every key and secret in use cut out."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        for secret in self.aws.secrets:
+            text = text.replace(secret, "<redacted>")
+        return text[:300]
 
     def stream(self, key: str, max_length: int) -> AbstractAsyncContextManager[ByteStream]:
         return self._stream(key, max_length)
@@ -218,7 +211,10 @@ class _Op:
 
     def failed(self, e: BaseException) -> BucketUnavailable:
         self.bucket.metrics.errors.labels(self.name).inc()
-        return BucketUnavailable(f"bucket {self.bucket.url} {self.name}: {type(e).__name__}: {scrub(e)}")
+        b = self.bucket
+        if isinstance(e, b._denied):
+            return BucketDenied(f"bucket {b.url} refused the credentials of {b.aws.source} ({self.name}): {b.scrub(e)}")
+        return BucketUnavailable(f"bucket {b.url} {self.name}: {type(e).__name__}: {b.scrub(e)}")
 
     def record(self) -> None:
         if self._recorded:
@@ -244,16 +240,6 @@ class _Op:
 
     async def __aexit__(self, t: Any, exc: BaseException | None, tb: Any) -> None:
         self.__exit__(t, exc, tb)
-
-
-def scrub(error: BaseException) -> str:
-    """An error's first line, bounded, with any credential from the environment cut out."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    for name in _CREDENTIAL_ENV:
-        secret = os.environ.get(name)
-        if secret:
-            text = text.replace(secret, "<redacted>")
-    return text[:300]
 
 
 class BucketFetcher(Fetcher):

@@ -111,6 +111,13 @@ def _url_list(value: str | list[str]) -> list[str]:
     return urls
 
 
+def _url(value: str) -> str:
+    urls = _url_list(str(value).strip())
+    if len(urls) != 1:
+        raise ConfigError(f"not one http(s) URL: {value!r}")
+    return urls[0]
+
+
 def _store_url(value: str) -> str:
     try:
         parse_store_url(value)
@@ -149,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
            "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
            "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
+    Option("gateway_url", "gateway profile: the gateway asked to publish a project no signed page lists yet "
+           "(the miss protocol; default: the first --upstream), for edges that read the repository from a "
+           "bucket or CDN", None, _url, metavar="URL"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
@@ -184,14 +194,17 @@ OPTIONS: tuple[Option, ...] = (
            15.0, _positive_float, metavar="SECONDS"),
     Option("store", "keep verified files and pages in a bucket shared by every replica, s3://BUCKET/PREFIX "
            "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
-           "environment, web identity or instance role)", None, _store_url, metavar="URL"),
+           "chain: environment, web identity, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config, "
+           "container or instance role)", None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's for the region)",
            None, metavar="URL"),
     Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",
            30.0, _positive_float, metavar="SECONDS"),
-    Option("s3_lease_seconds", "seconds one replica's upstream fetch of a file holds the others off before "
-           "they take it over (a crashed replica's lease goes stale after this)", 300.0, _positive_float,
-           metavar="SECONDS"),
+    Option("s3_lease_seconds", "seconds one replica's lease on the upstream fetch of a file lasts; a crashed "
+           "replica's lease is taken over after this", 300.0, _positive_float, metavar="SECONDS"),
+    Option("s3_wait", "seconds a replica waits for another replica's upstream fetch of the same file before "
+           "fetching it upstream too (keep it well under clients' read timeouts, 15 s for pip)", 5.0,
+           _positive_float, metavar="SECONDS"),
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
     Option("uvloop", "run the event loop on uvloop if it is installed (yes/no): more warm page requests per "
@@ -207,6 +220,7 @@ class ServeConfig:
     profile: str = "tufproxy"
     metadata_path: str | None = None
     files_url: list[str] = field(default_factory=list)
+    gateway_url: str | None = None
     repository: Path | None = None
     root: Path | None = None
     cache_dir: Path = Path("tufproxy-cache")
@@ -230,6 +244,7 @@ class ServeConfig:
     s3_endpoint_url: str | None = None
     s3_timeout: float = 30.0
     s3_lease_seconds: float = 300.0
+    s3_wait: float = 5.0
     max_connections: int = 1024
     client_timeout: float = 15.0
     uvloop: bool = False
@@ -277,6 +292,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
+    if config.gateway_url is not None and not config.layout.miss_protocol:
+        raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

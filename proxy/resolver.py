@@ -320,7 +320,8 @@ class Resolver:
 
     async def _page_bytes(self, ask: Ask, target: VerifiedTarget) -> bytes:
         """A page's verified bytes: from the page cache (re-hashed at first use here), or fetched."""
-        cache_key = IndexCache.key(target.path, *next(iter(accepted_hashes(target.path, target.hashes, target.role).items())))
+        algorithm, digest = next(iter(accepted_hashes(target.path, target.hashes, target.role).items()))
+        cache_key = IndexCache.key(target.path, algorithm, digest)
         data = await asyncio.to_thread(self.pages.get, cache_key)
         if data is not None:
             if cache_key not in self._rechecked:
@@ -340,8 +341,12 @@ class Resolver:
         if target.length > self.settings.max_page_size:
             raise LengthMismatch(f"{target.path}: signed length {target.length} exceeds the page limit",
                                  target=target.path, expected=self.settings.max_page_size, actual=target.length)
-        data = await fetch_bytes(self.page_fetcher, Want.of(target), self.trust.target_urls(target),
-                                 pace=self.settings.pace, observer=_AuditingObserver(self, ask))
+        want, urls, observer = Want.of(target), self.trust.target_urls(target), _AuditingObserver(self, ask)
+
+        def fetch(urls: list[str], observer: Observer) -> Awaitable[bytes]:
+            return fetch_bytes(self.page_fetcher, want, urls, pace=self.settings.pace, observer=observer)
+        shared = self.downloads.shared
+        data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer, fetch))
         await asyncio.to_thread(self.pages.set, cache_key, data)
         self._rechecked.add(cache_key)
         return data

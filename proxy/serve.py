@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from proxy.audit import AuditLog
-from proxy.bucket import Bucket, BucketConfigError, BucketFetcher
+from proxy.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
 from proxy.cmderror import CommandError
 from proxy.config import ServeConfig
 from proxy.gateway.edge import MissProtocol
@@ -37,7 +37,7 @@ from proxy.server import Proxy
 from proxy.trust.fetch import Pace
 from proxy.pagecache import IndexCache
 from proxy.store import BlobStore, StoreError
-from proxy.tiered import BucketPages, SharedTier
+from proxy.tiered import SharedTier
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.errors import ExpiredMetadata, TrustError
 from proxy.trust.metadir import MetadataDirLocked
@@ -216,6 +216,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
     opened.callback(audit.close)
+    metrics = Metrics()
+    bucket = await _open_bucket(config, metrics)
     fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
     opened.push_async_callback(fetcher.close)
     if file_fetcher is not fetcher:
@@ -231,17 +233,17 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except TrustError as e:
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
-    on_miss = MissProtocol(config.upstream[0], trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and config.upstream else None
+    gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
+    on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
     settings = ProxySettings(max_file_size=config.max_file_size,
                              upstream_freshness=max(3 * config.refresh_interval, 30.0),
                              verify_before_send=config.verify_before_send,
                              max_connections=config.max_connections,
                              client_idle_timeout=config.client_timeout,
                              pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
-    metrics = Metrics()
-    shared, file_fetcher, pages = _bucket_tier(config, metrics, file_fetcher, pages)
+    shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
     proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
-                           tuple(config.files_url), on_miss=on_miss, page_fetcher=fetcher, shared=shared))
+                           tuple(config.files_url), on_miss=on_miss, page_fetcher=page_fetcher, shared=shared))
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
@@ -254,18 +256,31 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     return Running(runner, proxy, actual, refresher, fetcher)
 
 
-def _bucket_tier(config: ServeConfig, metrics: Metrics, file_fetcher: Fetcher,
-                 pages: IndexCache) -> tuple[SharedTier | None, Fetcher, IndexCache | BucketPages]:
-    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror."""
+async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
+    """The ``--store`` bucket, asked once: credentials it refuses end start-up with one line; a bucket
+    that does not answer yet does not (requests get 503s and /readyz says why until it does)."""
     if config.store is None:
-        return None, file_fetcher, pages
+        return None
     try:
         bucket = Bucket(config.store, metrics.bucket, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
-    except BucketConfigError as e:
+        await bucket.probe()
+    except (BucketConfigError, BucketDenied) as e:
         raise CommandError(str(e)) from None
-    log.info("shared store: %s (local tier %s in front)", bucket.url, config.cache_dir)
-    return (SharedTier(bucket, config.s3_lease_seconds), BucketFetcher(bucket, file_fetcher),
-            BucketPages(pages, bucket, ProxySettings.max_page_size))
+    except BucketUnavailable as e:
+        log.warning("%s (starting anyway)", e)
+    log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir,
+             bucket.aws.source)
+    return bucket
+
+
+def _bucket_tier(config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher,
+                 page_fetcher: Fetcher) -> tuple[SharedTier | None, Fetcher, Fetcher]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror
+    of files and pages (the fetchers returned read its URLs from it)."""
+    if bucket is None:
+        return None, file_fetcher, page_fetcher
+    return (SharedTier(bucket, config.s3_lease_seconds, config.s3_wait), BucketFetcher(bucket, file_fetcher),
+            BucketFetcher(bucket, page_fetcher))
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

@@ -13,15 +13,24 @@
   replaced; a missing one is a 404 the fetch moves past;
 * a blob nobody has stored yet is fetched upstream by ONE replica: it
   creates ``leases/<sha256>`` with a conditional PUT (``If-None-Match:
-  *``); the others wait (bounded) until the blob appears or the lease is
-  released or stale, then read it from the bucket;
+  *``); the others wait until the blob appears or the lease is released
+  or stale, then read it from the bucket.  They wait at most ``wait``
+  seconds, so their clients see a first byte well within their read
+  timeouts: a holder still fetching after that (a big file, a slow
+  upstream) is not waited for, and the waiter fetches upstream itself,
+  verified and conditionally published like the holder's (the fleet then
+  fetched that file twice);
 * the fetcher publishes the verified file with a single conditional PUT
   (no multipart), so an object appears whole or not at all: a replica
   killed mid-upload leaves at most a lease, which goes stale.
 
-The local tier only ever receives bytes that passed the check (the store's
-writer publishes after the fetch verified them).  :class:`BucketPages`
-does the same for the page cache, keyed by the page's signed digest.
+Signed pages live in the bucket under their signed digest,
+``pages/<alg>/<digest>``, and are read the same way (the bucket first,
+refused and audited if they do not verify, replaced), without a lease.
+
+The local tiers only ever receive bytes that passed the check (the store's
+writer publishes after the fetch verified them; the page cache is filled
+by the caller with the verified bytes).
 """
 
 from __future__ import annotations
@@ -32,19 +41,18 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from proxy.bucket import Bucket, BucketUnavailable
-from proxy.pagecache import IndexCache
-from proxy.refusals import Busy
 from proxy.store import Blob
 from proxy.trust.errors import RepositoryError
 from proxy.trust.fetch import Observer, Want
-from proxy.trust.hashing import verify_bytes
 
 log = logging.getLogger(__name__)
 # A waiter polls the bucket this often at first, backing off to the maximum.
 _POLL_FIRST, _POLL_MAX = 0.05, 1.0
-Fetch = Callable[[list[str], Observer], Awaitable[Blob]]
+T = TypeVar("T", Blob, bytes)
+Fetch = Callable[[list[str], Observer], Awaitable[T]]
 
 
 def blob_key(sha256: str) -> str:
@@ -81,68 +89,82 @@ class _BucketFirst(Observer):
 class SharedTier:
     """The bucket behind the local store; see the module docstring."""
 
-    def __init__(self, bucket: Bucket, lease_seconds: float = 300.0) -> None:
+    def __init__(self, bucket: Bucket, lease_seconds: float = 300.0, wait: float = 5.0) -> None:
         self.bucket = bucket
         self.lease_seconds = lease_seconds
+        self.wait = wait
 
-    async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+    async def fetch(self, want: Want, urls: list[str], observer: Observer, fetch: Fetch[Blob]) -> Blob:
         """The verified blob of ``want``: from the bucket, or fetched upstream by one replica and published."""
         sha256 = want.hashes.get("sha256")
         if sha256 is None:
             return await fetch(urls, observer)  # not content-addressed by a signed sha256: no bucket
         key = blob_key(sha256)
         lease = f"leases/{sha256}"
-        deadline = time.monotonic() + 2 * self.lease_seconds
+        deadline = time.monotonic() + self.wait
         while True:
             if await self.bucket.exists(key):
                 return await self._from_bucket(key, urls, observer, fetch)
             if await self.bucket.create(lease, self._lease_body()):
                 break
-            await self._wait(key, lease, deadline)
+            if not await self._wait(key, lease, deadline):
+                log.info("another replica is still fetching %s after %.1fs: fetching it too", key, self.wait)
+                return await self._upstream(key, urls, observer, fetch)
         try:
             if await self.bucket.exists(key):  # published between our look and our lease
                 return await self._from_bucket(key, urls, observer, fetch)
-            blob = await fetch(urls, observer)
-            await self._publish(key, blob)
-            return blob
+            return await self._upstream(key, urls, observer, fetch)
         finally:
             await _quietly(self.bucket.delete(lease))
 
-    async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch) -> Blob:
+    async def _upstream(self, key: str, urls: list[str], observer: Observer, fetch: Fetch[Blob]) -> Blob:
+        blob = await fetch(urls, observer)
+        await self._publish(key, blob)
+        return blob
+
+    async def page(self, algorithm: str, digest: str, urls: list[str], observer: Observer,
+                   fetch: Fetch[bytes]) -> bytes:
+        """A signed page's verified bytes: the bucket's copy, else upstream's (then published for the fleet)."""
+        return await self._from_bucket(f"pages/{algorithm}/{digest}", urls, observer, fetch)
+
+    async def _from_bucket(self, key: str, urls: list[str], observer: Observer, fetch: Fetch[T]) -> T:
         watch = _BucketFirst(observer, self.bucket.key_url(key))
         try:
-            blob = await fetch([watch.bucket_url, *urls], watch)
+            got = await fetch([watch.bucket_url, *urls], watch)
         finally:
             if watch.tampered:  # gone even if upstream failed too: the next reader does not start from it
                 await _quietly(self.bucket.delete(key))
         if not watch.from_bucket:
-            await self._publish(key, blob)
-        return blob
+            await self._publish(key, got)
+        return got
 
-    async def _publish(self, key: str, blob: Blob) -> None:
-        """Put a verified file in the bucket, once: an object there already is left alone (it is read verified)."""
-        if not await self.bucket.create(key, blob.path):
+    async def _publish(self, key: str, got: Blob | bytes) -> None:
+        """Put a verified file or page in the bucket, once: an object there already is left alone (it is read verified)."""
+        if not await self.bucket.create(key, got.path if isinstance(got, Blob) else got):
             log.debug("bucket already holds %s", key)
 
     def _lease_body(self) -> bytes:
         return json.dumps({"until": time.time() + self.lease_seconds}).encode()
 
-    async def _wait(self, key: str, lease: str, deadline: float) -> None:
-        """Until the blob appears or the lease is gone (released, or stale and removed here)."""
+    async def _wait(self, key: str, lease: str, deadline: float) -> bool:
+        """Until the blob appears or the lease is gone (released, or stale and removed here): True;
+        False if the holder is still at it at ``deadline``."""
         delay = _POLL_FIRST
-        while time.monotonic() < deadline:
+        while True:
             if await self.bucket.exists(key):
-                return
+                return True
             body = await self.bucket.read(lease)
             if body is None:
-                return
+                return True
             if _lease_until(body) < time.time():
                 log.warning("lease %s is stale (its holder died?): taking over", lease)
                 await self.bucket.delete(lease)
-                return
-            await asyncio.sleep(delay * (0.5 + random.random()))
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(left, delay * (0.5 + random.random())))
             delay = min(_POLL_MAX, delay * 2)
-        raise Busy(f"another replica's download of {key} did not finish in {2 * self.lease_seconds:.0f}s")
 
     async def probe(self) -> None:
         await self.bucket.probe()
@@ -161,61 +183,3 @@ async def _quietly(call: Awaitable[None]) -> None:
         await call
     except BucketUnavailable as e:
         log.warning("%s", e)
-
-
-class BucketPages:
-    """The page cache in two tiers: the local :class:`IndexCache` in front of ``pages/<alg>/<digest>``.
-
-    Same interface as :class:`IndexCache` (blocking calls, run in threads).
-    A page read from the bucket is checked against the signed digest its
-    key names before it is returned or cached locally; one that does not
-    match is deleted from the bucket and reported missing (the caller
-    fetches it upstream and stores it again).
-    """
-
-    def __init__(self, local: IndexCache, bucket: Bucket, max_page_size: int) -> None:
-        self.local = local
-        self.bucket = bucket
-        self.max_page_size = max_page_size
-
-    @staticmethod
-    def _bucket_key(key: str) -> str | None:
-        parsed = IndexCache.parse_key(key)
-        return None if parsed is None else f"pages/{parsed[1]}/{parsed[2]}"
-
-    def get(self, key: str) -> bytes | None:
-        data = self.local.get(key)
-        parsed = IndexCache.parse_key(key)
-        if data is not None or parsed is None:
-            return data
-        path, algorithm, digest = parsed
-        remote = f"pages/{algorithm}/{digest}"
-        data = self.bucket.read_sync(remote)
-        if data is None:
-            return None
-        try:
-            verify_bytes(path, {algorithm: digest}, self.max_page_size, data, exact=False)
-        except RepositoryError as e:
-            log.error("page %s in the bucket failed verification (%s): deleted, refetching", remote, e.reason)
-            self.bucket.delete_sync(remote)
-            return None
-        self.local.set(key, data)
-        return data
-
-    def set(self, key: str, value: bytes) -> None:
-        self.local.set(key, value)
-        remote = self._bucket_key(key)
-        if remote is not None:
-            self.bucket.create_sync(remote, value)
-
-    def delete(self, key: str) -> None:
-        self.local.delete(key)
-        remote = self._bucket_key(key)
-        if remote is not None:
-            self.bucket.delete_sync(remote)
-
-    def keys(self) -> list[str]:
-        return self.local.keys()
-
-    def close(self) -> None:
-        self.local.close()

@@ -3,8 +3,10 @@
 The gateway signs into a directory (``DIR/public``); with ``--store
 s3://...`` that tree is copied into the bucket after every signing batch
 (and every few seconds, for files fetched meanwhile), so edges and CDNs can
-read the published repository straight from the bucket.  Each push uploads
-what changed since the last one in this order:
+read the published repository straight from the bucket.  Files the gateway
+keeps elsewhere (``--cache-dir DIR2``: ``DIR2/packages/``) are pushed with
+it, under the same names as in the tree.  Each push uploads what changed
+since the last one in this order:
 
 1. everything outside ``metadata/`` (pages and distribution files, all
    under hashed, immutable names);
@@ -15,12 +17,16 @@ what changed since the last one in this order:
 
 A reader that sees a new timestamp therefore finds its snapshot, the bins
 it names and every page and file they list.  Each object is one PUT, so it
-is whole or absent.  Workers of one gateway push one at a time (a
+is whole or absent.  Then metadata versions and pages this pusher uploaded
+and the gateway has since collected (after ``--gc-grace``, unreferenced)
+are deleted from the bucket too; files under ``packages/`` never are (a
+lost ``--cache-dir`` must not empty the bucket of files pages list), nor
+is anything this process did not upload (after a restart, what was
+collected meanwhile stays: a lifecycle rule may expire it).  Workers of one gateway push one at a time (a
 ``flock`` on ``lock_path`` across scan and upload), and the unversioned
 files are uploaded as they were when scanned: a push never uploads a
 timestamp newer than the snapshot it scanned, and a later push never an
-older one.  Files the gateway removes after its grace period stay
-in the bucket (a lifecycle rule may expire them); nothing here deletes.
+older one.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from proxy.bucket import Bucket
@@ -61,22 +67,26 @@ def _rank(relative: str) -> int:
 
 
 class TreePush:
-    """Copies ``root`` into ``bucket`` (see the module docstring); one push at a time."""
+    """Copies ``root`` (and ``more``) into ``bucket`` (see the module docstring); one push at a time.
 
-    def __init__(self, bucket: Bucket, root: Path, lock_path: Path) -> None:
+    ``more`` maps a name in the tree (``"packages"``) to the directory that holds it instead.
+    """
+
+    def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None) -> None:
         self.bucket = bucket
         self.root = root
         self.lock_path = lock_path
+        self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
         self._pushed: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) last pushed
         self._lock = asyncio.Lock()
 
-    def _changed(self) -> list[tuple[str, Path | bytes, tuple[int, int]]]:
-        """What changed since the last push, in push order; unversioned metadata as its bytes now."""
+    def _changed(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
+        """What changed since the last push, in push order (unversioned metadata as its bytes now),
+        and what was pushed and has been collected since (never files)."""
         found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
-        for path in self.root.rglob("*"):
-            relative = path.relative_to(self.root).as_posix()
-            if relative.startswith(".") or "/." in relative:
-                continue  # temp files of atomic writes
+        seen = set()
+        for path, relative in self._files():
+            seen.add(relative)
             try:
                 st = path.stat()
             except FileNotFoundError:
@@ -89,20 +99,33 @@ class TreePush:
                     found.append((relative, path.read_bytes() if _rank(relative) == 3 else path, stamp))
                 except FileNotFoundError:
                     continue
-        return sorted(found, key=lambda f: (_rank(f[0]), f[0]))
+        gone = [relative for relative in self._pushed if relative not in seen and not relative.startswith("packages/")]
+        return sorted(found, key=lambda f: (_rank(f[0]), f[0])), gone
+
+    def _files(self) -> Iterator[tuple[Path, str]]:
+        """Every file of the trees with its name in the bucket, but temp files of atomic writes."""
+        for prefix, directory in self.trees.items():
+            for path in directory.rglob("*"):
+                relative = path.relative_to(directory).as_posix()
+                if not (relative.startswith(".") or "/." in relative):
+                    yield path, prefix + relative
 
     async def push(self) -> int:
         """Upload what changed, in order; how many files.  BucketUnavailable if the bucket fails (retried next push)."""
         async with self._lock, _flock(self.lock_path):
-            changed = await asyncio.to_thread(self._changed)
+            changed, gone = await asyncio.to_thread(self._changed)
             for relative, data, stamp in changed:
                 try:
                     await self.bucket.replace(relative, data)
                 except FileNotFoundError:
                     continue  # removed by the gateway's collection between the scan and now
                 self._pushed[relative] = stamp
-            if changed:
-                log.info("pushed %d file(s) of %s to %s", len(changed), self.root, self.bucket.url)
+            for relative in gone:  # after the timestamp: nothing it names is among them
+                await self.bucket.delete(relative)
+                del self._pushed[relative]
+            if changed or gone:
+                log.info("pushed %d file(s) of %s to %s, deleted %d collected there", len(changed), self.root,
+                         self.bucket.url, len(gone))
             return len(changed)
 
     async def keep_pushing(self, interval: float) -> None:

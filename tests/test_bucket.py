@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -31,6 +32,7 @@ from proxy.repository.sample import build_wheel
 from tests.support.faults import FaultyUpstream, sized_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
+from tests.support.s3relay import S3Relay
 from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
 from tests.support.testindex import TestIndex
 
@@ -77,10 +79,11 @@ def upstream_pattern(filename: str) -> str:
     return rf"/packages/[^/]+/[0-9a-f]+\.{re.escape(filename)}"
 
 
-def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str) -> ProxyProcess:
+def replica(world: World, seaweed: Seaweed, tmp: Path, prefix: str, *extra: str,
+            endpoint: str | None = None, upstream: str | None = None) -> ProxyProcess:
     tmp.mkdir(parents=True, exist_ok=True)
-    return ProxyProcess(tmp / "cache", "--upstream", world.upstream.url, "--root", str(world.root),
-                        "--workers", "1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", seaweed.endpoint,
+    return ProxyProcess(tmp / "cache", "--upstream", upstream or world.upstream.url, "--root", str(world.root), "--workers", "1",
+                        "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", endpoint or seaweed.endpoint,
                         "--audit-log", str(tmp / "audit.jsonl"), *extra, env=seaweed.env())
 
 
@@ -143,30 +146,40 @@ def test_three_replicas_share_one_bucket_one_upstream_fetch_per_file(world: Worl
             r.stop()
 
 
-def test_tampered_object_is_refused_refetched_and_audited(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+def test_tampered_file_and_page_objects_are_refused_evicted_refetched_and_audited_alike(
+        world: World, seaweed: Seaweed, tmp_path: Path) -> None:
     import obstore
 
     path, good = target_of(world, "base-2.0-py3-none-any.whl")
-    before = world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl"))
+    page_pattern = r"/simple/base/[0-9a-f]+\.index\.(json|html)"
+    before = world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")), world.upstream.count(page_pattern)
     store = bucket_store(seaweed, "tamper")
     with replica(world, seaweed, tmp_path / "a", "tamper") as a:
         status, body, _ = fetch(a, path)
         assert (status, body) == (200, good)
-    key = blob_key(good)
-    assert bytes(obstore.get(store, key).bytes()) == good
-    evil = bytearray(good)
-    evil[len(evil) // 2] ^= 0xFF
-    obstore.put(store, key, bytes(evil))
+        status, page, _ = fetch(a, "/simple/base/")
+        assert status == 200
+    [page_key] = [m["path"] for batch in obstore.list(store, "pages/") for m in batch]
+    objects = {blob_key(good): good, page_key: bytes(obstore.get(store, page_key).bytes())}
+    assert bytes(obstore.get(store, blob_key(good)).bytes()) == good
+    for key, data in objects.items():
+        evil = bytearray(data)
+        evil[len(evil) // 2] ^= 0xFF
+        obstore.put(store, key, bytes(evil))
     with replica(world, seaweed, tmp_path / "b", "tamper") as b:
-        status, body, _ = fetch(b, path)
-        assert (status, body) == (200, good)
-        assert world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")) == before + 2
+        assert fetch(b, path)[:2] == (200, good)
+        assert fetch(b, "/simple/base/")[:2] == (200, page)
+        assert (world.upstream.count(upstream_pattern("base-2.0-py3-none-any.whl")),
+                world.upstream.count(page_pattern)) == (before[0] + 2, before[1] + 2)
         refused = [r for r in audit_records(tmp_path / "b") if r["event"] == "refused"]
-        assert refused and refused[0]["reason"] == "hash-mismatch", refused
-        assert str(refused[0]["upstream_url"]).startswith(f"s3://{BUCKET}/tamper/blobs/")
+        assert [r["upstream_url"] for r in refused] == [f"s3://{BUCKET}/tamper/{k}" for k in objects], refused
+        assert all(r["reason"] == "hash-mismatch" for r in refused), refused
+        # One record shape for both, the shape of any lying mirror's.
+        assert set(refused[0]) == set(refused[1]), refused
         assert_no_secrets(b.log(), (tmp_path / "b" / "audit.jsonl").read_text())
-    # The bad object was replaced by the verified bytes.
-    assert bytes(obstore.get(store, key).bytes()) == good
+    # The bad objects were evicted and replaced by the verified bytes.
+    for key, data in objects.items():
+        assert bytes(obstore.get(store, key).bytes()) == data
 
 
 @pytest.mark.slow
@@ -176,35 +189,76 @@ def test_replica_killed_mid_upload_leaves_nothing_served(world: World, seaweed: 
     path, good = target_of(world, world.big.name)
     store = bucket_store(seaweed, "killed")
     key = blob_key(good)
-    a = replica(world, seaweed, tmp_path / "a", "killed", "--s3-lease-seconds", "3").start()
-    try:
-        threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
-        # The local tier publishes before the bucket PUT starts: stop the bucket as soon as it has,
-        # so the PUT hangs mid-body, and kill the replica then.
-        local = a.cache_dir / "blobs" / key.split("/")[1] / key.split("/")[2]
-        deadline = time.monotonic() + 60
-        while not local.exists():
-            assert time.monotonic() < deadline, a.log()
-            time.sleep(0.005)
-        seaweed.pause()
+    lease = ("--s3-lease-seconds", "3")
+    got: dict[str, tuple[int, bytes, dict[str, str]]] = {}
+    # Replica a reaches the bucket through a relay that lets its PUT of the file start, then holds it.
+    with S3Relay(seaweed.ports["s3"], f"/{BUCKET}/killed/{key}") as relay, \
+            replica(world, seaweed, tmp_path / "c", "killed", *lease) as c:
+        a = replica(world, seaweed, tmp_path / "a", "killed", *lease, endpoint=relay.endpoint).start()
         try:
+            threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
+            assert relay.put_began.wait(60), relay.error or a.log()
+            assert relay.body_forwarded > 0 and b"content-length: %d" % len(good) in relay.head.lower()
+            # Replica c asks while a's upload hangs: it must wait or fetch for itself, never read a partial object.
+            waiter = threading.Thread(target=lambda: got.setdefault("c", fetch(c, path, timeout=120)), daemon=True)
+            waiter.start()
             os.kill(a.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
             a.proc.wait(20)  # type: ignore[union-attr]
         finally:
-            seaweed.resume()
-    finally:
-        a.stop()
-    # Nothing partial is in the bucket: the object is absent, or whole.
-    try:
-        assert bytes(obstore.get(store, key).bytes()) == good
-    except FileNotFoundError:
-        pass
-    except Exception as e:  # noqa: BLE001 - obstore's NotFoundError
-        assert type(e).__name__ == "NotFoundError", e
-    with replica(world, seaweed, tmp_path / "b", "killed", "--s3-lease-seconds", "3") as b:
-        status, body, _ = fetch(b, path, timeout=120)
-        assert status == 200 and hashlib.sha256(body).digest() == hashlib.sha256(good).digest()
+            a.stop()
+            relay.close()  # the store sees the PUT's body end early
+        # Nothing partial is in the bucket: the object is absent, or whole (c may have published it by now).
+        try:
+            assert bytes(obstore.get(store, key).bytes()) == good
+        except FileNotFoundError:
+            pass
+        with replica(world, seaweed, tmp_path / "b", "killed", *lease) as b:
+            got["b"] = fetch(b, path, timeout=120)
+        waiter.join(120)
+    for name in ("b", "c"):
+        status, body, _ = got[name]
+        assert status == 200 and len(body) == len(good) and body == good, name
     assert bytes(obstore.get(store, key).bytes()) == good
+
+
+def first_bytes(proxy: ProxyProcess, path: str, n: int) -> tuple[float, bytes]:
+    """Seconds until the first body byte of ``path`` arrived, and the first ``n`` bytes."""
+    began = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        first = response.read(1)
+        seconds = time.monotonic() - began
+        return seconds, first + response.read(n - 1)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_waiting_replica_fetches_for_itself_after_the_wait(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
+    import obstore
+
+    path, good = target_of(world, world.big.name)
+    store = bucket_store(seaweed, "waiting")
+    wait = 2.0
+    # An upstream that drips every answer at 64 KiB/s: the big file takes minutes, so a's lease outlives the wait.
+    with FaultyUpstream(world.public, rate=64 * 1024) as slow:
+        args = ("--s3-wait", str(wait))
+        with replica(world, seaweed, tmp_path / "a", "waiting", *args, upstream=slow.url) as a, \
+                replica(world, seaweed, tmp_path / "b", "waiting", *args, upstream=slow.url) as b:
+            threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
+            wait_for(lambda: obstore.list(store, "leases/").collect(), 60, "replica a's lease")
+
+            assert slow.count(upstream_pattern(world.big.name)) == 1
+            seconds, head = first_bytes(b, path, 64 * 1024)
+            # b waited for a (the fetch a small file needs), then fetched too: first byte within the bound.
+            assert wait * 0.9 <= seconds < wait + 4, seconds
+            assert head == good[:len(head)] and len(head) == 64 * 1024
+            assert slow.count(upstream_pattern(world.big.name)) == 2
+            assert "still fetching" in b.log()
+            slow.stop()  # the replicas' downloads end now, so they stop without draining them
 
 
 def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaweed: Seaweed,
@@ -234,23 +288,41 @@ def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaw
         assert_no_secrets(a.log())
 
 
-@pytest.mark.slow
-def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path) -> None:
-    import obstore
-
+@contextlib.contextmanager
+def gateway_to_bucket(seaweed: Seaweed, tmp_path: Path, prefix: str, *extra: str) -> Iterator[GatewayProcess]:
+    """A gateway (over a test index of app -> lib -> base) that pushes to ``prefix`` of the bucket."""
     index = TestIndex(separate_files_host=True)
     dists = tmp_path / "dists"
     for dist in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
                  build_wheel(dists, "base", "2.0")):
         index.add(dist)
     gateway_init(tmp_path / "gw")
-    store = bucket_store(seaweed, "gw")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(index)
+    with index:
         gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
-                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/gw", "--s3-endpoint-url", seaweed.endpoint)
+                            "--batch-window", "0.1", "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url",
+                            seaweed.endpoint, *extra)
         gw.env = seaweed.env()
-        stack.enter_context(gw)
+        with gw:
+            yield gw
+        assert_no_secrets(gw.log())
+
+
+def bucket_edge(seaweed: Seaweed, tmp_path: Path, gw: GatewayProcess, prefix: str, *extra: str) -> ProxyProcess:
+    """An edge that reads the repository from the bucket, anonymously (as through a CDN)."""
+    return ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/{prefix}/",
+                        "--root", str(gw.root), "--workers", "1", *extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_dir", [False, True], ids=["files-in-public", "files-in-cache-dir"])
+def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Seaweed, tmp_path: Path,
+                                                                     cache_dir: bool) -> None:
+    import obstore
+
+    prefix = f"gw-{cache_dir}"
+    store = bucket_store(seaweed, prefix)
+    cache = ("--cache-dir", str(tmp_path / "gwcache")) if cache_dir else ()
+    with gateway_to_bucket(seaweed, tmp_path, prefix, *cache) as gw:
         # An edge of the gateway publishes the projects and makes it fetch their files.
         with edge_for(tmp_path, gw) as edge:
             r = install("pip", edge.url, tmp_path / "t1", "app")
@@ -260,14 +332,37 @@ def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Sea
             names = {m["path"] for batch in obstore.list(store, "packages/") for m in batch}
             return sum(n.endswith(".whl") for n in names) == 3
         wait_for(pushed, 30, "the files in the bucket")
-        # An edge that reads only the bucket (as through a CDN), anonymously, verifies and installs.
-        reader = ProxyProcess(tmp_path / "edge2", "--profile", "gateway", "--upstream", f"{seaweed.endpoint}/{BUCKET}/gw/",
-                              "--root", str(gw.root), "--workers", "1")
-        with reader:
+        wheels = {p.name for p in (tmp_path / ("gwcache" if cache_dir else "gw/public")).glob("packages/*/*.whl")}
+        assert len(wheels) == 3, wheels  # the gateway kept its files where the test says
+        # An edge that reads only the bucket verifies and installs.
+        with bucket_edge(seaweed, tmp_path, gw, prefix) as reader:
             r = install("pip", reader.url, tmp_path / "t2", "app")
             assert r.returncode == 0, r.stdout + r.stderr + reader.log()
         assert {p.name for p in (tmp_path / "t2").iterdir()} >= {"app", "lib", "base"}
-        assert_no_secrets(gw.log())
+
+
+@pytest.mark.slow
+def test_an_edge_reading_the_bucket_asks_the_gateway_for_what_is_not_there_yet(seaweed: Seaweed,
+                                                                               tmp_path: Path) -> None:
+    import obstore
+
+    store = bucket_store(seaweed, "gw-miss")
+    with gateway_to_bucket(seaweed, tmp_path, "gw-miss") as gw:
+        assert not obstore.list(store, "simple/app/").collect()  # no project published yet
+        # Pages and metadata from the bucket; the miss protocol asks the gateway to publish each project,
+        # and files the gateway has not fetched yet come from it as the second upstream.
+        with bucket_edge(seaweed, tmp_path, gw, "gw-miss", "--upstream", gw.base, "--gateway-url", gw.base,
+                         "--refresh-interval", "0.5") as edge:
+            r = install("pip", edge.url, tmp_path / "t", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + edge.log() + gw.log()
+            metrics = fetch(edge, "/metrics")[1].decode()
+        fetched = {(m, o): float(n) for m, o, n in
+                   re.findall(r'tufproxy_upstream_fetches_total\{mirror="(\d)",outcome="(\w+)"\} (\S+)', metrics)}
+        # Three pages from the bucket; three files (not in it yet) from the gateway after the bucket's 404.
+        assert fetched.get(("0", "ok"), 0) >= 3 and fetched.get(("1", "ok"), 0) >= 3, fetched
+        assert {p.name for p in (tmp_path / "t").iterdir()} >= {"app", "lib", "base"}
+        pages = {m["path"].split("/")[1] for batch in obstore.list(store, "simple/") for m in batch}
+        assert pages >= {"app", "lib", "base"}, pages
 
 
 def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_path: Path) -> None:
@@ -280,25 +375,115 @@ def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_p
     for name in names:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_bytes(name.encode())
-    order = [relative for relative, _, _ in TreePush(None, tree, tmp_path / "push.lock")._changed()]  # type: ignore[arg-type]
+    cache = tmp_path / "cache"  # --cache-dir: files fetched on demand, worker state beside them
+    for name in ["packages/app/ef56.app-2.0-py3-none-any.whl", "run/metrics/1.db", "packages/app/.ef56.x.tmp"]:
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(name.encode())
+    push = TreePush(None, tree, tmp_path / "push.lock", {"packages": cache / "packages"})  # type: ignore[arg-type]
+    changed, gone = push._changed()
+    assert gone == []
+    order = [relative for relative, _, _ in changed]
+    assert order[:3] == ["packages/app/cd34.app-1.0-py3-none-any.whl", "packages/app/ef56.app-2.0-py3-none-any.whl",
+                         "simple/app/ab12.index.json"]
+    assert changed[1][1] == cache / "packages/app/ef56.app-2.0-py3-none-any.whl"
+    assert not any("run/" in n or ".x.tmp" in n for n in order)
     assert order.index("metadata/timestamp.json") == len(order) - 1
     assert order.index("metadata/7.snapshot.json") == len(order) - 2
     assert max(order.index(n) for n in names[:6] if "metadata/" not in n) < order.index("metadata/7.bin-3.json")
     assert "metadata/.timestamp.json.x1.tmp" not in order
 
 
-def test_refused_credentials_are_a_503_and_never_printed(world: World, seaweed: Seaweed, tmp_path: Path) -> None:
-    path, _ = target_of(world, "app-1.0-py3-none-any.whl")
-    wrong = "wrong-secret-0123456789-abcdefghij"
-    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
-    proxy.env = {**seaweed.env(), "AWS_SECRET_ACCESS_KEY": wrong}
+def test_a_push_deletes_what_the_gateway_collected_but_never_files(seaweed: Seaweed, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import obstore
+    from prometheus_client import CollectorRegistry
+
+    from proxy.bucket import Bucket
+    from proxy.metrics import BucketMetrics
+    from proxy.treepush import TreePush
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    tree, cache = tmp_path / "public", tmp_path / "cache"
+    names = {tree: ["metadata/timestamp.json", "metadata/6.snapshot.json", "metadata/7.snapshot.json",
+                    "simple/app/ab12.index.json", "simple/app/index.json"],
+             cache: ["packages/app/cd34.app-1.0-py3-none-any.whl"]}
+    for directory, files in names.items():
+        for name in files:
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_bytes(name.encode())
+    store = bucket_store(seaweed, "collect")
+    obstore.put(store, "simple/app/ef56.index.json", b"put by someone else")
+    push = TreePush(Bucket(f"s3://{BUCKET}/collect", BucketMetrics(CollectorRegistry()), seaweed.endpoint), tree,
+                    tmp_path / "push.lock", {"packages": cache / "packages"})
+    assert asyncio.run(push.push()) == 6
+
+    def listed() -> set[str]:
+        return {m["path"] for batch in obstore.list(store) for m in batch}
+    assert listed() == {*names[tree], *names[cache], "simple/app/ef56.index.json"}
+    # The gateway collects an old snapshot and an old page; a lost cache dir takes the file with it.
+    for gone in (tree / "metadata/6.snapshot.json", tree / "simple/app/ab12.index.json",
+                 cache / "packages/app/cd34.app-1.0-py3-none-any.whl"):
+        gone.unlink()
+    asyncio.run(push.push())
+    assert listed() == {"metadata/timestamp.json", "metadata/7.snapshot.json", "simple/app/index.json",
+                        *names[cache], "simple/app/ef56.index.json"}
+
+
+def aws_files(monkeypatch: pytest.MonkeyPatch, tmp: Path, credentials: str, config: str = "") -> dict[str, str]:
+    """A process environment whose only AWS settings are the shared files under ``tmp/home/.aws``."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    aws = tmp / "home" / ".aws"
+    aws.mkdir(parents=True)
+    (aws / "credentials").write_text(credentials)
+    (aws / "config").write_text(config)
+    # Were the files ignored, object_store would ask the instance metadata service: keep that on 127.0.0.1.
+    return {"HOME": str(tmp / "home"), "AWS_METADATA_ENDPOINT": "http://127.0.0.1:9"}
+
+
+@pytest.mark.slow
+def test_keys_region_and_endpoint_from_the_shared_files_of_a_profile(world: World, seaweed: Seaweed, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    env = aws_files(monkeypatch, tmp_path, f"[fleet]\naws_access_key_id = {ACCESS_KEY}\n"
+                    f"aws_secret_access_key = {SECRET_KEY}\n",
+                    f"[profile fleet]\nregion = us-east-1\nendpoint_url = {seaweed.endpoint}\n")
+    env["AWS_PROFILE"] = "fleet"
+    # No --s3-endpoint-url: the profile names the endpoint.
+    proxy = ProxyProcess(tmp_path / "cache", "--upstream", world.upstream.url, "--root", str(world.root),
+                         "--workers", "1", "--store", f"s3://{BUCKET}/profile",
+                         "--audit-log", str(tmp_path / "audit.jsonl"), env=env)
     with proxy:
-        status, body, headers = fetch(proxy, path)
-        assert status == 503 and headers.get("X-Tufproxy-Reason") == "bucket-unavailable", body
-        ready = fetch(proxy, "/readyz")
+        result = install("pip", proxy.url, tmp_path / "target", "app")
+        assert result.returncode == 0, result.stdout + result.stderr + proxy.log()
         metrics = fetch(proxy, "/metrics")[1].decode()
-        assert re.search(r'tufproxy_bucket_errors_total\{op="head"\} [1-9]', metrics)
-        audit = (tmp_path / "a" / "audit.jsonl").read_text() if (tmp_path / "a" / "audit.jsonl").exists() else ""
-        for text in (body.decode(), ready[1].decode(), metrics, proxy.log(), audit):
-            assert wrong not in text
-            assert ACCESS_KEY not in text
+        assert re.search(r'tufproxy_bucket_requests_total\{op="put"\} [1-9]', metrics)
+        assert f"profile 'fleet' in {tmp_path / 'home' / '.aws' / 'credentials'}" in proxy.log()
+        assert_no_secrets(metrics, proxy.log(), (tmp_path / "audit.jsonl").read_text())
+    _, app = target_of(world, "app-1.0-py3-none-any.whl")
+    import obstore
+    assert bytes(obstore.get(bucket_store(seaweed, "profile"), blob_key(app)).bytes()) == app
+
+
+@pytest.mark.parametrize("where", ["shared-file", "environment"])
+def test_refused_credentials_end_start_up_with_one_line_and_are_never_printed(
+        world: World, seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    wrong = "wrong-secret-0123456789-abcdefghij"
+    env = aws_files(monkeypatch, tmp_path, "")
+    if where == "shared-file":
+        (tmp_path / "keys").write_text(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {wrong}\n")
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp_path / "keys")
+        source = f"profile 'default' in {tmp_path / 'keys'}"
+    else:
+        env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=wrong)
+        source = "AWS_ACCESS_KEY_ID in the environment"
+    proxy = replica(world, seaweed, tmp_path / "a", "creds", "--s3-timeout", "5")
+    r = subprocess.run(proxy.argv(), env={**os.environ, **env, "AWS_REGION": "us-east-1"}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    [line] = r.stderr.strip().splitlines()
+    assert f"bucket s3://{BUCKET}/creds/ refused the credentials of {source}" in line and "403" in line, line
+    assert wrong not in r.stderr + r.stdout and ACCESS_KEY not in r.stderr + r.stdout

@@ -89,8 +89,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
     Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
            "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
-    Option("store", "also publish the signed repository (metadata, pages, files in DIR/public) to a bucket, "
-           "s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read it from there",
+    Option("store", "also publish the signed repository (metadata, pages, files in DIR/public or --cache-dir) "
+           "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
+           "it from there",
            None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
@@ -150,12 +151,15 @@ def _open(directory: Path) -> Repository:
 
 async def _pusher(values: dict, directory: Path, public: Path,  # type: ignore[type-arg]
                   metrics: GatewayMetrics) -> TreePush | None:
-    """With ``--store``: the bucket the signed tree is pushed to, brought up to date before serving."""
+    """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
+    brought up to date before serving."""
     if values["store"] is None:
         return None
+    cache = values["cache_dir"]
     try:
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
-        pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock")
+        pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
+                          {"packages": Path(cache) / "packages"} if cache is not None else None)
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e

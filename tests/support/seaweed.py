@@ -68,7 +68,9 @@ class Seaweed:
                 f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
                 f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
                 f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={config}",
-                "-master.volumeSizeLimitMB=64", "-volume.max=32"]
+                "-master.volumeSizeLimitMB=64", "-volume.max=32",
+                # Fixed default ports would collide between servers on one host; telemetry would leave 127.0.0.1.
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
