@@ -108,14 +108,13 @@ WHY = {
             "samples inside os.sendfile and ~17 % in epoll, so the gap is asyncio's per-call loop "
             "(sendfile until EAGAIN, wait for writable, again) against nginx's C loop, plus noise: "
             "on this shared 2-CPU machine the same figure varies by ±30 % between runs.",
-    "index": "A warm page hit no longer walks the TUF delegations, negotiates, renders or looks up metric "
-             "children (remembered per trusted state; expiry still checked each time); what is left is "
-             "mostly aiohttp's own request pipeline: 303 Python calls per hit (411 before, 208 with "
-             "--uvloop yes; `python bench/calls.py`), "
-             "most of them asyncio's loop and transport, aiohttp's parser, router, middleware plumbing, "
-             "Response and header serialisation, and prometheus' multiprocess values; nginx spends ~30-50 µs of CPU per page "
-             "against tufproxy's ~200-300 µs on this machine (`python bench/warmab.py`). 0.35x needs a hot path below aiohttp's "
-             "web layer (a raw protocol answering kept pages), not done here.",
+    "index": "A warm page hit is answered below aiohttp's web layer (proxy/hotpath.py: the request head "
+             "recognised in data_received, the kept page written to the transport; trusted-state and expiry "
+             "checks as on every request): 114 Python calls per hit (303 through aiohttp; `python bench/calls.py`), "
+             "~55-80 µs of CPU per page against nginx's ~30-40 (`python bench/warmab.py`). What is left is "
+             "asyncio's selector loop, the recv and send system calls, and prometheus' multiprocess values "
+             "(a pid check and an mmap write per value, five per hit); x1 is one round trip at a time, so "
+             "it also carries wrk's and the kernel's wake-ups and moves most with the machine's load.",
     "mid": "Warm files leave through aiohttp's FileResponse and asyncio's sendfile; on this shared machine "
            "the 16 MB wheel over 8 connections measured 0.91x nginx in `python bench/warmab.py` "
            "(asyncio, load average ~7) and varies by ±30 % between runs; the remaining gap is asyncio's sendfile loop "

@@ -19,6 +19,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from proxy import hotpath
+
 
 class ClientBounds:
     """The bookkeeping: which connections are idle since when; the handlers report requests."""
@@ -45,6 +47,11 @@ class ClientBounds:
             return
         self._busy.pop(protocol, None)
         if protocol in self._transports:
+            self._idle_since[protocol] = time.monotonic()
+
+    def touch(self, protocol: Any) -> None:
+        """A request on ``protocol`` was answered at once: idle from now."""
+        if protocol in self._idle_since:
             self._idle_since[protocol] = time.monotonic()
 
     def _made(self, handler: RequestHandler, transport: asyncio.BaseTransport) -> None:
@@ -92,11 +99,13 @@ class ClientBounds:
 
 
 class BoundedRunner(web.AppRunner):
-    """An AppRunner whose connections obey ``bounds``."""
+    """An AppRunner whose connections obey ``bounds`` and answer ready requests through ``ready``
+    (:func:`proxy.hotpath.install`)."""
 
-    def __init__(self, app: web.Application, bounds: ClientBounds, **kwargs: Any) -> None:
+    def __init__(self, app: web.Application, bounds: ClientBounds, ready: hotpath.Answer, **kwargs: Any) -> None:
         super().__init__(app, keepalive_timeout=bounds.idle_timeout, **kwargs)
         self._bounds = bounds
+        self._ready = ready
 
     async def _make_server(self) -> Any:
-        return self._bounds.watch(await super()._make_server())
+        return hotpath.install(self._bounds.watch(await super()._make_server()), self._ready)

@@ -81,6 +81,9 @@ class Metrics:
         self.request_seconds = Histogram(
             "tufproxy_request_duration_seconds", "Client request latency", ["route"], buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.hot_answers = Counter("tufproxy_hot_answers_total", "Requests answered below aiohttp's web layer "
+                                   "(pages kept ready), by route; also counted in tufproxy_requests_total",
+                                   ["route"], registry=r)
         self.cache_hits = Counter("tufproxy_cache_hits_total", "Requests answered from the verified cache", ["kind"], registry=r)
         self.cache_misses = Counter("tufproxy_cache_misses_total", "Requests that needed an upstream fetch", ["kind"], registry=r)
         self.cache_evictions = Counter("tufproxy_cache_evictions_total", "Blobs evicted from the cache", registry=r)
@@ -134,6 +137,11 @@ class Metrics:
         """One client request answered."""
         self.child(self.requests, route, str(status)).inc()
         self.child(self.request_seconds, route).observe(seconds)
+
+    def hot_request(self, route: str, status: int, seconds: float) -> None:
+        """One client request answered by the hot path (:mod:`proxy.hotpath`)."""
+        self.request(route, status, seconds)
+        self.child(self.hot_answers, route).inc()
 
     def exposition(self) -> bytes:
         """The text format: this process's registry, or every worker's in multiprocess mode."""

@@ -76,10 +76,14 @@ CONTENT_TYPES = {
 # Media types by Accept header and requests by path: pure functions, a few hot inputs.
 _negotiate = functools.lru_cache(maxsize=256)(index.negotiate)
 _parse_path = functools.lru_cache(maxsize=8192)(parse_request_path)
+_FORMATS = {media: PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML for media in index.MediaType}
+_PAGE_KINDS = (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX)
 # The route label of each kind of request (metrics, audit).
 _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
+_READY_PLANS_SIZE = 8192
+_UNPLANNED = object()
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
@@ -238,6 +242,8 @@ class Resolver:
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
         self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
         self._hot: HotPages[Page] = HotPages()
+        # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
+        self._ready_plans: dict[tuple[str, str | None], tuple[str, index.MediaType, str] | None] = {}
         # Request target path -> (the trusted target it was derived from, its source).
         self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
@@ -259,48 +265,93 @@ class Resolver:
             ask.route = "bad_path"
             raise BadPath(str(e)) from None
         ask.route = _ROUTES[req.kind]
-        if req.kind in (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX):
+        if req.kind in _PAGE_KINDS:
             if req.redirect_to is not None:
                 return Redirect(req.redirect_to, permanent=True)
             return await self._page(ask, req)
         return await self._file(ask, req)
 
     # -- pages ---------------------------------------------------------
+    def ready(self, path: str, accept: str | None, if_none_match: str | None) -> tuple[str, Page | NotModified] | None:
+        """The route and answer of a page request that is ready now, with no wait: its target
+        remembered under the live trusted state (expiry checked now) and its page kept rendered
+        (or the client's ETag naming it).  None: :meth:`resolve` it (which may fetch, wait or refuse).
+        """
+        plan = self._ready_plans.get((path, accept), _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._ready_plan(path, accept)
+            if len(self._ready_plans) >= _READY_PLANS_SIZE:
+                del self._ready_plans[next(iter(self._ready_plans))]
+            self._ready_plans[(path, accept)] = plan
+        if plan is None:
+            return None
+        route, media, target_path = plan
+        target = self.trust.remembered(target_path)
+        if target is None:
+            return None
+        answer = self._kept(target, media, if_none_match)
+        return None if answer is None else (route, answer)
+
+    def _ready_plan(self, path: str, accept: str | None) -> tuple[str, index.MediaType, str] | None:
+        """A page request's route, media type and target path; None for any other request."""
+        try:
+            req = _parse_path(path)
+            if req.kind not in _PAGE_KINDS or req.redirect_to is not None:
+                return None
+            media, _, target_path = self._page_plan(req, accept)
+        except (BadRequestPath, ClientMistake):
+            return None
+        return _ROUTES[req.kind], media, target_path
+
     async def _page(self, ask: Ask, req: TargetRequest) -> Page | NotModified:
-        media = _negotiate(ask.accept)
-        if media is None:
-            raise NotAcceptable(ask.accept or "")
-        fmt = PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML
-        source = self.profile.page_source_format(fmt)
+        media, source, target_path = self._page_plan(req, ask.accept)
         if req.kind is TargetKind.ROOT_INDEX:
-            target_path = self.profile.root_target(fmt)
-            if target_path is None:
-                raise BadPath(f"the root project list is not signed in the {self.profile.name} layout: "
-                              "ask for /simple/<project>/")
             ask.target = target_path
             target = await self.trust.get_target(target_path)
         else:
             assert req.project is not None
             target = await self._page_target(ask, req.project, source)
+        answer = self._kept(target, media, ask.if_none_match)
+        if answer is not None:
+            return answer
+        raw = await self._page_bytes(ask, target)
+        fmt = _FORMATS[media]
+        try:
+            body = _render(req, raw, source, fmt)
+        except index.IndexParseError as e:
+            raise _Malformed(target.path, str(e)) from e
+        etag = _etag(_first_hash(target), media)
+        page = Page(body, CONTENT_TYPES[media], etag,
+                    {"Content-Type": CONTENT_TYPES[media], "Vary": "Accept", "ETag": etag})
+        self._hot.put((target.path, _first_hash(target), media.value), page, len(body))
+        return page
+
+    def _page_plan(self, req: TargetRequest, accept: str | None) -> tuple[index.MediaType, PageFormat, str]:
+        """A page request's media type (negotiated), the signed format it is rendered from, and its target path."""
+        media = _negotiate(accept)
+        if media is None:
+            raise NotAcceptable(accept or "")
+        source = self.profile.page_source_format(_FORMATS[media])
+        if req.kind is TargetKind.ROOT_INDEX:
+            target_path = self.profile.root_target(_FORMATS[media])
+            if target_path is None:
+                raise BadPath(f"the root project list is not signed in the {self.profile.name} layout: "
+                              "ask for /simple/<project>/")
+            return media, source, target_path
+        assert req.project is not None
+        return media, source, self.profile.page_target(req.project, source)
+
+    def _kept(self, target: VerifiedTarget, media: index.MediaType, if_none_match: str | None) -> Page | NotModified | None:
+        """The answer without the page's bytes: 304 when ``If-None-Match`` names the page ``target``
+        vouches for, else the page if it is kept rendered; None: render it."""
         digest = _first_hash(target)
-        key = (target.path, digest, media.value)
-        page = self._hot.get(key)
+        page = self._hot.get((target.path, digest, media.value))
         if page is not None:
             self.metrics.hit("page")
-        if ask.if_none_match is not None:
+        if if_none_match is not None:
             etag = page.etag if page is not None else _etag(digest, media)
-            if _etag_matches(ask.if_none_match, etag):
+            if _etag_matches(if_none_match, etag):
                 return NotModified(_not_modified_headers(etag))
-        if page is None:
-            raw = await self._page_bytes(ask, target)
-            try:
-                body = _render(req, raw, source, fmt)
-            except index.IndexParseError as e:
-                raise _Malformed(target.path, str(e)) from e
-            etag = _etag(digest, media)
-            page = Page(body, CONTENT_TYPES[media], etag,
-                        {"Content-Type": CONTENT_TYPES[media], "Vary": "Accept", "ETag": etag})
-            self._hot.put(key, page, len(body))
         return page
 
     async def _page_target(self, ask: Ask, project: str, fmt: PageFormat) -> VerifiedTarget:

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy import hotpath
 from proxy.connections import BoundedRunner, ClientBounds
 from proxy.logs import new_request_id, request_id
 from proxy.metrics import CONTENT_TYPE_LATEST
@@ -39,6 +40,7 @@ from proxy.resolver import (
     Streamed,
     UPSTREAM_FAILURES,
 )
+from proxy.requesthead import SimpleHead
 from proxy.store import StoreError
 from proxy.streaming import first_bytes, send_download
 
@@ -65,8 +67,26 @@ class Proxy:
         self._evictions_reported = 0
 
     def runner(self, **kwargs: Any) -> web.AppRunner:
-        """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout)."""
-        return BoundedRunner(self.app(), self.clients, **kwargs)
+        """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout),
+        answering ready pages below aiohttp's web layer (:mod:`proxy.hotpath`)."""
+        return BoundedRunner(self.app(), self.clients, self._ready, **kwargs)
+
+    def _ready(self, head: SimpleHead, protocol: Any) -> bytes | None:
+        """The hot path's answer: a page request the resolver has ready, counted as the middleware
+        counts every request; None: aiohttp takes it."""
+        start = time.monotonic()
+        ready = self.resolver.ready(head.path, head.accept, head.if_none_match)
+        if ready is None:
+            return None
+        route, answer = ready
+        self.clients.touch(protocol)
+        if isinstance(answer, Page):
+            status, body = 200, answer.body
+        else:
+            status, body = 304, b""
+        data = hotpath.response(status, answer.headers, body, new_request_id(head.request_id), head.method == "HEAD")
+        self.metrics.hot_request(route, status, time.monotonic() - start)
+        return data
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+import proxy.trust.client as trust_client
 from proxy import index
 from proxy.audit import AuditLog
 from proxy.local import LocalFetcher
@@ -235,3 +236,30 @@ async def test_a_page_carries_an_etag_that_never_outlives_its_trusted_state(
     again = await world.resolver.resolve(Ask("rid", "127.0.0.1", "/simple/base/", accept=JSON, if_none_match=first.etag))
     assert isinstance(again, Page) and again.etag != first.etag
     assert "3.0" in json.loads(again.body)["versions"] and "3.0" not in json.loads(first.body)["versions"]
+
+
+async def test_a_ready_answer_needs_the_live_trusted_state_and_a_kept_page(
+        world: World, sample_repo: SampleRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """:meth:`Resolver.ready` (the hot path's question) answers only what resolve would, without waiting."""
+    ready = world.resolver.ready
+    assert ready("/simple/base/", JSON, None) is None  # never rendered: resolve() fetches it
+    page = await world.ask("/simple/base/", accept=JSON)
+    assert ready("/simple/base/", JSON, None) == ("project_index", page)
+    assert ready("/simple/base/", JSON, f'"x", {page.etag}') == ("project_index", NotModified({"ETag": page.etag, "Vary": "Accept"}))
+    assert ready("/simple/base/", "text/html", None) is None  # negotiated to a representation not kept yet
+    root = await world.ask("/simple/", accept=JSON)
+    assert ready("/simple/", JSON, None) == ("root_index", root)
+    for path, accept in (("/simple/Base/", JSON), ("/simple/base", JSON), (WHEEL, None), ("/nope/../x", None),
+                         ("/simple/base/", "image/png"), ("/metrics", None)):
+        assert ready(path, accept, None) is None, path  # redirects, files, refusals: resolve() answers them
+    # A new trusted state that changes the page: not ready until rendered again from it.
+    sample_repo.repo.add([build_wheel(tmp_path / "new", "base", "3.0")])
+    await world.trust.refresh(force=True)
+    assert ready("/simple/base/", JSON, None) is None
+    again = await world.ask("/simple/base/", accept=JSON)
+    assert isinstance(again, Page) and ready("/simple/base/", JSON, None) == ("project_index", again) != ("project_index", page)
+    # Expired trusted metadata: nothing is ready, and resolve() refuses.
+    monkeypatch.setattr(trust_client, "_utcnow", lambda: datetime.now(UTC) + timedelta(days=400))
+    assert ready("/simple/base/", JSON, None) is None
+    refused = await world.ask("/simple/base/", accept=JSON)
+    assert isinstance(refused, Refused) and isinstance(refused.error, ExpiredMetadata)

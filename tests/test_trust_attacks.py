@@ -242,8 +242,10 @@ async def test_remembered_lookup_still_refuses_once_expired(env: Env, monkeypatc
     real_walk = trust_client.walk
     monkeypatch.setattr(trust_client, "walk", lambda *a: walks.append(a) or real_walk(*a))
     assert await client.get_target(WHEEL) == first
+    assert client.remembered(WHEEL) is first and client.remembered("packages/lib/never.whl") is None
     assert walks == []  # remembered for this trusted state
     _clock(monkeypatch, timedelta(days=2))
+    assert client.remembered(WHEEL) is None  # the hot path's question: past expiry, nothing at once
     with pytest.raises(ExpiredMetadata):
         await client.get_target(WHEEL)
     assert not client.status()["ready"]

@@ -207,8 +207,9 @@ class TrustedClient:
         elapsed = time.monotonic() - self._last_attempt
         if elapsed >= self.config.refresh_interval:
             return True
-        unusable = self._state is None or self._state.earliest[0] <= self._expiry_clock()
-        return unusable and elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR)
+        # Unusable state (none, or expired): retried sooner.  The clock is read only when that matters.
+        return elapsed >= min(self.config.refresh_interval, _RETRY_FLOOR) and (
+            self._state is None or self._state.earliest[0] <= self._expiry_clock())
 
     async def refresh(self, force: bool = False) -> None:
         """Run a refresh cycle if due (always with ``force``); join one in flight."""
@@ -418,14 +419,24 @@ class TrustedClient:
         except TimeoutError:
             raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
 
-    async def _current(self, target_path: str) -> _State:
+    def _current_now(self) -> _State | None:
+        """The state to answer from when that needs no wait and no refusal (a cycle that is due
+        is started in the background); None: ask :meth:`_current`."""
+        state = self._state
+        if state is None or isinstance(self._last_error, errors.RepositoryError):
+            return None
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
-            live = self._state is not None and self._state.earliest[0] > self._expiry_clock()
-            if live and not isinstance(self._last_error, errors.RepositoryError):
-                # Stale-while-refresh: the live state is valid, so answer from it now and
-                # let the cycle run in the background; a stalled mirror delays nobody.
-                self._start_refresh()
-                return self._state  # type: ignore[return-value]
+            if state.earliest[0] <= self._expiry_clock():
+                return None
+            # Stale-while-refresh: the live state is valid, so answer from it now and
+            # let the cycle run in the background; a stalled mirror delays nobody.
+            self._start_refresh()
+        return state
+
+    async def _current(self, target_path: str) -> _State:
+        if (state := self._current_now()) is not None:
+            return state
+        if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             try:
                 await self._wait_for_refresh(target_path)
             except (errors.UpstreamUnreachable, errors.RefreshFailed):
@@ -451,9 +462,8 @@ class TrustedClient:
         :mod:`proxy.trust.errors` when delegated metadata fails to verify.
         """
         state = await self._current(target_path)
-        if state is self._found_state and (hit := self._found.get(target_path)) is not None:
-            _check_deadline(hit[1], self._expiry_clock())
-            return hit[0]
+        if (found := self._remembered_in(state, target_path)) is not None:
+            return found
         try:
             return await self._lookup(state, target_path)
         except errors.UnknownTarget:
@@ -466,6 +476,25 @@ class TrustedClient:
             with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable, errors.RefreshFailed):
                 await self._wait_for_refresh(target_path)  # _current says what a failure means
             return await self._lookup(await self._current(target_path), target_path)
+
+    def remembered(self, target_path: str) -> VerifiedTarget | None:
+        """What :meth:`get_target` would answer when it can answer at once: a lookup remembered
+        under the live state, its expiry checked now.  None when it would wait, walk or refuse
+        (ask it then: it says why)."""
+        state = self._current_now()
+        if state is None:
+            return None
+        try:
+            return self._remembered_in(state, target_path)
+        except errors.ExpiredMetadata:
+            return None
+
+    def _remembered_in(self, state: _State, target_path: str) -> VerifiedTarget | None:
+        """The lookup remembered under ``state`` (raising ExpiredMetadata past its deadline), or None."""
+        if state is self._found_state and (hit := self._found.get(target_path)) is not None:
+            _check_deadline(hit[1], self._expiry_clock())
+            return hit[0]
+        return None
 
     async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
         walker = walk(target_path, state.targets, self.config.max_delegations)
