@@ -23,7 +23,7 @@ import aiohttp
 CHUNK_SIZE = 64 * 1024
 # How much a response buffers before reading from its socket pauses. aiohttp's default (64 KiB)
 # pauses and resumes the socket every few reads of a fast body.
-READ_BUFFER = 2**19
+READ_BUFFER = 2**18
 
 
 class DownloadError(Exception):
