@@ -120,7 +120,7 @@ async def _send_range(request: web.Request, response: web.StreamResponse, fd: in
     to the socket without a copy through Python or a thread hop per piece.
     """
     transport = request.transport
-    if transport is None:
+    if transport is None or transport.is_closing():  # the client left: as aiohttp's own writes say it
         raise ConnectionResetError("connection lost")
     if response.content_length is not None:
         with open(fd, "rb", buffering=0, closefd=False) as file:
