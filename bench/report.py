@@ -122,23 +122,35 @@ WHY = {
            "(stat and open, close) against nginx's C loop, plus noise.",
     "p99": "p99 at 64 connections is queueing behind the page throughput (see the index note); the "
            "'before' ratio comes from another run, on a machine whose load varies from 1 to 9.",
-    "cold": "Every signed digest is checked before the final byte goes out: sha256 and sha512 here, each in a "
-            "thread of its own beside the write to the cache while the next bytes arrive; the floor computes "
-            "sha256 alone in one process. ",
+    "cold": "A cold file is streamed as it arrives and its final byte is held back until every signed digest "
+            "matched: sha256 and sha512 here, each in a thread of its own over 1-2 MiB batches beside the write "
+            "to the cache, while the next bytes arrive; the bytes go out with sendfile from the file being "
+            "written; the fsync runs after publishing, off the request. The floor is one process receiving and "
+            "computing sha256, ~0.3 s of CPU. One cold fetch costs the proxy ~0.9 s of CPU (on an idle core: "
+            "sha512 0.28 s, sha256 0.13 s, the write ~0.08 s, receiving from the upstream and sendfile to the "
+            "client most of the rest; `python bench/coldab.py after=.`, bench/results/cold-large.md), and the "
+            "client ~0.08 s more: ~1 s of CPU on 2 cores is at least 0.5 s of wall time, ~1.7x the floor on an "
+            "idle machine, before any other load. ",
     "cold_bound": "sha512 by itself over the same file takes {sha512} here, more than 1.3× this floor ({floor}): "
                   "out of reach of any verifier of both digests on this CPU.",
-    "cold_load": "sha512 by itself over the same file takes {sha512} here, and the proxy also writes the cache "
-                 "and sends to the client: more CPU per byte than the floor, on 2 cores shared with the upstream, "
-                 "the client and, in this run, other work (load average {load}); the ratio moves with the load.",
+    "cold_load": "sha512 by itself over the same file takes {sha512} here; the rest shares 2 cores with the "
+                 "upstream, the client and, in this run, other work (load average {load}); the ratio moves "
+                 "with the load.",
     "first": "The first bytes are sent once 1 MiB arrived or half a second passed.",
-    "rss": "Each download buffers at most 512 KiB of received bytes (bench/coldpath.py) besides aiohttp's own "
-           "buffers; the rest is the interpreter and the trusted metadata.",
+    "rss": "Each download keeps at most 1 MiB of received bytes waiting while one batch is hashed and "
+           "written (a batch closes at 1 MiB or after 50 ms: ~200 KiB at the bench's 4 MiB/s), besides "
+           "aiohttp's read buffer (it pauses the socket at 512 KiB); the rest is the interpreter and the "
+           "trusted metadata.",
     "pip_warm": "pip itself dominates a warm run and the figure is noise-bound on this shared machine "
                 "(tufproxy's warm median was 1.96 s and 2.99 s in two runs of the same code); the "
                 "per-request cost is the index note's.",
-    "pip_cold": "Each cold file is stored, hashed twice and fsynced before its first byte is sent "
-                "(see the cold large file), and each first lookup in a bin fetches and verifies that "
-                "bin; proxpi and nginx pass bytes on as they arrive, unverified.",
+    "pip_cold": "Each cold file is hashed with every signed digest (sha256 and sha512) and written to the "
+                "cache as it arrives; it streams once 1 MiB of it arrived (or half a second passed), its final "
+                "byte held back until both matched, and one verified before that is answered whole (see the "
+                "cold large file); each page is "
+                "verified against its signed hashes, and each first lookup in a bin fetches and verifies "
+                "that bin (one more round trip per project); proxpi and nginx pass bytes on as they "
+                "arrive, unverified.",
 }
 
 

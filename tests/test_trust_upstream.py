@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from proxy.upstream import (
+    CHUNK_SIZE,
+    READ_BUFFER,
     AiohttpFetcher,
     DownloadError,
     DownloadHTTPError,
@@ -34,6 +36,7 @@ async def raw_server(handler) -> AsyncIterator[str]:
 @pytest.fixture
 def served(tmp_path: Path):
     (tmp_path / "f.bin").write_bytes(b"x" * 200_000)
+    (tmp_path / "big.bin").write_bytes(b"y" * 8 * READ_BUFFER)
     with Upstream(tmp_path) as up:
         yield up
 
@@ -47,10 +50,14 @@ async def fetcher() -> AsyncIterator[AiohttpFetcher]:
 
 async def test_fetch_and_stream(served: Upstream, fetcher: AiohttpFetcher) -> None:
     assert await fetcher.fetch_bytes(f"{served.url}f.bin", 200_000) == b"x" * 200_000
-    async with fetcher.stream(f"{served.url}f.bin", 200_000) as body:
-        assert body.content_length == 200_000
+    size = 8 * READ_BUFFER
+    async with fetcher.stream(f"{served.url}big.bin", size) as body:
+        assert body.content_length == size
         chunks = [c async for c in body]
-    assert len(chunks) > 1 and sum(map(len, chunks)) == 200_000
+    # Streamed as it arrives (never more than a few read buffers at once), each read at least a
+    # CHUNK_SIZE (the unit of the read timeout) except where the body ends.
+    assert len(chunks) > 1 and sum(map(len, chunks)) == size and b"".join(chunks) == b"y" * size
+    assert all(len(c) >= CHUNK_SIZE for c in chunks[:-1]) and max(map(len, chunks)) <= 4 * READ_BUFFER
 
 
 async def test_length_bound(served: Upstream, fetcher: AiohttpFetcher) -> None:

@@ -39,12 +39,13 @@ from proxy.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, Downloa
 # Batches at least this big are hashed in a thread (hashlib releases the GIL); smaller ones inline.
 _THREAD_HASH_MIN = 256 * 1024
 # Received bytes are handed to the hasher and the sink in batches of this much, or after this long.
-# Measured (bench/coldpath.py, bench/stream.py): 256 KiB batches with 512 KiB buffered beat 1/2 MiB
-# on a cold 212 MB file (more overlap) and on the RSS of 50 concurrent downloads (217 MB vs 348 MB).
-_BATCH = 2**18
+# Measured (bench/coldab.py; bench/coldpath.py under load 5): 1 MiB batches with 1 MiB more buffered
+# take a cold 212 MB file in ~100 hand-offs instead of ~400 with 256 KiB/512 KiB, for ~20 % less CPU;
+# 2 MiB buffered was no faster and let 50 concurrent downloads at 4 MiB/s, starved of CPU, reach 264 MB.
+_BATCH = 2**20
 _BATCH_DELAY = 0.05
 # Received bytes waiting for the hasher/writer are capped here (memory per download).
-_MAX_BUFFERED = 2 * _BATCH
+_MAX_BUFFERED = _BATCH
 
 
 class MissingUpstream(NotFound):
