@@ -29,7 +29,7 @@ from proxy.repository import Repository
 from tests.conftest import make_sample_dists
 from tests.support.clients import install
 from proxy.repository.sample import build_wheel
-from tests.support.faults import FaultyUpstream, sized_wheel
+from tests.support.faults import Fault, FaultyUpstream, sized_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.s3relay import S3Relay
@@ -144,6 +144,21 @@ def test_three_replicas_share_one_bucket_one_upstream_fetch_per_file(world: Worl
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_a_file_neither_the_bucket_nor_any_upstream_has_is_a_typed_404(world: World, seaweed: Seaweed,
+                                                                        tmp_path: Path) -> None:
+    # The bucket is asked first, as a mirror: its 404 and the upstream's together mean "not found",
+    # the upstream withholding a signed file, not "unreachable".
+    path, _ = target_of(world, "base-2.0.tar.gz")
+    world.upstream.inject(upstream_pattern("base-2.0.tar.gz"), Fault.STATUS, status=404)
+    try:
+        with replica(world, seaweed, tmp_path / "r", "missing").start() as r:
+            status, body, headers = fetch(r, path)
+    finally:
+        world.upstream.clear()
+    assert status == 404, body
+    assert headers.get("X-Tufproxy-Reason") == "missing-upstream", (headers, body)
 
 
 def test_tampered_file_and_page_objects_are_refused_evicted_refetched_and_audited_alike(
