@@ -42,7 +42,8 @@ from proxy.config import (
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
-from proxy.gateway.indexhttp import IndexHTTP, strip_credentials
+from proxy.access.credentials import strip_credentials
+from proxy.gateway.indexhttp import IndexHTTP
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics

@@ -16,17 +16,16 @@ the indexes' own origins and the ``files_origins`` only.
 from __future__ import annotations
 
 import asyncio
-import netrc
-import os
 import ssl
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin
 
 import aiohttp
 
+from proxy.access.credentials import OriginAuth, origin
 from proxy.upstream import AiohttpFetcher, ByteStream, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -34,38 +33,6 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 class RedirectRefused(DownloadError):
     """A redirect to an origin we may not fetch from, or one too many."""
-
-
-def origin(url: str) -> str:
-    """``scheme://host[:port]`` of a URL, lower-cased, without credentials."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    port = f":{parts.port}" if parts.port and parts.port != default else ""
-    return f"{parts.scheme.lower()}://{host}{port}"
-
-
-def strip_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
-    """The URL without ``user:password@``, and those credentials if it had them."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return url, None
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc)), aiohttp.BasicAuth(parts.username, parts.password or "")
-
-
-def _netrc_auth(host: str) -> aiohttp.BasicAuth | None:
-    path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
-    try:
-        found = netrc.netrc(path).authenticators(host)
-    except (OSError, netrc.NetrcParseError):
-        return None
-    if not found:
-        return None
-    login, _, password = found
-    return aiohttp.BasicAuth(login or "", password or "")
 
 
 @dataclass(frozen=True)
@@ -85,14 +52,8 @@ class IndexHTTP(AiohttpFetcher):
         super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.max_redirects = max_redirects
         self._ssl = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
-        self._auth: dict[str, aiohttp.BasicAuth] = {}
-        self.index_urls: list[str] = []
-        for url in index_urls:
-            clean, auth = strip_credentials(url)
-            auth = auth or _netrc_auth(urlsplit(clean).hostname or "")
-            if auth is not None:
-                self._auth[origin(clean)] = auth
-            self.index_urls.append(clean)
+        self.auth = OriginAuth()
+        self.index_urls = self.auth.add_all(index_urls)
         self.files_origins = tuple(files_origins)
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -126,7 +87,7 @@ class IndexHTTP(AiohttpFetcher):
             try:
                 async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                     response = await self._get_session().get(
-                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self._auth.get(origin(url)))
+                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self.auth.for_url(url))
             except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
             except (aiohttp.ClientError, OSError, ValueError) as e:

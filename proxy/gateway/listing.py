@@ -34,7 +34,8 @@ from packaging.utils import (
 )
 
 from proxy import index
-from proxy.gateway.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
+from proxy.access.credentials import origin, strip_credentials
+from proxy.gateway.indexhttp import IndexHTTP, RedirectRefused
 from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
 from proxy.layout import is_valid_filename
 from proxy.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
