@@ -102,3 +102,21 @@ def project_of(path: str) -> str | None:
             return None  # /simple/<file of the root list>
         return canonicalize_name(name) if len(name) <= 200 else name
     return None
+
+
+# How the gateway marks a private project in signed metadata: the TUF ``custom`` field of its page
+# targets, signed by the same key that signs the page's hashes (README, "Access control" says why).
+PRIVATE_CUSTOM = {"tufproxy": {"private": True}}
+
+
+def marked_private(fields: Mapping[str, object]) -> bool:
+    """Whether a target's unrecognised fields (``{"custom": ...}``) mark it private."""
+    custom = fields.get("custom")
+    mark = custom.get("tufproxy") if isinstance(custom, dict) else None
+    return isinstance(mark, dict) and mark.get("private") is True
+
+
+def not_listed(project: str) -> str:
+    """What the gateway says of a project no index lists; an edge says it of a private one to whoever may not
+    read it, so the two cannot be told apart."""
+    return f"{project}: no index lists it"

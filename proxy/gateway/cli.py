@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,6 +32,8 @@ from proxy.config import (
     ConfigError,
     Option,
     _positive_float,
+    _rules,
+    access_options,
     _store_url,
     _url_list,
     add_arguments,
@@ -39,10 +42,15 @@ from proxy.config import (
     read_config,
     resolve_values,
 )
-from proxy.gateway.app import GatewayApp
+from proxy.gateway.app import GatewayApp, gateway_resource
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
-from proxy.access.credentials import strip_credentials
+from proxy.access.credentials import OriginAuth, strip_credentials
+from proxy.access.guard import Guard
+from proxy.access.passwords import AuthFileError, Passwords
+from proxy.access.rules import AUTHENTICATED, Rules
+from proxy.access.tls import ServerTLS, TLSConfigError, server_tls
+from proxy.access.web import AccessMiddleware, refusals_counter
 from proxy.gateway.indexhttp import IndexHTTP
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
@@ -98,6 +106,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    *access_options("authenticated"),
+    Option("publish_rule", "PATTERN=WHO: who may ask the gateway to publish (POST /_tufproxy/publish/<project>) "
+           "projects matching PATTERN; repeatable; unmatched projects: authenticated", [], _rules, repeat=True,
+           metavar="PATTERN=WHO"),
+    Option("tls_client_ca", "ask every client (edges) for a certificate signed by this CA (mTLS); needs --tls-cert",
+           None, Path, metavar="FILE"),
 )
 
 SERVE_HELP = """\
@@ -210,8 +224,15 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
+    private_indexes = set(_private_indexes(values))
+
+    def private(project: str) -> bool:
+        """Private: claimed by --private-project, or taken from an index that needs credentials."""
+        return (policy.claimed_private(project) is not None
+                or ledger.project_index.get(project) in private_indexes)
+
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None)
+                          after=pusher.push if pusher is not None else None, private=private)
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -220,12 +241,15 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
-    app = GatewayApp(gateway, files, repo.public_dir)
+    access, tls = _access(values, gateway, audit, metrics, private)
+    app = GatewayApp(gateway, files, repo.public_dir, access=access)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = values["listen"]
     try:
-        await (web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)).start()
+        context = tls.context if tls is not None else None
+        await (web.TCPSite(runner, host, port, ssl_context=context) if sock is None
+               else web.SockSite(runner, sock, ssl_context=context)).start()
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
@@ -233,11 +257,14 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
     # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
+    reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
 
     async def stop() -> None:
         fresh.cancel()
+        if reload_tls is not None:
+            reload_tls.cancel()
         if pushing is not None:
             pushing.cancel()
         await publisher.stop()
@@ -253,7 +280,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
 async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
     started, port = await _start(directory, values, policy, None, None)
     stop = stop_on_signals()
-    print(f"tufproxy gateway serving {directory / 'public'} on http://{values['listen'][0]}:{port}/ "
+    scheme = "https" if values["tls_cert"] else "http"
+    print(f"tufproxy gateway serving {directory / 'public'} on {scheme}://{values['listen'][0]}:{port}/ "
           f"(indexes: {', '.join(strip_credentials(u)[0] for u in values['index_url'])})", flush=True)
     try:
         await stop.wait()
@@ -273,6 +301,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError("give --index-url URL (the index to take projects from; there is no default)")
     if values["workers"] < 1:
         raise CommandError("--workers: give 1 or more")
+    _fail_closed(values)
     directory = Path(args.dir)
     _open(directory)
     logs.configure(values["log_level"], values["log_format"])
@@ -285,6 +314,40 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
     return 0
+
+
+def _private_indexes(values: dict) -> tuple[str, ...]:  # type: ignore[type-arg]
+    """The --index-url entries that need credentials (in the URL or netrc), without them: their projects are private."""
+    auth = OriginAuth()
+    return tuple(clean for clean in auth.add_all(values["index_url"]) if auth.has(clean))
+
+
+def _fail_closed(values: dict) -> None:  # type: ignore[type-arg]
+    """Refuse to turn a password-protected index into a public one (one line naming the index and the fix)."""
+    guarded = values["auth_file"] is not None or values["tls_client_ca"] is not None
+    private = _private_indexes(values)
+    if private and not guarded and not values["allow_anonymous_private"]:
+        raise CommandError(f"index {private[0]} needs credentials, so its projects are private, and this gateway "
+                           "would serve them to anyone: give --auth-file FILE (readers must authenticate) or "
+                           "--tls-client-ca FILE, or --allow-anonymous-private yes to accept that")
+
+
+def _access(values: dict, gateway: Gateway, audit: AuditLog, metrics: GatewayMetrics,  # type: ignore[type-arg]
+            private: Callable[[str], bool]) -> tuple[AccessMiddleware | None, ServerTLS | None]:
+    """The guard's middleware (None without --auth-file and rules) and the listener's TLS."""
+    try:
+        tls = server_tls(values["tls_cert"], values["tls_key"], values["tls_client_ca"])
+        if values["auth_file"] is None and not values["read_rule"] and not values["publish_rule"]:
+            return None, tls
+        passwords = Passwords(values["auth_file"], values["auth_groups"]) if values["auth_file"] else None
+    except (AuthFileError, TLSConfigError) as e:
+        raise CommandError(str(e)) from None
+    authenticated = frozenset({AUTHENTICATED})
+    guard = Guard(passwords, Rules(values["read_rule"], authenticated, values["allow_anonymous_private"]),
+                  Rules(values["publish_rule"], authenticated))
+    any_private = bool(gateway.policy.private_project) or bool(_private_indexes(values))
+    return AccessMiddleware(guard, gateway_resource(private, any_private), audit,
+                            refusals_counter(metrics.registry)), tls
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:

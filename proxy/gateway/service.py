@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from packaging.utils import canonicalize_name
 
 from proxy import index
+from proxy.access.rules import not_listed
 from proxy.audit import AuditLog
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
@@ -97,7 +98,7 @@ class Gateway:
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
-            raise NotListed(f"no index lists {project}")
+            raise NotListed(not_listed(project))
         future = self._inflight.get(project)
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project))
