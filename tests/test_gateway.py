@@ -606,7 +606,9 @@ def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
     with TestIndex(separate_files_host=True, basic_auth=header, files_via_index=True) as index:
         index.add(build_wheel(tmp_path / "dists", "lib", "1.0"))
         _gateway_init(tmp_path / "gw")
-        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url) as gw:
+        # The index needs credentials: its projects are private; this test reads them anonymously on purpose.
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--allow-anonymous-private", "yes") as gw:
             assert gw.publish("lib")[0] == 200
             body = urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
             assert body == index.file("lib-1.0-py3-none-any.whl").data
