@@ -57,9 +57,9 @@ class Case:
     cache_size: int
     status: int
     reason: str  # X-Tufproxy-Reason
-    says: str  # how the body (and the status line) begins: proxy/refusals.py's row
+    says: str  # how the body (and the status line) begins: proxy/serving/refusals.py's row
     kind: str
-    audited: bool  # the table audits lies, not our resources (proxy/refusals.py)
+    audited: bool  # the table audits lies, not our resources (proxy/serving/refusals.py)
 
 
 CASES = {

@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 
 import proxy.trust.client as trust_client
-from proxy import index
-from proxy.audit import AuditLog
-from proxy.local import LocalFetcher
-from proxy.metrics import Metrics
-from proxy.refusals import TABLE, Asker, BadPath, Busy, NotAcceptable, Refusals, row
+from proxy.protocol import index
+from proxy.storage.audit import AuditLog
+from proxy.transport.local import LocalFetcher
+from proxy.util.metrics import Metrics
+from proxy.serving.refusals import TABLE, Asker, Refusals, row
+from proxy.protocol.errors import BadPath, Busy, NotAcceptable
 from proxy.repository.sample import build_wheel
 from proxy.repository.signer import _Change
-from proxy.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
-from proxy.pagecache import IndexCache
-from proxy.store import BlobStore, StoreError, StoreFull
+from proxy.serving.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import BlobStore
+from proxy.protocol.errors import StoreError, StoreFull
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.trust.errors import (
+from proxy.protocol.errors import (
     ExpiredMetadata,
     MetadataPending,
     NotFound,
@@ -37,7 +39,7 @@ from proxy.trust.errors import (
     UpstreamUnreachable,
 )
 from proxy.trust.fetch import MissingUpstream
-from proxy.trust.hashing import UnsupportedHashes
+from proxy.protocol.hashing import UnsupportedHashes
 from tests.conftest import SampleRepo
 
 WHEEL = "/packages/base/base-2.0-py3-none-any.whl"

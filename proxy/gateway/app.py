@@ -32,14 +32,16 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy import index, refusals
-from proxy.audit import AuditWriteError
+from proxy.protocol import index
+
+from proxy.serving import refusals
+from proxy.storage.audit import AuditWriteError
 from proxy.gateway.files import FileSource
 from proxy.gateway.listing import PageRefused
 from proxy.gateway.service import Gateway, NotListed
-from proxy.layout import is_valid_filename, is_valid_project_name
-from proxy.metrics import CONTENT_TYPE_LATEST
-from proxy.trust.errors import TrustError
+from proxy.protocol.layout import is_valid_filename, is_valid_project_name
+from proxy.util.metrics import CONTENT_TYPE_LATEST
+from proxy.protocol.errors import TrustError
 
 log = logging.getLogger(__name__)
 

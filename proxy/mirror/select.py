@@ -27,8 +27,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from proxy.index import DistFile
-from proxy.layout import is_valid_project_name
+from proxy.protocol.index import DistFile
+from proxy.protocol.layout import is_valid_project_name
 
 
 class SelectionError(ValueError):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from proxy.layout import SDIST_SUFFIXES, is_valid_filename, is_valid_project_name, project_and_version
+from proxy.protocol.layout import SDIST_SUFFIXES, is_valid_filename, is_valid_project_name, project_and_version
 
 # Core metadata files are small; a bigger one is hostile or broken.
 MAX_CORE_METADATA = 16 * 2**20

@@ -16,7 +16,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner
 
-from proxy.atomic import atomic_write
+from proxy.util.atomic import atomic_write
 
 ONLINE = "online"
 TARGETS = "targets"
