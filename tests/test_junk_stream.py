@@ -68,7 +68,7 @@ CASES = {
                           "refused by TUF verification (length-mismatch)", "repository", True),
     # --max-file-size stays at its 4G default: only the reservation against the cache stops the junk.
     "cache-size": Case(("--cache-size", "40M"), 40 * MiB, 40 * MiB, 503, "cache-full",
-                       "cache full, cannot store new files", "resources", False),
+                       "cache full, cannot store new files", "ours", False),
 }
 
 

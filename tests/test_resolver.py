@@ -21,7 +21,7 @@ from proxy.protocol import index
 from proxy.storage.audit import AuditLog
 from proxy.transport.local import LocalFetcher
 from proxy.util.metrics import Metrics
-from proxy.serving.refusals import TABLE, Asker, Refusals, row
+from proxy.serving.refusals import Asker, Refusals
 from proxy.protocol.errors import BadPath, Busy, NotAcceptable
 from proxy.repository.sample import build_wheel
 from proxy.repository.signer import _Change
@@ -172,22 +172,6 @@ async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Pa
     page = await second.ask("/simple/base/", accept="text/html")
     assert isinstance(page, Page) and b"base-2.0-py3-none-any.whl" in page.body
     assert pages.get(key) != b"<html>base is gone</html>"
-
-
-def test_the_table_types_every_refusal_by_whose_fault() -> None:
-    kinds = {t: row(t.__new__(t)).kind for t, _ in TABLE}
-    assert not issubclass(UnknownTarget, RepositoryError)
-    expected = {
-        UnknownTarget: (404, "not-found"), MissingUpstream: (404, "not-found"),
-        UnsupportedHashes: (502, "repository"), ExpiredMetadata: (503, "repository"),
-        UpstreamUnreachable: (502, "upstream"), MetadataPending: (503, "pending"),
-        StoreFull: (503, "resources"), Busy: (503, "resources"), StoreError: (500, "resources"),
-        BadPath: (404, "client"), NotAcceptable: (406, "client"),
-    }
-    for error_type, (status, kind) in expected.items():
-        r = row(error_type.__new__(error_type))
-        assert (r.status, r.kind) == (status, kind), error_type
-    assert set(kinds.values()) == {"pending", "repository", "not-found", "upstream", "resources", "client"}
 
 
 async def test_upstream_unreachable_names_the_target_not_a_role(world: World) -> None:

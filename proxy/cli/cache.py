@@ -16,7 +16,7 @@ from pathlib import Path
 
 import diskcache
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.storage.pagecache import IndexCache
 from proxy.protocol.errors import RepositoryError
 from proxy.protocol.hashing import verify_bytes

@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from proxy.util.atomic import atomic_write
-from proxy.util.cmderror import EXIT_REFUSED, CommandError
+from proxy.protocol.errors import EXIT_REFUSED, CommandError
 from proxy.trust.client import TrustedClient
 from proxy.protocol.errors import RepositoryError, TrustError
 from proxy.trust.fetch import Want, fetch_bytes

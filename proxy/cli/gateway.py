@@ -26,7 +26,7 @@ from proxy.util import logs
 from proxy.util.atomic import atomic_write
 from proxy.storage.audit import AuditLog
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.serving.config import (
     ConfigError,
     Option,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.serving.config import ConfigError, parse_datetime, parse_size
 from proxy.mirror.progress import Progress
 from proxy.mirror.select import (

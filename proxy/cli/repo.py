@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.protocol.profiles import PROFILES
 from proxy.repository.keys import MissingKey
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError

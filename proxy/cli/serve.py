@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy.util import logs
 
 from proxy.serving import workers
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.serving.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
 from proxy.serving.serve import run_loop, start, stop_on_signals
 

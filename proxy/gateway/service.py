@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 
 from packaging.utils import canonicalize_name
 
+from proxy.protocol.errors import Fault
 from proxy.protocol import index
 from proxy.storage.audit import AuditLog
 from proxy.gateway.ledger import Ledger
@@ -49,6 +50,9 @@ PUBLISH_LOCK_WAIT = 60.0
 
 class NotListed(Exception):
     """No configured index lists the project (or it is revoked)."""
+
+    reason = "not-found"
+    fault = Fault.NOT_FOUND
 
 
 @dataclass(frozen=True)

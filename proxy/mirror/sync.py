@@ -46,6 +46,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
+from proxy.protocol.errors import Fault
 from proxy.protocol import index
 from proxy.storage.audit import AuditLog
 from proxy.serving.edge import MissProtocol
@@ -90,6 +91,9 @@ _PUBLISH_DEADLINE = 60.0
 
 class MirrorError(Exception):
     """The sync cannot proceed at all (bad root, unusable upstream metadata, signer refused)."""
+
+    reason = "mirror-error"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import re
+
+from proxy.protocol.errors import Fault
 from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import unquote
@@ -158,6 +160,9 @@ class TargetRequest:
 
 class BadRequestPath(ValueError):
     """The client's path names nothing a repository can hold."""
+
+    reason = "bad-path"
+    fault = Fault.CLIENT
 
 
 # A pure function of the path, and hot: a warm proxy sees the same paths again and again.

@@ -56,6 +56,7 @@ from tuf.api.metadata import (
 )
 from tuf.api.serialization.json import JSONSerializer
 
+from proxy.protocol.errors import Fault
 from proxy.protocol import index
 from proxy.util.atomic import atomic_link, atomic_write
 from proxy.protocol.layout import (
@@ -81,6 +82,9 @@ _SERIALIZER = JSONSerializer(compact=True)
 
 class RepositoryError(Exception):
     """A signer operation was refused; the repository is left as it was."""
+
+    reason = "signer-refused"
+    fault = Fault.OPERATOR
 
 
 class DuplicateFile(RepositoryError):

@@ -18,6 +18,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from proxy.protocol.errors import Fault
 from proxy.transport.bucket import BucketConfigError, parse_store_url
 from proxy.protocol.profiles import Profile, get_profile, recorded_profile
 
@@ -26,6 +27,9 @@ ENV_PREFIX = "TUFPROXY_"
 
 class ConfigError(ValueError):
     """A setting has a value we cannot use."""
+
+    reason = "bad-configuration"
+    fault = Fault.OPERATOR
 
 
 def parse_size(value: str | int) -> int:

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from proxy.storage.audit import AuditLog
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.transport.local import LocalFetcher

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import NoReturn, Protocol
 
 from proxy.util import metrics
-from proxy.util.cmderror import EXIT_ERROR, CommandError
+from proxy.protocol.errors import EXIT_ERROR, CommandError
 from proxy.serving.config import ServeConfig
 from proxy.serving.serve import DRAIN_SECONDS, bind, run_loop, start
 

@@ -20,11 +20,15 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import Fault
+from proxy.protocol.errors import CommandError
 
 
 class AuditWriteError(OSError):
     """A record could not be written: the caller must refuse the request."""
+
+    reason = "audit-unwritable"
+    fault = Fault.OURS
 
 
 def redact_url(url: str) -> str:

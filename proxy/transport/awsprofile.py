@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import configparser
 import os
+
+from proxy.protocol.errors import Fault
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,9 @@ _OTHER_WAYS = ("role_arn", "credential_process", "sso_session", "sso_start_url",
 
 class ProfileError(ValueError):
     """A shared file or profile that cannot be used as found (one line, no secrets)."""
+
+    reason = "bucket-credentials"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from proxy.protocol.errors import Fault
 from proxy.transport.awsprofile import AwsSettings, ProfileError, resolve
 from proxy.util.metrics import BucketMetrics
 from proxy.protocol.errors import StoreError
@@ -44,9 +45,14 @@ class BucketUnavailable(StoreError):
 class BucketDenied(BucketUnavailable):
     """The bucket refused our credentials (wrong keys, or not allowed): a configuration error at start-up."""
 
+    reason = "bucket-denied"
+
 
 class BucketConfigError(ValueError):
     """``--store`` cannot be used as given (bad URL, S3 client not installed)."""
+
+    reason = "bucket-config"
+    fault = Fault.OPERATOR
 
 
 def parse_store_url(url: str) -> tuple[str, str]:

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from proxy.protocol.errors import Fault
 from proxy.util.atomic import atomic_write
 from proxy.protocol.errors import TrustError
 
@@ -28,6 +29,7 @@ class MetadataDirLocked(TrustError):
     """Another process holds this metadata directory."""
 
     reason = "metadata-dir-locked"
+    fault = Fault.OURS
 
 
 class MetadataStore:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urljoin
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.index import DistFile
 from proxy.protocol.errors import RepositoryError
 from proxy.trust.fetch import Want
@@ -30,6 +31,7 @@ class ForeignLink(RepositoryError):
     """A verified page points a file at a host that is not a configured upstream."""
 
     reason = "foreign-link"
+    fault = Fault.OPERATOR
 
     def __init__(self, target: str, url: str) -> None:
         super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "
