@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy.config import parse_size
+from proxy.serving.config import parse_size
 from proxy.repository import Repository
 from tests.support.faults import FaultyUpstream, sized_wheel
 from tests.support.proxyproc import ProxyProcess

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy import index
-from proxy.local import LocalFetcher
+from proxy.protocol import index
+from proxy.transport.local import LocalFetcher
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from proxy.trust import Mirror, TrustConfig, TrustedClient

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.upstream import AiohttpFetcher
+from proxy.transport.upstream import AiohttpFetcher
 
 WARM_LOOKUPS = 100
 

@@ -108,7 +108,7 @@ WHY = {
             "samples inside os.sendfile and ~17 % in epoll, so the gap is asyncio's per-call loop "
             "(sendfile until EAGAIN, wait for writable, again) against nginx's C loop, plus noise: "
             "on this shared 2-CPU machine the same figure varies by ±30 % between runs.",
-    "index": "A warm page hit is answered below aiohttp's web layer (proxy/hotpath.py: the request head "
+    "index": "A warm page hit is answered below aiohttp's web layer (proxy/serving/hotpath.py: the request head "
              "recognised in data_received, the kept page written to the transport; trusted-state and expiry "
              "checks as on every request): 114 Python calls per hit (303 through aiohttp; `python bench/calls.py`), "
              "~55-80 µs of CPU per page against nginx's ~30-40 (`python bench/warmab.py`). What is left is "

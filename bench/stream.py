@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from proxy.config import parse_size  # noqa: E402
+from proxy.serving.config import parse_size  # noqa: E402
 from proxy.repository import Repository  # noqa: E402
 from tests.support.faults import FaultyUpstream, sized_wheel  # noqa: E402
 from tests.support.proxyproc import ProxyProcess  # noqa: E402

@@ -11,8 +11,8 @@ import argon2
 import bcrypt
 import pytest
 
-from proxy.access import passwords
-from proxy.access.guard import (
+from proxy.serving import passwords
+from proxy.serving.guard import (
     BAD_CREDENTIALS,
     FORBIDDEN,
     THROTTLED,
@@ -22,8 +22,8 @@ from proxy.access.guard import (
     Refusal,
     User,
 )
-from proxy.access.passwords import AuthFileError, Passwords
-from proxy.access.rules import Rules, RuleError, parse_rule, parse_rules, project_of
+from proxy.serving.passwords import AuthFileError, Passwords
+from proxy.protocol.access import Rules, RuleError, parse_rule, parse_rules, project_of
 
 
 def htpasswd_line(user: str, password: str, scheme: str = "2y") -> str:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.trust.errors import HashMismatch, LengthMismatch, RepositoryError, UpstreamUnreachable
+from proxy.protocol.errors import HashMismatch, LengthMismatch, RepositoryError, UpstreamUnreachable
 from proxy.trust.fetch import BytesSink, MissingUpstream, Observer, Pace, Want, fetch_verified
-from proxy.trust.hashing import UnsupportedHashes
-from proxy.upstream import AiohttpFetcher
+from proxy.protocol.hashing import UnsupportedHashes
+from proxy.transport.upstream import AiohttpFetcher
 from tests.support.faults import Fault, FaultyUpstream
 
 DATA = os.urandom(3 * 2**20 + 123)

@@ -223,14 +223,14 @@ def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, tes
 
 
 def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: GatewayProcess) -> None:
-    """proxy.gateway.edge against the real gateway, with the edge's real trust core and store."""
+    """proxy.serving.edge against the real gateway, with the edge's real trust core and store."""
     import asyncio
 
-    from proxy.gateway.edge import MissProtocol
-    from proxy.locks import FetchLocks
+    from proxy.serving.edge import MissProtocol
+    from proxy.util.locks import FetchLocks
     from proxy.trust import Mirror, TrustConfig, TrustedClient
-    from proxy.trust.errors import UnknownTarget
-    from proxy.upstream import AiohttpFetcher
+    from proxy.protocol.errors import UnknownTarget
+    from proxy.transport.upstream import AiohttpFetcher
 
     async def run() -> None:
         TrustedClient.initialize(tmp_path / "meta", gateway.root.read_bytes())
@@ -268,8 +268,8 @@ def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: 
     import asyncio
 
     from proxy.trust import Mirror, TrustConfig, TrustedClient
-    from proxy.trust.errors import UnknownTarget
-    from proxy.upstream import AiohttpFetcher
+    from proxy.protocol.errors import UnknownTarget
+    from proxy.transport.upstream import AiohttpFetcher
 
     for i in range(40):
         test_index.add(build_wheel(tmp_path / "many", f"crash{i}", "1.0"))

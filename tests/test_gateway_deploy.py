@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser
-from proxy.gateway.cli import OPTIONS
+from proxy.cli.gateway import OPTIONS
 from proxy.gateway.policy import POLICY_KEYS, resolve_policy
 from proxy.gateway.metrics import GatewayMetrics
 

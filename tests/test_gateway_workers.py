@@ -97,7 +97,7 @@ def _publish_quietly(gw: GatewayProcess, project: str) -> None:
 
 async def _edge_refresh(meta: Path, base: str) -> int:
     from proxy.trust import Mirror, TrustConfig, TrustedClient
-    from proxy.upstream import AiohttpFetcher
+    from proxy.transport.upstream import AiohttpFetcher
 
     fetcher = AiohttpFetcher()
     trust = TrustedClient(meta, [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))

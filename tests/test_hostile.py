@@ -27,15 +27,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.utils import canonicalize_name
 
-from proxy import index
-from proxy.layout import (
+from proxy.protocol import index
+from proxy.protocol.layout import (
     BadRequestPath,
     PageFormat,
     TargetKind,
     parse_request_path,
 )
 from proxy.repository import Repository
-from proxy.resolver import _render
+from proxy.serving.resolver import _render
 from tests.conftest import make_sample_dists
 from tests.support.faults import FaultyUpstream, process_tree
 from tests.support.proxyproc import ProxyProcess

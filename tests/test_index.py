@@ -1,4 +1,4 @@
-"""proxy.index: parsing, rendering and negotiating Simple Repository API pages."""
+"""proxy.protocol.index: parsing, rendering and negotiating Simple Repository API pages."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import index
-from proxy.index import DistFile, IndexParseError, MediaType, ProjectList, ProjectPage
+from proxy.protocol import index
+from proxy.protocol.index import DistFile, IndexParseError, MediaType, ProjectList, ProjectPage
 
 SHA_A = "813202ace4d9301a3c00740c700e012fb9f3f8c73ddcfe02ab558a8df6f175fd"
 SHA_B = "70761cfe03c773ceb22aa2f671b4757976145175cdfca038c02654d061d6dcc6"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.index import DistFile
+from proxy.protocol.index import DistFile
 from proxy.mirror.select import (
     MAX_INCLUDE_DEPTH,
     FileFilter,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import index
+from proxy.protocol import index
 from tests.conftest import SampleRepo
 from tests.support.clients import install, pip, uv_path
 from tests.support.proxyproc import ProxyProcess
@@ -143,7 +143,7 @@ def test_attacks_make_pip_fail_and_the_proxy_names_the_reason(attack: str, tmp_p
     base_whl = "packages/base/base-2.0-py3-none-any.whl"
     timestamp = f"{sample_repo.metadata_prefix}timestamp.json"
     extra: tuple[str, ...] = ()
-    # What pip asked for that the proxy refused, and the refusal (proxy/refusals.py's row).
+    # What pip asked for that the proxy refused, and the refusal (proxy/serving/refusals.py's row).
     refused_path, status, says = base_whl, 502, "refused by TUF verification"
     if attack == "rolled-back-snapshot":
         # The proxy first trusts the current state, then the mirror replays an older snapshot.

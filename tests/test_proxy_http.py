@@ -197,7 +197,7 @@ def test_malformed_requests_are_refused_without_flooding_the_log(proxy: ProxyPro
 def test_a_signed_page_linking_files_to_a_foreign_host_is_refused_not_followed(
     tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
 ) -> None:
-    from proxy import index
+    from proxy.protocol import index
     from proxy.repository.signer import _Change
 
     repo = sample_repo.repo

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tuf.api.metadata import Metadata
 
-from proxy import index
+from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.tufclient import reference_updater

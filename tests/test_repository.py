@@ -13,8 +13,8 @@ import pytest
 from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata
 
-from proxy import index
-from proxy.layout import consistent_name, core_metadata_target, file_target, project_page_target, PageFormat
+from proxy.protocol import index
+from proxy.protocol.layout import consistent_name, core_metadata_target, file_target, project_page_target, PageFormat
 from proxy.repository import Repository
 from tests.conftest import SampleRepo
 from tests.support.net import free_port, wait_for_port

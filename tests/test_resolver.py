@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 
 import proxy.trust.client as trust_client
-from proxy import index
-from proxy.audit import AuditLog
-from proxy.local import LocalFetcher
-from proxy.metrics import Metrics
-from proxy.refusals import TABLE, Asker, BadPath, Busy, NotAcceptable, Refusals, row
+from proxy.protocol import index
+from proxy.storage.audit import AuditLog
+from proxy.transport.local import LocalFetcher
+from proxy.util.metrics import Metrics
+from proxy.serving.refusals import Asker, Refusals
+from proxy.protocol.errors import BadPath, Busy, NotAcceptable
 from proxy.repository.sample import build_wheel
 from proxy.repository.signer import _Change
-from proxy.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
-from proxy.pagecache import IndexCache
-from proxy.store import BlobStore, StoreError, StoreFull
+from proxy.serving.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import BlobStore
+from proxy.protocol.errors import StoreError, StoreFull
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.trust.errors import (
+from proxy.protocol.errors import (
     ExpiredMetadata,
     MetadataPending,
     NotFound,
@@ -37,7 +39,7 @@ from proxy.trust.errors import (
     UpstreamUnreachable,
 )
 from proxy.trust.fetch import MissingUpstream
-from proxy.trust.hashing import UnsupportedHashes
+from proxy.protocol.hashing import UnsupportedHashes
 from tests.conftest import SampleRepo
 
 WHEEL = "/packages/base/base-2.0-py3-none-any.whl"
@@ -170,22 +172,6 @@ async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Pa
     page = await second.ask("/simple/base/", accept="text/html")
     assert isinstance(page, Page) and b"base-2.0-py3-none-any.whl" in page.body
     assert pages.get(key) != b"<html>base is gone</html>"
-
-
-def test_the_table_types_every_refusal_by_whose_fault() -> None:
-    kinds = {t: row(t.__new__(t)).kind for t, _ in TABLE}
-    assert not issubclass(UnknownTarget, RepositoryError)
-    expected = {
-        UnknownTarget: (404, "not-found"), MissingUpstream: (404, "not-found"),
-        UnsupportedHashes: (502, "repository"), ExpiredMetadata: (503, "repository"),
-        UpstreamUnreachable: (502, "upstream"), MetadataPending: (503, "pending"),
-        StoreFull: (503, "resources"), Busy: (503, "resources"), StoreError: (500, "resources"),
-        BadPath: (404, "client"), NotAcceptable: (406, "client"),
-    }
-    for error_type, (status, kind) in expected.items():
-        r = row(error_type.__new__(error_type))
-        assert (r.status, r.kind) == (status, kind), error_type
-    assert set(kinds.values()) == {"pending", "repository", "not-found", "upstream", "resources", "client"}
 
 
 async def test_upstream_unreachable_names_the_target_not_a_role(world: World) -> None:

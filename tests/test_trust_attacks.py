@@ -31,7 +31,7 @@ from proxy.trust import (
     UpstreamUnreachable,
     VersionMismatch,
 )
-from proxy.upstream import AiohttpFetcher
+from proxy.transport.upstream import AiohttpFetcher
 from tests.conftest import SampleRepo
 from tests.support.net import free_port
 from tests.support.tree import all_targets, signed_timestamp

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from proxy.trust import BadSignature
-from proxy.trust.errors import MetadataPending
+from proxy.protocol.errors import MetadataPending
 from tests.support.trustenv import Env, env, tampered  # noqa: F401 (env is a fixture)
 from tests.support.upstream import Reply
 

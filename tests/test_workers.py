@@ -24,9 +24,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.locks import FetchLocks
-from proxy.pagecache import IndexCache
-from proxy.store import BlobStore
+from proxy.util.locks import FetchLocks
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import BlobStore
 from tests.conftest import SampleRepo
 from tests.support.faults import process_tree
 from tests.support.clients import pip

@@ -9,7 +9,7 @@ After that, :func:`collect_garbage` drops metadata versions and page
 files nothing current references, once they are older than ``grace``
 (an edge that read the previous timestamp a moment ago can still finish
 its refresh).  Under ``--workers N`` only the worker holding the
-:class:`~proxy.locks.Leadership` lock does this (another takes over if it
+:class:`~proxy.util.locks.Leadership` lock does this (another takes over if it
 dies); it first takes up what the other workers signed.  Its "most
 recently used" is what its own requests touched: workers share no touches
 (README's gateway design notes say so); that changes the order only, and
@@ -28,9 +28,9 @@ from pathlib import Path
 from tuf.api.metadata import Metadata
 
 from proxy.gateway.service import Gateway
-from proxy.locks import Leadership
+from proxy.util.locks import Leadership
 from proxy.repository import Repository
-from proxy.trust.model import file_digest
+from proxy.protocol.model import file_digest
 
 log = logging.getLogger(__name__)
 _VERSIONED = re.compile(r"([0-9]+)\.(.+)\.json")

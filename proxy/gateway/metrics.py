@@ -3,14 +3,14 @@
 Labels are bounded (outcomes, reason slugs, routes, status codes): never
 a project, a file name, an index URL or credentials.  Under ``gateway
 serve --workers N`` counters are summed across workers (as for ``serve``,
-:mod:`proxy.metrics`) and gauges show the largest live worker's value.
+:mod:`proxy.util.metrics`) and gauges show the largest live worker's value.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.metrics import BucketMetrics, exposition
+from proxy.util.metrics import BucketMetrics, exposition
 
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

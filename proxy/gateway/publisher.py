@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tuf.api.metadata import Metadata
 
-from proxy import index
+from proxy.protocol import index
 from proxy.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Publisher:
                  private: Callable[[str], bool] | None = None) -> None:
         self.repo = repo
         self.private = private  # which projects to mark private in the signed metadata
-        # Run after each signed batch, before its waiters hear (the bucket push: proxy.treepush).
+        # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
         self._observe = observe  # (pages the batch changed, seconds it took)

@@ -11,11 +11,11 @@ resumable come from the same two facts.
 
 Through a ``tufproxy gateway`` (``profile`` ``gateway``), a selected
 project no signed page lists yet is published first by the edge's own miss
-protocol (:class:`~proxy.gateway.edge.MissProtocol`: ask the gateway, then
+protocol (:class:`~proxy.serving.edge.MissProtocol`: ask the gateway, then
 refresh until the timestamp it named), before anything is looked up, so
 the sync still works from one snapshot.  Distribution and ``.metadata``
 files are then not targets: each is fetched and verified against its entry
-in the signed, verified project page (:mod:`proxy.pagefiles`).
+in the signed, verified project page (:mod:`proxy.trust.pagefiles`).
 
 Phases: root pages and project pages (the selection needs them), then
 every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
@@ -46,23 +46,24 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
-from proxy import index
-from proxy.audit import AuditLog
-from proxy.gateway.edge import MissProtocol
-from proxy.layout import (
+from proxy.protocol.errors import Fault
+from proxy.protocol import index
+from proxy.storage.audit import AuditLog
+from proxy.serving.edge import MissProtocol
+from proxy.protocol.layout import (
     PageFormat,
     core_metadata_target,
     file_target,
     project_page_target,
     root_page_target,
 )
-from proxy.local import LocalFetcher
-from proxy.locks import FetchLocks
+from proxy.transport.local import LocalFetcher
+from proxy.util.locks import FetchLocks
 from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
-from proxy.pagefiles import MAX_FILE_SIZE, file_urls, file_want
-from proxy.profiles import TUFPROXY, Profile
+from proxy.trust.pagefiles import MAX_FILE_SIZE, file_urls, file_want
+from proxy.protocol.profiles import TUFPROXY, Profile
 from proxy.repository import (
     ChangeReport,
     NotADistribution,
@@ -71,14 +72,14 @@ from proxy.repository import (
 )
 from proxy.repository import RepositoryError as SignerError
 from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
-from proxy.trust.errors import (
+from proxy.protocol.errors import (
     BadMetadata,
     RepositoryError,
     TrustError,
     UnknownTarget,
 )
 from proxy.trust.fetch import Observer, Want, fetch_verified
-from proxy.upstream import AiohttpFetcher, DownloadError, Fetcher
+from proxy.transport.upstream import AiohttpFetcher, DownloadError, Fetcher
 
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
@@ -90,6 +91,9 @@ _PUBLISH_DEADLINE = 60.0
 
 class MirrorError(Exception):
     """The sync cannot proceed at all (bad root, unusable upstream metadata, signer refused)."""
+
+    reason = "mirror-error"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

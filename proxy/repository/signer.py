@@ -57,10 +57,11 @@ from tuf.api.metadata import (
 )
 from tuf.api.serialization.json import JSONSerializer
 
-from proxy import index
-from proxy.access.rules import PRIVATE_CUSTOM
-from proxy.atomic import atomic_link, atomic_write
-from proxy.layout import (
+from proxy.protocol.errors import Fault
+from proxy.protocol import index
+from proxy.util.atomic import atomic_link, atomic_write
+from proxy.protocol.access import PRIVATE_CUSTOM
+from proxy.protocol.layout import (
     PageFormat,
     core_metadata_target,
     file_target,
@@ -69,8 +70,8 @@ from proxy.layout import (
     project_of_filename,
     root_page_target,
 )
-from proxy.profiles import Profile, get_profile
-from proxy.trust.model import file_digest
+from proxy.protocol.profiles import Profile, get_profile
+from proxy.protocol.model import file_digest
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
 
@@ -83,6 +84,9 @@ _SERIALIZER = JSONSerializer(compact=True)
 
 class RepositoryError(Exception):
     """A signer operation was refused; the repository is left as it was."""
+
+    reason = "signer-refused"
+    fault = Fault.OPERATOR
 
 
 class DuplicateFile(RepositoryError):
@@ -347,7 +351,7 @@ class Repository:
     ) -> Repository:
         """Create keys and the first signed metadata (empty targets) in ``path``.
 
-        ``layout`` is a :mod:`proxy.profiles` name: ``tufproxy`` or ``warehouse``.
+        ``layout`` is a :mod:`proxy.protocol.profiles` name: ``tufproxy`` or ``warehouse``.
         """
         path = Path(path)
         if bins < 2 or bins & (bins - 1) or bins > 2**16:

@@ -1,9 +1,9 @@
 """The async face of the trust core: fetching, persistence, refresh policy.
 
 :class:`TrustedClient` is what the proxy server holds for months.  It
-downloads metadata through a :class:`~proxy.upstream.Fetcher`, hands the
-bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
-:mod:`proxy.trust.verify` for delegated ones) and keeps the result:
+downloads metadata through a :class:`~proxy.transport.upstream.Fetcher`, hands the
+bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
+:mod:`proxy.protocol.verify` for delegated ones) and keeps the result:
 
 * Each refresh cycle builds a fresh trusted set in the background; only a
   cycle that verified completely is swapped in, in one assignment, so a
@@ -47,17 +47,17 @@ from urllib.parse import quote
 
 from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
 
-from proxy.trust import errors
-from proxy.trust._tufset import TopLevelSet
+from proxy.protocol import errors
+from proxy.protocol.tufset import TopLevelSet
 from proxy.trust.metadir import MetadataStore
-from proxy.trust.model import (
+from proxy.protocol.model import (
     Mirror,
     TrustConfig,
     VerifiedTarget,
     consistent_target_urls,
 )
-from proxy.trust.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
-from proxy.upstream import (
+from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
+from proxy.transport.upstream import (
     DownloadError,
     DownloadHTTPError,
     DownloadLengthError,
@@ -240,7 +240,7 @@ class TrustedClient:
         knows about), then starts new ones while the version is still short,
         pausing a bounded, growing backoff between them.  A cycle refused for
         verification is re-raised; an unreachable upstream is retried.
-        Raises :class:`~proxy.trust.errors.MetadataPending` once ``timeout``
+        Raises :class:`~proxy.protocol.errors.MetadataPending` once ``timeout``
         seconds have passed.
         """
         loop = asyncio.get_running_loop()
@@ -459,7 +459,7 @@ class TrustedClient:
 
         Raises UnknownTarget when no trusted role lists it, ExpiredMetadata
         when any role the lookup used has expired, and the other
-        :mod:`proxy.trust.errors` when delegated metadata fails to verify.
+        :mod:`proxy.protocol.errors` when delegated metadata fails to verify.
         """
         state = await self._current(target_path)
         if (found := self._remembered_in(state, target_path)) is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tuf.api.metadata import Metadata, MetaFile, Timestamp
 
-from proxy import index
+from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 
