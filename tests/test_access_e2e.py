@@ -189,6 +189,22 @@ def test_uv_with_uv_index_variables(world: dict, tmp_path: Path) -> None:  # typ
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_mirror_sync_authenticates_to_the_gateway(world: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
+    gw = world["gw"]
+
+    def sync(upstream: str, dest: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "proxy", "mirror", "sync", "--profile", "gateway", "--upstream",
+                               upstream, "--root", str(gw.root), "--dest", str(dest), "--project", "secretpkg",
+                               "--audit-log", str(world["tmp"] / "sync.audit")],
+                              capture_output=True, text=True, timeout=180)
+    anonymous = sync(gw.base, tmp_path / "anon")
+    assert anonymous.returncode != 0 and "401" in anonymous.stdout + anonymous.stderr
+    r = sync(with_credentials(gw.base, "edge", GATEWAY_PASSWORD), tmp_path / "mirror")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list((tmp_path / "mirror").rglob("secretpkg-1.0-py3-none-any.whl"))
+    assert GATEWAY_PASSWORD not in r.stdout + r.stderr + anonymous.stdout + anonymous.stderr
+
+
 def test_the_htpasswd_file_is_re_read_while_running(world: dict) -> None:  # type: ignore[type-arg]
     edge = world["edge"]
     htpasswd(world["users"], {"alice": NEW_ALICE_PASSWORD, "bob": BOB_PASSWORD})
@@ -214,6 +230,7 @@ def test_no_password_reaches_a_log_or_audit_file(world: dict) -> None:  # type: 
     # Run last in this module (pytest keeps file order): every log and audit file written so far.
     tmp = world["tmp"]
     files = [p for p in tmp.rglob("*") if p.is_file() and p.suffix in (".log", ".audit", ".jsonl", ".json")]
+    assert (tmp / "sync.audit") in files
     files += [world["gw"].log_path, world["gw"].audit_path, world["edge"].log_path]
     assert files
     for path in files:
