@@ -193,7 +193,9 @@ def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> 
     _gateway_init(tmp_path / "gw")
     secret = "s3cr3t-pass"
     url = test_index.url.replace("http://", f"http://user:{secret}@")
-    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url) as gw:
+    # An index with credentials makes its projects private; this test reads them anonymously, knowingly.
+    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url,
+                        "--allow-anonymous-private", "yes") as gw:
         test_index.raw_pages["intruder"] = b'<a href="http://10.0.0.1/intruder-1.0.tar.gz#sha256=' + b"b" * 64 + b'">x</a>'
         assert gw.publish("lib")[0] == 200
         assert gw.publish("intruder")[0] == 502
