@@ -33,11 +33,9 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.protocol import index
-
-from proxy.protocol import refusals
 from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
+from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 

@@ -28,7 +28,14 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import aiohttp
 
 from proxy.protocol.errors import Fault
-from proxy.transport.upstream import AiohttpFetcher, ByteStream, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout
+from proxy.transport.upstream import (
+    AiohttpFetcher,
+    ByteStream,
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    DownloadTimeout,
+)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 

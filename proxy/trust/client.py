@@ -48,14 +48,13 @@ from urllib.parse import quote
 from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
 
 from proxy.protocol import errors
-from proxy.protocol.tufset import TopLevelSet
-from proxy.trust.metadir import MetadataStore
 from proxy.protocol.model import (
     Mirror,
     TrustConfig,
     VerifiedTarget,
     consistent_target_urls,
 )
+from proxy.protocol.tufset import TopLevelSet
 from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
 from proxy.transport.upstream import (
     DownloadError,
@@ -63,6 +62,7 @@ from proxy.transport.upstream import (
     DownloadLengthError,
     Fetcher,
 )
+from proxy.trust.metadir import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class TrustedClient:
         metadata_dir: Path,
         mirrors: list[Mirror],
         fetcher: Fetcher,
-        config: TrustConfig = TrustConfig(),  # noqa: B008 (frozen: shared safely)
+        config: TrustConfig = TrustConfig(),
     ) -> None:
         if not mirrors:
             raise ValueError("at least one mirror is needed")
