@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
 from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
@@ -357,6 +357,14 @@ class TrustedClient:
         encoded = quote(role, safe="")
         return f"{version}.{encoded}.json" if root.consistent_snapshot else f"{encoded}.json"
 
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: Literal[False] = False) -> tuple[bytes, T]: ...
+
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: bool) -> tuple[bytes, T] | None: ...
+
     async def _fetch_verified(
         self,
         role: str,
@@ -536,7 +544,7 @@ class TrustedClient:
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
-        consistent = self._state.root.consistent_snapshot if self._state is not None else True
+        consistent = bool(self._state.root.consistent_snapshot) if self._state is not None else True
         return consistent_target_urls(target, self.mirrors, consistent, self.config.served_name)
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
@@ -572,7 +580,7 @@ class TrustedClient:
             except errors.RepositoryError as e:
                 logger.debug("local %s not usable: %s", name, e)
         if role is None:
-            data, role = await self._fetch_verified(
+            data, fetched = await self._fetch_verified(
                 name,
                 self._metadata_name(state.root, name, meta.version),
                 meta.length or self.config.targets_max_length,
@@ -580,6 +588,7 @@ class TrustedClient:
             )
             if persist:
                 self._store.write(name, data)
+            role = fetched
         self._roles[key] = role
         while len(self._roles) > self.config.bin_cache_size:
             self._roles.popitem(last=False)
