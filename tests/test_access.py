@@ -11,6 +11,7 @@ import argon2
 import bcrypt
 import pytest
 
+from proxy.protocol.access import RuleError, Rules, parse_rule, parse_rules, project_of
 from proxy.serving import passwords
 from proxy.serving.guard import (
     BAD_CREDENTIALS,
@@ -23,7 +24,6 @@ from proxy.serving.guard import (
     User,
 )
 from proxy.serving.passwords import AuthFileError, Passwords
-from proxy.protocol.access import Rules, RuleError, parse_rule, parse_rules, project_of
 
 
 def htpasswd_line(user: str, password: str, scheme: str = "2y") -> str:

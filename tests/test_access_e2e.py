@@ -164,7 +164,7 @@ def pip_download(index_url: str, dest: Path, *requirements: str, env: dict[str, 
 def test_pip_with_credentials_in_the_url_and_in_netrc(world: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
     edge = world["edge"]
     anonymous = pip_download(edge.url, tmp_path / "anon", "secretpkg")
-    assert anonymous.returncode != 0 and not (tmp_path / "anon").exists() or not list((tmp_path / "anon").iterdir())
+    assert (anonymous.returncode != 0 and not (tmp_path / "anon").exists()) or not list((tmp_path / "anon").iterdir())
     r = pip_download(with_credentials(edge.url, "alice", ALICE_PASSWORD), tmp_path / "url", "secretpkg")
     assert r.returncode == 0, r.stdout + r.stderr
     assert [p.name for p in (tmp_path / "url").iterdir()] == ["secretpkg-1.0-py3-none-any.whl"]

@@ -18,28 +18,31 @@ import pytest
 
 import proxy.trust.client as trust_client
 from proxy.protocol import index
-from proxy.storage.audit import AuditLog
-from proxy.transport.local import LocalFetcher
-from proxy.util.metrics import Metrics
-from proxy.serving.refusals import Asker, Refusals
-from proxy.protocol.errors import BadPath, Busy, NotAcceptable
-from proxy.repository.sample import build_wheel
-from proxy.repository.signer import _Change
-from proxy.serving.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
-from proxy.storage.pagecache import IndexCache
-from proxy.storage.store import BlobStore
-from proxy.protocol.errors import StoreError, StoreFull
-from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.protocol.errors import (
+    BadPath,
+    Busy,
     ExpiredMetadata,
     MetadataPending,
+    NotAcceptable,
     NotFound,
     RepositoryError,
+    StoreError,
+    StoreFull,
     UnknownTarget,
     UpstreamUnreachable,
 )
-from proxy.trust.fetch import MissingUpstream
 from proxy.protocol.hashing import UnsupportedHashes
+from proxy.repository.sample import build_wheel
+from proxy.repository.signer import _Change
+from proxy.serving.refusals import Asker, Refusals
+from proxy.serving.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.storage.audit import AuditLog
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import BlobStore
+from proxy.transport.local import LocalFetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.fetch import MissingUpstream
+from proxy.util.metrics import Metrics
 from tests.conftest import SampleRepo
 
 WHEEL = "/packages/base/base-2.0-py3-none-any.whl"
@@ -165,7 +168,7 @@ async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Pa
     await first.trust.refresh()
     assert isinstance(await first.ask("/simple/base/", accept="text/html"), Page)
     pages = IndexCache(tmp_path / "cache")
-    (key,) = [k for k in pages.keys() if k.startswith("simple/base/")]
+    (key,) = [k for k in pages.keys() if k.startswith("simple/base/")]  # noqa: SIM118 - IndexCache has keys(), no __iter__
     pages.set(key, b"<html>base is gone</html>")
     second = World(tmp_path, sample_repo, slot="md2")  # a new process: nothing re-checked yet
     await second.trust.refresh()
@@ -235,8 +238,14 @@ async def test_a_ready_answer_needs_the_live_trusted_state_and_a_kept_page(
     assert ready("/simple/base/", "text/html", None) is None  # negotiated to a representation not kept yet
     root = await world.ask("/simple/", accept=JSON)
     assert ready("/simple/", JSON, None) == ("root_index", root)
-    for path, accept in (("/simple/Base/", JSON), ("/simple/base", JSON), (WHEEL, None), ("/nope/../x", None),
-                         ("/simple/base/", "image/png"), ("/metrics", None)):
+    for path, accept in (
+        ("/simple/Base/", JSON),
+        ("/simple/base", JSON),
+        (WHEEL, None),
+        ("/nope/../x", None),
+        ("/simple/base/", "image/png"),
+        ("/metrics", None),
+    ):
         assert ready(path, accept, None) is None, path  # redirects, files, refusals: resolve() answers them
     # A new trusted state that changes the page: not ready until rendered again from it.
     sample_repo.repo.add([build_wheel(tmp_path / "new", "base", "3.0")])

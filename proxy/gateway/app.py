@@ -33,13 +33,11 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.protocol import index
-
-from proxy.protocol import refusals
-from proxy.serving.access import AccessMiddleware, Resource
 from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
+from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
+from proxy.serving.access import AccessMiddleware, Resource
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)

@@ -23,23 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from packaging.utils import canonicalize_name
 
-from proxy.protocol.errors import Fault
-from proxy.protocol import index
-from proxy.storage.audit import AuditLog
-from proxy.protocol.access import not_listed
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.publisher import Publisher
+from proxy.protocol import index
+from proxy.protocol.access import not_listed
+from proxy.protocol.errors import Fault
+from proxy.storage.audit import AuditLog
 from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
@@ -188,7 +187,7 @@ class Gateway:
         """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""
         self.ledger.reload()
         pages: dict[str, index.ProjectPage | None] = {}
-        for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects))):
+        for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects)), strict=True):
             if isinstance(result, Refusal):
                 # Denied or claimed since it was signed (a new rule): unpublished now.
                 self._refused_by_policy(project, result)

@@ -101,7 +101,7 @@ class Rules:
 def project_of(path: str) -> str | None:
     """The project a request path names (``/simple/<p>/...``, ``/packages/<p>/...``), normalised; None for others."""
     parts = path.split("/")
-    if len(parts) >= 3 and parts[1] in ("simple", "packages") and parts[2] and "." != parts[2][:1]:
+    if len(parts) >= 3 and parts[1] in ("simple", "packages") and parts[2] and parts[2][:1] != ".":
         name = parts[2]
         if parts[1] == "simple" and len(parts) == 3:
             return None  # /simple/<file of the root list>

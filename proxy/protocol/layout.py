@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import functools
 import re
-
-from proxy.protocol.errors import Fault
 from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import unquote
@@ -40,6 +38,8 @@ from packaging.utils import (
     parse_sdist_filename,
     parse_wheel_filename,
 )
+
+from proxy.protocol.errors import Fault
 
 METADATA_DIR = "metadata"
 # A synced mirror's own state (never served) and the manifest in it that records the sync's profile.
@@ -191,7 +191,8 @@ def parse_request_path(path: str) -> TargetRequest:
         name = parts[1]
         if not is_valid_project_name(name):
             raise BadRequestPath(f"not a valid project name: {name[:80]!r}")
-        return TargetRequest(TargetKind.PROJECT_INDEX, canonicalize_name(name), requested_name=name, trailing_slash=len(parts) == 3)
+        return TargetRequest(TargetKind.PROJECT_INDEX, canonicalize_name(name), requested_name=name,
+                             trailing_slash=len(parts) == 3)
     if len(parts) == 3 and parts[0] == "packages":
         project, filename = parts[1], parts[2]
         if not is_valid_project_name(project) or canonicalize_name(project) != project:

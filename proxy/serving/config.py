@@ -18,10 +18,10 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.protocol.errors import Fault
-from proxy.transport.bucket import BucketConfigError, parse_store_url
-from proxy.protocol.profiles import Profile, get_profile, recorded_profile
 from proxy.protocol.access import Rule, RuleError, parse_rules
+from proxy.protocol.errors import Fault
+from proxy.protocol.profiles import Profile, get_profile, recorded_profile
+from proxy.transport.bucket import BucketConfigError, parse_store_url
 from proxy.transport.credentials import OriginAuth
 
 ENV_PREFIX = "TUFPROXY_"
@@ -350,7 +350,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError("--upstream and --repository exclude each other")
     _ = config.root_file  # --upstream without --root fails here, not later in a worker
     try:
-        config.layout
+        _ = config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
     if config.gateway_url is not None and not config.layout.miss_protocol:

@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from proxy.protocol import refusals
-from proxy.serving.passwords import Passwords
 from proxy.protocol.access import Rules
+from proxy.serving.passwords import Passwords
 
 MAX_HEADER = 4096
 MAX_USER = 256

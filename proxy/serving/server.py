@@ -24,15 +24,16 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.serving import hotpath
-from proxy.serving.connections import BoundedRunner, ClientBounds
-from proxy.util.logs import new_request_id, request_id
-from proxy.util.metrics import CONTENT_TYPE_LATEST
-from proxy.serving.refusals import Answer
-from proxy.serving.guard import ANONYMOUS_USER, Guard, User
 from proxy.protocol.access import project_of
+from proxy.protocol.errors import StoreError
+from proxy.protocol.requesthead import SimpleHead
+from proxy.serving import hotpath
 from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
+from proxy.serving.connections import BoundedRunner, ClientBounds
+from proxy.serving.guard import ANONYMOUS_USER, Guard, User
+from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
+    UPSTREAM_FAILURES,
     Ask,
     CachedFile,
     NotModified,
@@ -41,11 +42,10 @@ from proxy.serving.resolver import (
     Refused,
     Resolver,
     Streamed,
-    UPSTREAM_FAILURES,
 )
-from proxy.protocol.requesthead import SimpleHead
-from proxy.protocol.errors import StoreError
 from proxy.serving.streaming import first_bytes, send_download
+from proxy.util.logs import new_request_id, request_id
+from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 # Headers that need the whole file on disk (FileResponse answers them): no streaming then.
@@ -241,7 +241,7 @@ def _resource(request: web.Request) -> Resource | None:
 
 
 def _asks_whole_file(headers: Any) -> bool:
-    for name in _WHOLE_FILE_HEADERS:  # a loop, not any(): this runs on every request
+    for name in _WHOLE_FILE_HEADERS:  # noqa: SIM110 - a loop, not any(): this runs on every request
         if name in headers:
             return True
     return False
@@ -265,7 +265,7 @@ class _PinnedFileResponse(web.FileResponse):
         self._decision = decision
         self._clients = clients
 
-    async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+    async def prepare(self, request: web.BaseRequest):
         self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)

@@ -25,9 +25,16 @@ from urllib.parse import urljoin
 
 import aiohttp
 
-from proxy.transport.credentials import OriginAuth, origin
 from proxy.protocol.errors import Fault
-from proxy.transport.upstream import AiohttpFetcher, ByteStream, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout
+from proxy.transport.credentials import OriginAuth, origin
+from proxy.transport.upstream import (
+    AiohttpFetcher,
+    ByteStream,
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    DownloadTimeout,
+)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 
@@ -53,12 +60,15 @@ class IndexHTTP(AiohttpFetcher):
 
     def __init__(self, index_urls: Iterable[str], *, files_origins: Iterable[str] = (), ca_bundle: Path | None = None,
                  max_redirects: int = 5, connect_timeout: float = 10.0, read_timeout: float = 30.0) -> None:
-        super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        auth = OriginAuth()
+        super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout, auth=auth)
         self.max_redirects = max_redirects
         self._ssl = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
-        self.auth = OriginAuth()
-        self.index_urls = self.auth.add_all(index_urls)
+        self.index_urls = auth.add_all(index_urls)
         self.files_origins = tuple(files_origins)
+
+    def _auth(self, url: str) -> aiohttp.BasicAuth | None:
+        return self.auth.for_url(url) if self.auth else None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -91,7 +101,7 @@ class IndexHTTP(AiohttpFetcher):
             try:
                 async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                     response = await self._get_session().get(
-                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self.auth.for_url(url))
+                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self._auth(url))
             except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
             except (aiohttp.ClientError, OSError, ValueError) as e:

@@ -20,9 +20,8 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from proxy.protocol.errors import Fault
+from proxy.protocol.errors import Fault, TrustError
 from proxy.util.atomic import atomic_write
-from proxy.protocol.errors import TrustError
 
 
 class MetadataDirLocked(TrustError):

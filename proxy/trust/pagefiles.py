@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urljoin
 
-from proxy.protocol.errors import Fault
-from proxy.protocol.index import DistFile
-from proxy.protocol.errors import RepositoryError
-from proxy.trust.fetch import Want
+from proxy.protocol.errors import Fault, RepositoryError
 from proxy.protocol.hashing import accepted_hashes
+from proxy.protocol.index import DistFile
 from proxy.protocol.model import VerifiedTarget
+from proxy.trust.fetch import Want
 
 # Bounds on a file whose page gives no length: the largest file taken by default, and core metadata.
 MAX_FILE_SIZE = 4 * 2**30
