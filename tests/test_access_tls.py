@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import subprocess
@@ -47,6 +48,7 @@ def test_private_ca_mtls_between_edge_and_gateway_and_rotation(tmp_path: Path) -
     first = ca.issue(pki / "edge.pem", pki / "edge.key")
     with TestIndex() as index:
         index.add(build_wheel(tmp_path / "dists", "publicpkg", "1.0"))
+        big = index.add(build_wheel(tmp_path / "dists", "bigpkg", "1.0", payload=os.urandom(3 * 2**20)))
         gateway_init(tmp_path / "gw")
         gw = HTTPSGateway(tmp_path / "gw", "--index-url", index.url, "--tls-cert", str(pki / "gw.pem"),
                           "--tls-key", str(pki / "gw.key"), "--tls-client-ca", str(ca.path))
@@ -71,3 +73,8 @@ def test_private_ca_mtls_between_edge_and_gateway_and_rotation(tmp_path: Path) -
                 wait_for(lambda: served_serial(edge.port, ca.path) == second, timeout=20, what="the new certificate served")
                 body = urllib.request.urlopen(f"{edge.url}publicpkg/", timeout=10, context=context).read()
                 assert b"publicpkg-1.0" in body
+                # A cold file streamed over TLS (no sendfile there), then the same file warm.
+                for _ in range(2):
+                    got = urllib.request.urlopen(f"{edge.base}packages/bigpkg/{big.path.name}", timeout=30,
+                                                 context=context).read()
+                    assert got == big.data

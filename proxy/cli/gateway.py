@@ -202,6 +202,10 @@ class GatewayWorkers:
         return self.values["listen"]
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.values["tls_cert"] else "http"
+
+    @property
     def state_dir(self) -> Path:
         return state_dir(self.directory, self.values["cache_dir"]) / "run"
 

@@ -122,9 +122,11 @@ async def _send_range(request: web.Request, response: web.StreamResponse, fd: in
     transport = request.transport
     if transport is None or transport.is_closing():  # the client left: as aiohttp's own writes say it
         raise ConnectionResetError("connection lost")
-    if response.content_length is not None:
+    # Over TLS the bytes must pass through the SSL object: asyncio's sendfile then raises RuntimeError
+    # (with fallback=False), not SendfileNotAvailableError, so TLS never tries it.
+    if response.content_length is not None and transport.get_extra_info("ssl_object") is None:
         with open(fd, "rb", buffering=0, closefd=False) as file:
-            with contextlib.suppress(NotImplementedError, asyncio.SendfileNotAvailableError):  # uvloop, TLS
+            with contextlib.suppress(NotImplementedError, asyncio.SendfileNotAvailableError):  # uvloop
                 return await asyncio.get_running_loop().sendfile(transport, file, offset, count, fallback=False)
     data = await asyncio.to_thread(os.pread, fd, min(count, SEND_CHUNK), offset)
     if data:
