@@ -161,3 +161,12 @@ def test_a_401_challenges_for_basic(tmp_path: Path) -> None:
     found = identify(guard_for(tmp_path), "Bearer abc")
     assert found.status == 401 and found.headers()["WWW-Authenticate"].startswith('Basic realm="tufproxy"')
     assert "abc" not in found.message
+
+
+def test_the_hot_path_reads_one_authorization_header_and_refuses_two() -> None:
+    from proxy.protocol.requesthead import recognise
+
+    head = recognise(b"GET /simple/x/ HTTP/1.1\r\nHost: a\r\nAuthorization: Basic YTpi\r\n\r\n")
+    assert head is not None and head.authorization == "Basic YTpi"
+    assert recognise(b"GET /simple/x/ HTTP/1.1\r\nHost: a\r\nAuthorization: Basic YTpi\r\n"
+                     b"Authorization: Basic YTpj\r\n\r\n") is None
