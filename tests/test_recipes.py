@@ -23,9 +23,9 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.clients import clean_env, uv_path
+from tests.support.gatewayproc import wait_for
 from tests.support.net import free_port
 from tests.support.testindex import TestIndex
-from tests.support.gatewayproc import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 _RECIPE = re.compile(r"<!-- recipe: ([\w-]+) -->\n```sh\n(.*?)```", re.DOTALL)
