@@ -230,6 +230,7 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
 
 
 async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    guard, tls = _access(config)  # a bad htpasswd, rule or certificate is the one error line, at once
     host, port = config.listen
     if sock is None:
         # Bound first, so a busy port is the one error line at once, not after an initial refresh that
@@ -290,7 +291,6 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         pace=Pace(stall=config.read_timeout, min_rate=config.min_rate),
     )
     shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
-    guard, tls = _access(config)
     proxy = Proxy(
         Resolver(
             trust,
