@@ -170,3 +170,14 @@ def test_the_hot_path_reads_one_authorization_header_and_refuses_two() -> None:
     assert head is not None and head.authorization == "Basic YTpi"
     assert recognise(b"GET /simple/x/ HTTP/1.1\r\nHost: a\r\nAuthorization: Basic YTpi\r\n"
                      b"Authorization: Basic YTpj\r\n\r\n") is None
+
+
+def test_credentials_taken_from_urls_never_print(tmp_path: Path, monkeypatch) -> None:
+    from proxy.transport.credentials import OriginAuth
+
+    monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
+    auth = OriginAuth()
+    clean = auth.add("https://edge:s3cret-Pw@gateway.example:8443/")
+    assert clean == "https://gateway.example:8443/" and "s3cret" not in repr(auth)
+    assert auth.for_url("https://gateway.example:8443/metadata/timestamp.json").password == "s3cret-Pw"
+    assert auth.for_url("https://gateway.example/") is None and auth.for_url("http://gateway.example:8443/") is None

@@ -77,3 +77,7 @@ class OriginAuth:
 
     def __bool__(self) -> bool:
         return bool(self._auth)
+
+    def __repr__(self) -> str:
+        # The origins only: aiohttp's BasicAuth is a namedtuple whose repr shows the password.
+        return f"OriginAuth({sorted(self._auth)})"
