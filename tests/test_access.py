@@ -173,11 +173,12 @@ def test_the_hot_path_reads_one_authorization_header_and_refuses_two() -> None:
 
 
 def test_credentials_taken_from_urls_never_print(tmp_path: Path, monkeypatch) -> None:
-    from proxy.transport.credentials import OriginAuth
+    from proxy.transport.credentials import OriginAuth, basic
 
     monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
     auth = OriginAuth()
     clean = auth.add("https://edge:s3cret-Pw@gateway.example:8443/")
     assert clean == "https://gateway.example:8443/" and "s3cret" not in repr(auth)
-    assert auth.for_url("https://gateway.example:8443/metadata/timestamp.json").password == "s3cret-Pw"
-    assert auth.for_url("https://gateway.example/") is None and auth.for_url("http://gateway.example:8443/") is None
+    sent = auth.headers("https://gateway.example:8443/metadata/timestamp.json")
+    assert sent == {"Authorization": basic("edge", "s3cret-Pw")}
+    assert auth.headers("https://gateway.example/") == {} and auth.headers("http://gateway.example:8443/") == {}

@@ -77,7 +77,8 @@ class MissProtocol:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
             connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
             async with aiohttp.ClientSession(connector=connector) as session, \
-                    session.post(url, auth=self.auth.for_url(url) if self.auth else None, allow_redirects=False) as response:
+                    session.post(url, headers=self.auth.headers(url) if self.auth else None,
+                                 allow_redirects=False) as response:
                 if response.status == 404:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     raise UnknownTarget(f"simple/{project}/", detail=_detail(body))

@@ -8,13 +8,12 @@ scheme, host and port.
 
 from __future__ import annotations
 
+import base64
 import netrc
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-import aiohttp
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 
 def origin(url: str) -> str:
@@ -26,8 +25,13 @@ def origin(url: str) -> str:
     return f"{parts.scheme.lower()}://{host}{port}"
 
 
-def strip_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
-    """The URL without ``user:password@``, and those credentials if it had them."""
+def basic(user: str, password: str) -> str:
+    """The ``Authorization`` value of HTTP basic authentication (RFC 7617, UTF-8)."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+
+
+def strip_credentials(url: str) -> tuple[str, str | None]:
+    """The URL without ``user:password@``, and the ``Authorization`` value of those credentials if it had them."""
     parts = urlsplit(url)
     if parts.username is None:
         return url, None
@@ -36,11 +40,12 @@ def strip_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
         netloc = f"[{netloc}]"
     if parts.port:
         netloc = f"{netloc}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc)), aiohttp.BasicAuth(parts.username, parts.password or "")
+    user, password = unquote(parts.username), unquote(parts.password or "")
+    return urlunsplit(parts._replace(netloc=netloc)), basic(user, password)
 
 
-def netrc_auth(host: str) -> aiohttp.BasicAuth | None:
-    """``$NETRC`` (or ``~/.netrc``)'s credentials for ``host``, if any."""
+def netrc_auth(host: str) -> str | None:
+    """The ``Authorization`` value of ``$NETRC`` (or ``~/.netrc``)'s credentials for ``host``, if any."""
     path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
     try:
         found = netrc.netrc(path).authenticators(host)
@@ -49,14 +54,14 @@ def netrc_auth(host: str) -> aiohttp.BasicAuth | None:
     if not found:
         return None
     login, _, password = found
-    return aiohttp.BasicAuth(login or "", password or "")
+    return basic(login or "", password or "")
 
 
 class OriginAuth:
     """Credentials by origin, from the URLs given (URL first, then netrc for its host)."""
 
     def __init__(self) -> None:
-        self._auth: dict[str, aiohttp.BasicAuth] = {}
+        self._auth: dict[str, str] = {}  # origin -> Authorization value
 
     def add(self, url: str) -> str:
         """Remember ``url``'s credentials (or netrc's for its host); the URL without them."""
@@ -69,8 +74,10 @@ class OriginAuth:
     def add_all(self, urls: Iterable[str]) -> list[str]:
         return [self.add(u) for u in urls]
 
-    def for_url(self, url: str) -> aiohttp.BasicAuth | None:
-        return self._auth.get(origin(url)) if self._auth else None
+    def headers(self, url: str) -> dict[str, str]:
+        """``{"Authorization": ...}`` for a request to ``url``'s origin if we hold its credentials, else ``{}``."""
+        value = self._auth.get(origin(url)) if self._auth else None
+        return {"Authorization": value} if value is not None else {}
 
     def has(self, url: str) -> bool:
         return origin(url) in self._auth
@@ -79,5 +86,5 @@ class OriginAuth:
         return bool(self._auth)
 
     def __repr__(self) -> str:
-        # The origins only: aiohttp's BasicAuth is a namedtuple whose repr shows the password.
+        # The origins only, never a header value (base64 is not encryption).
         return f"OriginAuth({sorted(self._auth)})"

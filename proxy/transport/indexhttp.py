@@ -67,9 +67,6 @@ class IndexHTTP(AiohttpFetcher):
         self.index_urls = auth.add_all(index_urls)
         self.files_origins = tuple(files_origins)
 
-    def _auth(self, url: str) -> aiohttp.BasicAuth | None:
-        return self.auth.for_url(url) if self.auth else None
-
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl), trust_env=False)
@@ -94,14 +91,14 @@ class IndexHTTP(AiohttpFetcher):
         """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds."""
         allowed_origins = {origin(a) for a in allowed}
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
-        headers = {"Accept": accept} if accept else {}
+        accepting = {"Accept": accept} if accept else {}
         for _ in range(self.max_redirects + 1):
             if origin(url) not in allowed_origins:
                 raise RedirectRefused(url, "redirected to an origin that is not allowed")
             try:
                 async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                     response = await self._get_session().get(
-                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self._auth(url))
+                        url, allow_redirects=False, timeout=timeout, headers=accepting | self._credentials(url))
             except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
             except (aiohttp.ClientError, OSError, ValueError) as e:

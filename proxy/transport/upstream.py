@@ -132,6 +132,10 @@ class AiohttpFetcher(Fetcher):
             self._owns_session = True
         return self._session
 
+    def _credentials(self, url: str) -> dict[str, str]:
+        """The ``Authorization`` header for ``url``'s origin, if we hold its credentials (only to that origin)."""
+        return self.auth.headers(url) if self.auth else {}
+
     async def close(self) -> None:
         if self._owns_session and self._session is not None:
             await self._session.close()
@@ -152,8 +156,7 @@ class AiohttpFetcher(Fetcher):
             async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                 response = await self._get_session().get(
                     url, allow_redirects=False, timeout=timeout,
-                    headers={"Range": f"bytes={start}-"} if start else None,
-                    auth=self.auth.for_url(url) if self.auth else None,
+                    headers=({"Range": f"bytes={start}-"} if start else {}) | self._credentials(url),
                 )
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
