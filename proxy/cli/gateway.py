@@ -23,6 +23,7 @@ from aiohttp import web
 from packaging.utils import canonicalize_name
 
 from proxy.cli.repo import _days, _guarded
+from proxy.cli.up import add_up
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -395,6 +396,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p, OPTIONS)
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
+
+    add_up(sub)
 
     p = sub.add_parser(
         "policy",
