@@ -78,3 +78,9 @@ def test_private_ca_mtls_between_edge_and_gateway_and_rotation(tmp_path: Path) -
                     got = urllib.request.urlopen(f"{edge.base}packages/bigpkg/{big.path.name}", timeout=30,
                                                  context=context).read()
                     assert got == big.data
+                # The gateway's own copy, warm, over its mTLS: an edge's client certificate gets it.
+                as_edge = ssl.create_default_context(cafile=str(ca.path))
+                as_edge.load_cert_chain(str(pki / "edge-client.pem"), str(pki / "edge-client.key"))
+                got = urllib.request.urlopen(f"{gw.base}packages/bigpkg/{big.path.name}", timeout=30,
+                                             context=as_edge).read()
+                assert got == big.data

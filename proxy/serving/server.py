@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,7 +43,7 @@ from proxy.serving.resolver import (
     Resolver,
     Streamed,
 )
-from proxy.serving.streaming import SEND_CHUNK, first_bytes, send_download
+from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -152,8 +151,11 @@ class Proxy:
         if isinstance(decision, NotModified):
             return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
-            if not ask.whole and _over_tls(request):
-                return await _send_over_tls(request, decision)
+            if not ask.whole and over_tls(request):
+                try:
+                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, _FILE_HEADERS)
+                finally:
+                    decision.release()
             return _PinnedFileResponse(decision, self.clients)
         return await self._stream(request, ask, decision)
 
@@ -252,40 +254,6 @@ def _asks_whole_file(headers: Any) -> bool:
 
 def _answer(answer: Answer) -> web.Response:
     return web.Response(status=answer.status, reason=answer.phrase, text=answer.text + "\n", headers=answer.headers)
-
-
-def _over_tls(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is not None and transport.get_extra_info("ssl_object") is not None
-
-
-async def _send_over_tls(request: web.Request, decision: CachedFile) -> web.StreamResponse:
-    """A whole cached blob over TLS, read in 1 MiB pieces off the loop and written through the SSL transport.
-
-    There is no sendfile over TLS: FileResponse then takes asyncio's fallback (256 KiB reads, a drain
-    after each), much slower than this loop (``bench/results/auth.md`` has both), and that fallback
-    raises AttributeError when a client leaves mid-file. Range, conditional and HEAD requests still
-    get FileResponse.
-    """
-    try:
-        response = web.StreamResponse(headers={**_FILE_HEADERS, "Accept-Ranges": "bytes"})
-        response.content_length = decision.blob.size
-        await response.prepare(request)
-        fd = os.open(decision.blob.path, os.O_RDONLY)
-        try:
-            offset = 0
-            while offset < decision.blob.size:
-                data = await asyncio.to_thread(os.pread, fd, min(SEND_CHUNK, decision.blob.size - offset), offset)
-                if not data:
-                    raise ConnectionResetError(f"{decision.blob.path} is shorter than its {decision.blob.size} bytes")
-                await response.write(data)
-                offset += len(data)
-        finally:
-            os.close(fd)
-        await response.write_eof()
-        return response
-    finally:
-        decision.release()
 
 
 class _PinnedFileResponse(web.FileResponse):
