@@ -152,6 +152,20 @@ def test_anonymous_clients_of_the_edge_get_public_projects_and_learn_nothing_pri
     assert "secretpkg" not in metrics and 'tufproxy_access_refusals_total{reason="forbidden"}' in metrics
 
 
+def test_an_edge_without_auth_file_serves_private_projects_to_nobody(world: dict) -> None:  # type: ignore[type-arg]
+    gw, tmp = world["gw"], world["tmp"]
+    edge = ProxyProcess(tmp / "open-edge", "--profile", "gateway", "--upstream",
+                        with_credentials(gw.base, "edge", GATEWAY_PASSWORD), "--root", str(gw.root), "--workers", "1",
+                        "--audit-log", str(tmp / "open-edge.audit"))
+    with edge:
+        assert get(edge.url + "publicpkg/")[0] == 200
+        # Without --auth-file nobody is authenticated here, whatever the client sends: fail closed.
+        assert get(edge.url + "internalpkg/", basic("alice", ALICE_PASSWORD))[0] == 404
+        assert get(edge.url + "internalpkg/")[0] == 404
+        assert b"internalpkg" not in get(edge.url)[2]
+    assert "serves them to nobody" in edge.log()
+
+
 def run_client(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, env={**clean_env(), **env})
 

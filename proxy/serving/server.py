@@ -66,6 +66,7 @@ class Proxy:
         # the operator allowed anonymous access to them).
         self.guard = guard
         self.allow_anonymous_private = allow_anonymous_private
+        self._said_unguarded = False
         self.access = AccessMiddleware(guard, _resource, resolver.audit, refusals_counter(resolver.metrics.registry)) \
             if guard is not None else None
         self.trust = resolver.trust
@@ -161,8 +162,16 @@ class Proxy:
 
     def _private_ok(self, user: User) -> Callable[[str], bool]:
         if self.guard is None:
-            return lambda project: self.allow_anonymous_private
+            return self._unguarded_private
         return lambda project: self.guard.may_read_private(user, project)  # type: ignore[union-attr]
+
+    def _unguarded_private(self, project: str) -> bool:
+        """Without --auth-file nobody is authenticated: private projects go to nobody (said once, for the operator)."""
+        if not self.allow_anonymous_private and not self._said_unguarded:
+            self._said_unguarded = True
+            log.warning("the gateway marks some projects private and this edge has no --auth-file: it serves them "
+                        "to nobody (README, 'Access control')")
+        return self.allow_anonymous_private
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
         return _answer(self.resolver.refusals.answer(ask, error))
