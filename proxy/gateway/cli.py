@@ -50,8 +50,8 @@ from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, reso
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.locks import FetchLocks, Leadership
-from proxy.repository import Expiry, Repository, RepositoryError
-from proxy.repository.cli import _days, _guarded
+from proxy.repository import Repository, RepositoryError
+from proxy.repository.cli import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.serve import stop_on_signals
 from proxy.treepush import TreePush
 from proxy.trust.fetch import Pace
@@ -127,14 +127,10 @@ What lives where (back up the first three; the rest is fetched again):
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    expiry = Expiry(root=args.root_expiry, targets=args.offline_expiry, bins=args.offline_expiry,
-                    timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry)
-    repo = Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold,
-                           expiry=expiry, layout="gateway", clock_versions=True)
+    repo = init_repository(args, layout="gateway", clock_versions=True)
     ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
-    print(f"initialised gateway {repo.path}: {args.bins} bins, {args.root_keys} root key(s), threshold {args.root_threshold}")
-    print(f"keys in {repo.keys.directory}: move root-*.pem, targets.pem and bins.pem offline; "
-          "the gateway needs only online.pem")
+    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print("the running gateway needs only the online key")
     print(f"edges pin {repo.metadata_dir / '1.root.json'}")
     return 0
 
@@ -349,12 +345,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR")
+    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
+                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--bins", type=int, default=DEFAULT_BINS,
                    help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)")
-    p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
-    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS",
                    help="targets and bins lifetime (default: 365)")

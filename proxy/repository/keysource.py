@@ -57,6 +57,9 @@ class _Pkcs11(Pkcs11Signer):
     def from_priv_key_uri(cls, priv_key_uri: str, public_key: Key, secrets_handler: object = None) -> Pkcs11Signer:
         if not isinstance(public_key, SSlibKey):
             raise ValueError(f"expected an SSlibKey for {printable(priv_key_uri)}")
+        # The token's own answer first: a key of another type or another key is named as such.
+        if import_token_key(priv_key_uri).keyid != public_key.keyid:
+            raise ValueError(f"the key on the token is not the one the metadata lists (keyid {public_key.keyid[:16]}...)")
         return cls(priv_key_uri, public_key)
 
 

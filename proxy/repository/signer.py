@@ -70,7 +70,7 @@ from proxy.layout import (
 from proxy.profiles import Profile, get_profile
 from proxy.trust.model import file_digest
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
-from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
+from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
@@ -340,11 +340,17 @@ class Repository:
         now: datetime | None = None,
         layout: str = "tufproxy",
         clock_versions: bool = False,
+        key_uris: KeyURIs | None = None,
     ) -> Repository:
         """Create keys and the first signed metadata (empty targets) in ``path``.
 
         ``layout`` is a :mod:`proxy.profiles` name: ``tufproxy`` or ``warehouse``.
+        A role ``key_uris`` names keeps its key where the URI says (a token, a
+        KMS): its public key goes into the metadata, no private key into ``path``.
         """
+        uris = key_uris or KeyURIs()
+        if uris.root:
+            root_keys = len(uris.root)
         path = Path(path)
         if bins < 2 or bins & (bins - 1) or bins > 2**16:
             raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
@@ -360,10 +366,17 @@ class Repository:
         repo = cls(path, settings)
         when = _now(now)
         repo.keys.create_dir()
-        roots = [repo.keys.generate_root() for _ in range(root_keys)]
-        targets_key = repo.keys.generate(TARGETS)
-        bins_key = repo.keys.generate(BINS)
-        online = repo.keys.generate(ONLINE)
+
+        # Keys by URI first: a token or KMS that cannot sign stops init before any key file is written.
+        named = {name: repo.keys.adopt(name, uri) for name, uri in
+                 ((ONLINE, uris.online), (TARGETS, uris.targets), (BINS, uris.bins)) if uri is not None}
+        roots = [repo.keys.adopt(ROOT, uri) for uri in uris.root]
+        if len({s.public_key.keyid for s in roots}) != len(roots):
+            raise RepositoryError("the same root key is given twice")
+        roots = roots or [repo.keys.generate_root() for _ in range(root_keys)]
+        targets_key = named.get(TARGETS) or repo.keys.generate(TARGETS)
+        bins_key = named.get(BINS) or repo.keys.generate(BINS)
+        online = named.get(ONLINE) or repo.keys.generate(ONLINE)
 
         root = Root(consistent_snapshot=True, expires=when + settings.expiry.root)
         for s in roots:
