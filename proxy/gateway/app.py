@@ -18,7 +18,9 @@ Routes:
 
 Refusals map to status by whose fault they are, in :func:`_status`: the
 index lied (502), the index is unreachable (502, reason
-``upstream-unreachable``), not found (404), our resources (503).
+``upstream-unreachable``), not found (404), our resources (503), the
+online key cannot sign (503, ``signing-unavailable``: the token or KMS is
+gone; the last signed tree is still served).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from proxy.gateway.listing import PageRefused
 from proxy.gateway.service import Gateway, NotListed
 from proxy.layout import is_valid_filename, is_valid_project_name
 from proxy.metrics import CONTENT_TYPE_LATEST
+from proxy.repository.keysource import KeyUnavailable
 from proxy.trust.errors import TrustError
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ def _status(error: Exception) -> tuple[int, str]:
         return refusals.row(error).status, error.reason
     if isinstance(error, AuditWriteError):
         return 500, "audit-unwritable"
+    if isinstance(error, KeyUnavailable):
+        return 503, "signing-unavailable"
     if isinstance(error, OSError):
         return 503, "gateway-storage"
     return 500, "internal"
@@ -96,7 +101,7 @@ class GatewayApp:
             response = await handler(request)
         except web.HTTPException as e:
             response = e
-        except (NotListed, PageRefused, TrustError, OSError) as e:
+        except (NotListed, PageRefused, TrustError, OSError, KeyUnavailable) as e:
             status, reason = _status(e)
             log.warning("%s %s -> %d %s: %s", request.method, request.path, status, reason, e)
             response = web.json_response({"reason": reason, "detail": str(e)[:500]}, status=status,
@@ -182,12 +187,19 @@ class GatewayApp:
         publisher = self.gateway.publisher
         publisher.reload()  # another worker may have re-signed
         problems = []
-        if publisher.timestamp_expires <= time.time():
+        left = publisher.timestamp_expires - time.time()
+        if left <= 0:
             problems.append("published timestamp has expired")
+        elif left < publisher.repo.settings.expiry.timestamp.total_seconds() / 4:
+            # Re-signed at half its lifetime: this close to expiry, signing has been failing for a while.
+            problems.append(f"published timestamp expires in {left:.0f} s")
         if not (self.public_dir / "metadata" / "timestamp.json").is_file():
             problems.append("no timestamp.json")
         status = 503 if problems else 200
-        return web.json_response({"ready": not problems, "problems": problems,
+        # A key that cannot sign alone leaves the gateway ready: what it serves is still valid, and a
+        # load balancer that dropped it would stop edges from reading that too.
+        signing = None if publisher.signing_error is None else str(publisher.signing_error)
+        return web.json_response({"ready": not problems, "problems": problems, "signing_error": signing,
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -51,6 +51,8 @@ from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.locks import FetchLocks, Leadership
 from proxy.repository import Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.cli import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.serve import stop_on_signals
 from proxy.treepush import TreePush
@@ -204,9 +206,20 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
+    try:
+        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
+        await asyncio.to_thread(repo.keys.check, ONLINE)
+    except KeyUnavailable as e:
+        audit.close()
+        raise CommandError(f"the online key: {e}") from None
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
+
+    def key_failed(error: KeyUnavailable) -> None:
+        metrics.signing_errors.inc()
+        audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
+
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None)
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed)
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir

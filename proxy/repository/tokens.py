@@ -22,6 +22,8 @@ from securesystemslib.signer import ECDSA_SHA2_NISTP256, ECDSA_SHA2_NISTP384, HS
 from proxy.repository.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, parse_pkcs11, printable
 
 _SCHEMES = {"secp256r1": ECDSA_SHA2_NISTP256, "secp384r1": ECDSA_SHA2_NISTP384}
+# Modules (by path) whose process-wide state a failure may have left stale: re-initialised before next use.
+_STALE: set[str] = set()
 
 
 class TokenError(Exception):
@@ -50,9 +52,10 @@ class _Token:
         self.module = self.parts.module_path or os.environ.get(MODULE_ENV)
         if not self.module:
             raise TokenError(f"{self.shown}: name the PKCS#11 module with module-path= (or set {MODULE_ENV})")
-        self.stale = False
 
-    def fail(self, why: str) -> TokenError:
+    def fail(self, why: str, stale: bool = False) -> TokenError:
+        if stale:
+            _STALE.add(self.module)
         return TokenError(f"{self.shown}: {why}")
 
     def pin(self, _what: str = "pin") -> str:
@@ -74,9 +77,9 @@ class _Token:
             lib = pkcs11.lib(self.module)
         except RuntimeError as e:  # python-pkcs11's "cannot open" (a missing file, not a module)
             raise self.fail(f"cannot load the PKCS#11 module {self.module}: {e}") from None
-        if self.stale:
+        if self.module in _STALE:
             lib.reinitialize()
-            self.stale = False
+            _STALE.discard(self.module)
         return lib
 
     def token(self) -> Any:
@@ -88,8 +91,7 @@ class _Token:
         except pkcs11.exceptions.MultipleTokensReturned:
             raise self.fail("more than one token matches: name it with token=LABEL") from None
         except pkcs11.exceptions.PKCS11Error as e:
-            self.stale = True
-            raise self.fail(f"token not reachable ({type(e).__name__})") from None
+            raise self.fail(f"token not reachable ({type(e).__name__})", stale=True) from None
 
     def open(self) -> Any:
         """A logged-in session (a context manager)."""
@@ -102,8 +104,7 @@ class _Token:
         except pkcs11.exceptions.PinLocked:
             raise self.fail("the token's PIN is locked") from None
         except pkcs11.exceptions.PKCS11Error as e:
-            self.stale = True
-            raise self.fail(f"cannot log in to the token ({type(e).__name__})") from None
+            raise self.fail(f"cannot log in to the token ({type(e).__name__})", stale=True) from None
 
     def find(self, session: Any, object_class: Any) -> Any:
         pkcs11 = _pkcs11()
@@ -163,5 +164,4 @@ class Pkcs11Signer(HSMSigner):
         except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinLenRange):
             raise self._token.fail("wrong PIN") from None
         except pkcs11.exceptions.PKCS11Error as e:
-            self._token.stale = True
-            raise self._token.fail(f"signing failed ({type(e).__name__})") from None
+            raise self._token.fail(f"signing failed ({type(e).__name__})", stale=True) from None
