@@ -24,7 +24,7 @@ version) through :meth:`Publisher.reload`.
 When the online key cannot sign (its token removed, its KMS unreachable:
 :class:`~proxy.repository.keysource.SigningError`), the batch's waiters hear
 that error (the app answers 503), the last signed tree stays served, and the
-key is not asked again until a back-off (1 s doubling to 60 s) has passed:
+key is not asked again until a back-off (1 s doubling to 30 s) has passed:
 meanwhile new batches fail at once and a probe signature retries in the
 background, so a token put back is used again without a restart.
 """
@@ -49,7 +49,7 @@ from proxy.repository.keysource import KeyUnavailable
 log = logging.getLogger(__name__)
 
 Pages = dict[str, index.ProjectPage | None]
-BACKOFF_FIRST, BACKOFF_MAX = 1.0, 60.0
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 
 
 class Publisher:
@@ -161,19 +161,20 @@ class Publisher:
             resign, self._resign = self._resign, False
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()
+            if self.signing_error is not None and start < self._retry_at:
+                for w in waiters:  # backing off: the key is not asked again yet
+                    if not w.done():
+                        w.set_exception(KeyUnavailable(str(self.signing_error)))
+                continue
             try:
-                if self.signing_error is not None and start < self._retry_at:
-                    raise self.signing_error  # backing off: the key is not asked again yet
                 signed = await asyncio.to_thread(self._sign, pages, resign)
                 self.signing_error, self._backoff = None, 0.0
-            except KeyUnavailable as e:
-                if e is not self.signing_error:
-                    self._key_down(e)
-                for w in waiters:
-                    if not w.done():
-                        w.set_exception(e)
-                continue
             except Exception as e:  # the signer refused or the disk failed: every waiter hears why
+                # tuf's Metadata.sign wraps the signer's error (UnsignedMetadataError): the key's failure is its cause.
+                key = e if isinstance(e, KeyUnavailable) else e.__cause__
+                if isinstance(key, KeyUnavailable):
+                    self._key_down(key)
+                    e = key
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
                 for w in waiters:
                     if not w.done():

@@ -87,7 +87,8 @@ class _Token:
         try:
             return self.lib().get_token(token_label=self.parts.token)
         except pkcs11.exceptions.NoSuchToken:
-            raise self.fail(f"no token labelled {self.parts.token!r} in {self.module}") from None
+            # Stale too: some modules (SoftHSM2) see a token plugged in later only after re-initialising.
+            raise self.fail(f"no token labelled {self.parts.token!r} in {self.module}", stale=True) from None
         except pkcs11.exceptions.MultipleTokensReturned:
             raise self.fail("more than one token matches: name it with token=LABEL") from None
         except pkcs11.exceptions.PKCS11Error as e:
