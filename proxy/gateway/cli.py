@@ -51,6 +51,7 @@ from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.locks import FetchLocks, Leadership
 from proxy.repository import Repository, RepositoryError
+from proxy.repository import ceremony_cli
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.cli import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
@@ -401,3 +402,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
     p.set_defaults(func=_guarded(_cmd_revoke))
+
+    ceremony_cli.register(sub, _open, _guarded)

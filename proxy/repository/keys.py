@@ -84,7 +84,17 @@ class KeyStore:
     def adopt(self, name: str, uri: str) -> Signer:
         """Read the public key ``uri`` names, prove the key signs, and record it for role ``name`` (``root``: added)."""
         _, public = import_key(uri)
-        signer = self._open(uri, public)
+        signer = self.open(uri, public)
+        self.record(name, uri, public)
+        return signer
+
+    def record(self, name: str, uri: str, public: Key) -> None:
+        """Role ``name``'s key is ``uri`` from now on (its key file here, if any, is retired)."""
+        current = self.directory / f"{name}.pem"
+        if name != ROOT and current.exists():
+            retired = self.directory / "retired"
+            retired.mkdir(mode=0o700, exist_ok=True)
+            os.replace(current, retired / f"{name}-{self.load_file(name).public_key.keyid[:16]}.pem")
         entry = {"uri": storable(uri), "keyid": public.keyid, "public_key": public.to_dict()}
         uris = dict(self.uris())
         if name == ROOT:
@@ -92,7 +102,6 @@ class KeyStore:
         else:
             uris[name] = entry
         self._write_uris(uris)
-        return signer
 
     def forget(self, name: str) -> None:
         """Role ``name`` is no longer named by a URI (its key is a file here again)."""
@@ -103,7 +112,8 @@ class KeyStore:
     def _write_uris(self, uris: dict[str, object]) -> None:
         atomic_write(self.directory / URIS, json.dumps(uris, indent=2, sort_keys=True).encode() + b"\n", mode=0o600)
 
-    def _open(self, uri: str, public: Key) -> Signer:
+    def open(self, uri: str, public: Key) -> Signer:
+        """A signer for ``uri`` that has signed for ``public`` (``KeyUnavailable`` otherwise); kept for reuse."""
         cached = self._opened.get((storable(uri), public.keyid))
         if cached is None:
             cached = self._opened[(storable(uri), public.keyid)] = open_signer(uri, public)
@@ -114,7 +124,7 @@ class KeyStore:
         named = self.named(name)
         if named is not None:
             self._opened.pop((named[0], named[1].keyid), None)
-            self._open(*named)
+            self.open(*named)
 
     # -- key files -----------------------------------------------------
 
@@ -157,7 +167,7 @@ class KeyStore:
         """Role ``name``'s signer: the key its URI names, else its file here."""
         named = self.named(name)
         if named is not None:
-            return self._open(*named)
+            return self.open(*named)
         return self.load_file(name)
 
     def load_file(self, name: str) -> CryptoSigner:

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from securesystemslib.signer import Signer
+from securesystemslib.signer import Key, Signer
 from tuf.api.metadata import (
     DelegatedRole,
     Delegations,
@@ -165,6 +165,7 @@ class _Change:
         self.plain: dict[str, bytes | Path] = {}  # served path -> bytes or a local file, not a target
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
+        self.signed_elsewhere: set[str] = set()  # roles (and root) signed by the ceremony: published as they are
         self.root: Metadata[Root] = repo._load("root", repo.root_version())
         self.report = ChangeReport()
 
@@ -226,12 +227,14 @@ class _Change:
         repo = self.repo
         staged: list[tuple[Path, bytes]] = []
         if self.root_dirty:
-            self._sign_root()
+            if "root" not in self.signed_elsewhere:
+                self._sign_root()
             staged.append((repo.metadata_dir / metadata_filename("root", self.root.signed.version), self.root.to_bytes(_SERIALIZER)))
         # Delegated roles first (bin-n, then bins, then targets), so snapshot lists their new versions.
         for name in sorted(self.dirty, key=lambda r: (not _is_bin(r), r != BINS_ROLE, r)):
             md = self.role(name)
-            self._sign(name, md)
+            if name not in self.signed_elsewhere:
+                self._sign(name, md)
             data = md.to_bytes(_SERIALIZER)
             staged.append((repo.metadata_dir / metadata_filename(name, md.signed.version), data))
             self.snapshot.signed.meta[f"{name}.json"] = MetaFile(version=md.signed.version)
@@ -704,6 +707,41 @@ class Repository:
             if new_keys is not None:
                 for keyid in old_root_keyids:
                     self.keys.retire_root(keyid)
+            return report
+
+    def publish_signed(self, root: Metadata[Root], offline: Mapping[str, Metadata], keys: Mapping[str, tuple[str, Key]],
+                       now: datetime | None = None) -> ChangeReport:
+        """Publish what the root ceremony signed (:mod:`proxy.repository.ceremony`): root N+1, new targets/bins
+        versions as they are, then snapshot and timestamp, and every bin-n again when the online key changed.
+
+        ``keys`` are the roles whose key changed to a URI (role -> URI, public key): the new online key signs
+        this change and, recorded under the lock, every later one.
+        """
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            if root.signed.version != change.root.signed.version + 1:
+                raise RepositoryError(f"the draft is root v{root.signed.version}; the repository is at root "
+                                      f"v{change.root.signed.version}: draft again")
+            for name, md in offline.items():
+                current = change.role(name).signed.version
+                if md.signed.version <= current:
+                    raise RepositoryError(f"the draft's {name} v{md.signed.version} is not newer than v{current}: draft again")
+            signers = {role: self.keys.open(uri, public) for role, (uri, public) in keys.items()}
+            change.root, change.root_dirty = root, True
+            change.signed_elsewhere = {"root", *offline}
+            for name, md in offline.items():
+                change._roles[name] = md
+                change.dirty.add(name)
+            if ONLINE in signers:
+                change.online = signers[ONLINE]
+                change.dirty.update(_bin_names(change))
+            report = change.commit()
+            report.signed["root"] = root.signed.version
+            for name, md in offline.items():
+                report.signed[name] = md.signed.version
+            for role, (uri, public) in keys.items():
+                self.keys.record(role, uri, public)
             return report
 
     def _rotate_online(self, change: _Change) -> None:
