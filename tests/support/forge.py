@@ -21,7 +21,7 @@ from tuf.api.serialization.json import JSONSerializer
 from proxy import index
 from proxy.layout import PageFormat
 from proxy.profiles import get_profile
-from proxy.repository.keysource import open_signer
+from proxy.repository.keysource import import_key, open_signer
 
 FORGED_VERSION = "6.6.6"
 
@@ -30,9 +30,7 @@ def forge(public: Path, uri: str, project: str, out: Path) -> None:
     profile = get_profile("gateway")
     meta = public / "metadata"
     serializer = JSONSerializer(compact=True)
-    root = Metadata.from_bytes((meta / "root.json").read_bytes())
-    [keyid] = root.signed.roles["timestamp"].keyids
-    signer = open_signer(uri, root.signed.keys[keyid])
+    signer = open_signer(uri, import_key(uri)[1])
     timestamp = Metadata.from_bytes((meta / "timestamp.json").read_bytes())
     snapshot = Metadata.from_bytes((meta / f"{timestamp.signed.snapshot_meta.version}.snapshot.json").read_bytes())
     bins = Metadata.from_bytes((meta / f"{snapshot.signed.meta['bins.json'].version}.bins.json").read_bytes())
