@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.awsprofile import ProfileError, resolve
+from proxy.transport.awsprofile import ProfileError, resolve
 
 KEYS = "aws_access_key_id = AKFILE\naws_secret_access_key = file-secret\n"
 

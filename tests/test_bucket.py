@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists
 from tests.support.clients import install
-from proxy.repository.sample import build_wheel
 from tests.support.faults import Fault, FaultyUpstream, sized_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
@@ -381,7 +381,7 @@ def test_an_edge_reading_the_bucket_asks_the_gateway_for_what_is_not_there_yet(s
 
 
 def test_push_order_never_exposes_a_timestamp_before_its_snapshot_and_bins(tmp_path: Path) -> None:
-    from proxy.treepush import TreePush
+    from proxy.storage.treepush import TreePush
 
     tree = tmp_path / "public"
     names = ["metadata/timestamp.json", "metadata/7.snapshot.json", "metadata/7.bin-3.json", "metadata/2.root.json",
@@ -415,9 +415,9 @@ def test_a_push_deletes_what_the_gateway_collected_but_never_files(seaweed: Seaw
     import obstore
     from prometheus_client import CollectorRegistry
 
-    from proxy.bucket import Bucket
-    from proxy.metrics import BucketMetrics
-    from proxy.treepush import TreePush
+    from proxy.storage.treepush import TreePush
+    from proxy.transport.bucket import Bucket
+    from proxy.util.metrics import BucketMetrics
 
     for name, value in seaweed.env().items():
         monkeypatch.setenv(name, value)

@@ -2,7 +2,7 @@
 
 Every invocation runs as a real ``python -m proxy`` subprocess, as a user
 would type it.  Also here: ``tufproxy demo`` reruns in place, and every
-command logs in the one format of :mod:`proxy.logs`.
+command logs in the one format of :mod:`proxy.util.logs`.
 """
 
 from __future__ import annotations

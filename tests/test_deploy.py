@@ -2,7 +2,7 @@
 
 Every YAML and JSON file parses; the Kubernetes objects, compose file,
 Dockerfile and systemd units name settings, subcommands, paths and ports
-that exist; the dashboard queries only metrics that ``proxy.metrics``
+that exist; the dashboard queries only metrics that ``proxy.util.metrics``
 defines.  Nothing here needs docker, kubectl or a cluster.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from proxy.cli import build_parser
-from proxy.config import OPTIONS, ServeConfig, parse_listen, resolve
-from proxy.metrics import Metrics
+from proxy.serving.config import OPTIONS, ServeConfig, parse_listen, resolve
+from proxy.util.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -271,7 +271,7 @@ def _kustomize(overlay: str, yaml: ModuleType) -> dict[str, list[dict[str, Any]]
 
 @pytest.mark.parametrize("overlay", REPLICATED)
 def test_k8s_replicated_forms_hold_together(overlay: str, yaml: ModuleType, tmp_path: Path) -> None:
-    from proxy.serve import DRAIN_SECONDS
+    from proxy.serving.serve import DRAIN_SECONDS
 
     objects = _kustomize(overlay, yaml)
     (workload,) = objects.get("StatefulSet", []) + objects.get("Deployment", [])

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import build_parser
-from proxy.gateway.cli import OPTIONS
-from proxy.gateway.policy import POLICY_KEYS, resolve_policy
+from proxy.cli.gateway import OPTIONS
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.policy import POLICY_KEYS, resolve_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = ROOT / "deploy" / "gateway"

@@ -24,7 +24,7 @@ from proxy.gateway.policy import (
     parse_timestamp,
     resolve_policy,
 )
-from proxy.index import DistFile, ProjectPage, parse_project_json, render_project_json
+from proxy.protocol.index import DistFile, ProjectPage, parse_project_json, render_project_json
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)

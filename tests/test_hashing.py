@@ -4,8 +4,8 @@ import hashlib
 
 import pytest
 
-from proxy.trust.errors import HashMismatch, LengthMismatch
-from proxy.trust.hashing import StreamingVerifier, UnsupportedHashes, accepted_hashes, verify_bytes
+from proxy.protocol.errors import HashMismatch, LengthMismatch
+from proxy.protocol.hashing import StreamingVerifier, UnsupportedHashes, accepted_hashes, verify_bytes
 
 DATA = b"x" * 1000
 SHA256 = hashlib.sha256(DATA).hexdigest()

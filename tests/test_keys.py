@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.repository.keyuri import KeyURIError, parse_pkcs11, printable, storable
+from proxy.protocol.keyuri import KeyURIError, parse_pkcs11, printable, storable
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, metric, wait_for

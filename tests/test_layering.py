@@ -92,27 +92,73 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-# What runs the proxy or a command: nothing below it may import these.
-TOP = ("proxy.cli", "proxy.serve", "proxy.serve_cli", "proxy.workers", "proxy.server", "proxy.mirror",
-       "proxy.repository", "proxy.gateway", "proxy.cache_cli")
+# The layers (README "Architecture"): a module imports only from its own rank or below.
+RANKS = {
+    "proxy.util": 0,
+    "proxy.protocol": 1,
+    "proxy.transport": 2,
+    "proxy.trust": 3,
+    "proxy.storage": 4,
+    "proxy.serving": 5,
+    "proxy.repository": 6,
+    "proxy.gateway": 7,
+    "proxy.mirror": 7,
+    "proxy.cli": 8,
+}
 
 
-def _is_top(name: str) -> bool:
-    return any(name == t or name.startswith(f"{t}.") for t in TOP)
+def package_of(name: str) -> str:
+    """The ranked package that holds module ``name`` (``proxy`` itself and ``__main__`` stand apart)."""
+    if name in ("proxy", "proxy.__main__"):
+        return name
+    return ".".join(name.split(".")[:2])
+
+
+def rank(name: str) -> int:
+    return {"proxy": 0, "proxy.__main__": 9}.get(name, RANKS.get(package_of(name), -1))
+
+
+def test_every_module_lives_in_a_ranked_package() -> None:
+    assert not [m for m in MODULES if rank(m) < 0], "a module outside the rank table"
+    for package in RANKS:
+        path = ROOT / package.replace(".", "/") / "__init__.py"
+        text = path.read_text()
+        assert text.startswith('"""'), f"{package} has no docstring saying what it owns"
+        assert "__all__" in text, f"{package} has no __all__"
 
 
 def test_lower_layers_never_import_higher_ones() -> None:
-    edges = graph()
-    assert {name for name, targets in edges.items() if "proxy.cli" in targets} == {"proxy.__main__"}
-    # The trust core (its own command line aside) and every helper module stay below what runs them.
-    for name, targets in edges.items():
-        if not _is_top(name) and name != "proxy.trust.cli" and name != "proxy.__main__":
-            assert not [t for t in targets if _is_top(t)], f"{name} imports {sorted(t for t in targets if _is_top(t))}"
+    upward = sorted(f"{m} ({rank(m)}) -> {t} ({rank(t)})" for m, ts in graph().items() for t in ts if rank(t) > rank(m))
+    assert not upward, "\n".join(upward)
+
+
+def test_packages_form_no_cycle_and_gateway_and_mirror_stay_apart() -> None:
+    packages: dict[str, set[str]] = {}
+    for m, ts in graph().items():
+        packages.setdefault(package_of(m), set()).update(package_of(t) for t in ts if package_of(t) != package_of(m))
+    cycle = find_cycle(packages)
+    assert cycle is None, " -> ".join(cycle or ())
+    assert "proxy.mirror" not in packages["proxy.gateway"] and "proxy.gateway" not in packages["proxy.mirror"]
+
+
+def test_the_rank_checker_catches_an_upward_import() -> None:
+    assert rank("proxy.protocol.index") < rank("proxy.transport.upstream") < rank("proxy.cli.serve")
+    assert rank("proxy.gateway.app") == rank("proxy.mirror.sync")
+
+
+def test_the_protocol_layer_loads_no_aiohttp() -> None:
+    code = ("import sys, pkgutil, importlib, proxy.protocol as p\n"
+            "for m in pkgutil.iter_modules(p.__path__):\n    importlib.import_module(f'proxy.protocol.{m.name}')\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'asyncio', 'diskcache', 'obstore'))\n"
+            "assert not bad, bad\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 # A command imports its own module and what that needs, never what serves HTTP or runs another command.
-FOREIGN_TO_CLIENT = ("proxy.serve", "proxy.server", "proxy.workers", "proxy.gateway", "proxy.mirror",
-                     "proxy.repository", "proxy.resolver", "aiohttp.web", "prometheus_client", "diskcache")
+FOREIGN_TO_CLIENT = ("proxy.serving.serve", "proxy.serving.server", "proxy.serving.workers", "proxy.gateway", "proxy.mirror",
+                     "proxy.repository", "proxy.serving.resolver", "aiohttp.web", "prometheus_client", "diskcache")
 
 
 def test_tufproxy_client_imports_only_what_it_runs() -> None:
@@ -122,7 +168,7 @@ def test_tufproxy_client_imports_only_what_it_runs() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--metadata-dir" in done.stdout, done.stderr
     loaded = set(done.stderr.split())
-    assert "proxy.trust.cli" in loaded
+    assert "proxy.cli.client" in loaded
     assert not {m for m in loaded if any(m == f or m.startswith(f"{f}.") for f in FOREIGN_TO_CLIENT)}
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy import index
+from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists

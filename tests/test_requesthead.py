@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.requesthead import MAX_HEAD, SimpleHead, recognise
+from proxy.protocol.requesthead import MAX_HEAD, SimpleHead, recognise
 
 PIP_HEAD = (b"GET /simple/lib/ HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: pip/24.0 {\"ci\":null}\r\n"
             b"Accept-Encoding: gzip, deflate\r\n"

@@ -194,7 +194,7 @@ def test_rotation_drill_edges_refuse_the_leaked_online_key(tmp_path: Path, hsm: 
 
             # 3. The attacker keeps signing with the old key, over the new tree (root v2 included).
             attack()
-            status, body = wait_for(lambda: (r := _page(f"{edge.url}lib/"))[0] >= 500 and r, timeout=30,  # type: ignore[misc]
+            _, body = wait_for(lambda: (r := _page(f"{edge.url}lib/"))[0] >= 500 and r, timeout=30,  # type: ignore[misc]
                                     what="the edge refusing the old key's metadata")
             assert "lib-6.6.6" not in body
             refusals = [a for a in _audit(audit) if a.get("event") == "refused" and a.get("role") == "timestamp"]

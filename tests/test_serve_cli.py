@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import OPTIONS, ConfigError, add_arguments, resolve
+from proxy.serving.config import OPTIONS, ConfigError, add_arguments, resolve
 from tests.support.clients import install
 from tests.support.net import free_port
 

@@ -1,4 +1,4 @@
-"""Tests for proxy.store: the verified blob store and the index cache, on real files."""
+"""Tests for proxy.storage.store: the verified blob store and the index cache, on real files."""
 
 from __future__ import annotations
 
@@ -14,15 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.pagecache import IndexCache
-from proxy.store import (
-    Blob,
-    BlobStore,
-    StoreError,
-    StoreFull,
-    StoreUnwritable,
-)
-from proxy.trust.hashing import UnsupportedHashes
+from proxy.protocol.errors import StoreError, StoreFull, StoreUnwritable
+from proxy.protocol.hashing import UnsupportedHashes
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import Blob, BlobStore
 
 
 def hashes_of(data: bytes) -> dict[str, str]:
@@ -221,10 +216,9 @@ async def test_store_full_when_blob_cannot_fit(tmp_path: Path) -> None:
     with pytest.raises(StoreFull):
         async with store.writer(2001):
             pass
-    with store.in_use(kept.sha256):
-        with pytest.raises(StoreFull):
-            async with store.writer(600):
-                pass
+    with store.in_use(kept.sha256), pytest.raises(StoreFull):
+        async with store.writer(600):
+            pass
     # Nothing was evicted for a blob that could not fit anyway.
     assert store.get(kept.sha256) == kept
     assert files_under(tmp_path / "tmp") == []
@@ -335,7 +329,8 @@ def test_read_only_root_is_unwritable(tmp_path: Path) -> None:
         tmp_path,
         "ro,size=1m",
         """
-        from proxy.store import BlobStore, StoreUnwritable
+        from proxy.storage.store import BlobStore
+        from proxy.protocol.errors import StoreUnwritable
         try:
             BlobStore(root / "cache")
         except StoreUnwritable as e:
@@ -352,7 +347,8 @@ def test_disk_full_is_store_full_and_cleans_up(tmp_path: Path) -> None:
         "size=512k",
         """
         import asyncio, hashlib
-        from proxy.store import BlobStore, StoreFull
+        from proxy.storage.store import BlobStore
+        from proxy.protocol.errors import StoreFull
         async def main():
             store = BlobStore(root / "cache")  # no limit of its own: the disk is the limit
             data = b"f" * 2**20

@@ -4,7 +4,7 @@ Property tests over one small, consistent set of top-level metadata and a
 delegated bin: arbitrary bytes, mutated bytes of the real document, and
 correctly signed documents of another role's type (or unsigned, or of odd
 structure) fed at every role.  Each must verify or raise a
-:class:`~proxy.trust.errors.RepositoryError`: never AttributeError and
+:class:`~proxy.protocol.errors.RepositoryError`: never AttributeError and
 friends, which used to kill the refresh untyped.
 """
 
@@ -21,9 +21,9 @@ from securesystemslib.formats import encode_canonical
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import DelegatedRole, Delegations, Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
-from proxy.trust.errors import RepositoryError
-from proxy.trust._tufset import TopLevelSet
-from proxy.trust.verify import verify_delegated
+from proxy.protocol.errors import RepositoryError
+from proxy.protocol.tufset import TopLevelSet
+from proxy.protocol.verify import verify_delegated
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 KEY = CryptoSigner.generate_ed25519()

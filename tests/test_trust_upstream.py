@@ -1,4 +1,4 @@
-"""proxy.upstream: bounded downloads, one error family, no redirects."""
+"""proxy.transport.upstream: bounded downloads, one error family, no redirects."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.upstream import (
+from proxy.transport.upstream import (
     CHUNK_SIZE,
     READ_BUFFER,
     AiohttpFetcher,

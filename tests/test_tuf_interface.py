@@ -1,4 +1,4 @@
-"""Fails loudly when the python-tuf internals that proxy.trust._tufset drives change.
+"""Fails loudly when the python-tuf internals that proxy.protocol.tufset drives change.
 
 ``TrustedMetadataSet`` is internal API; tuf is pinned to one minor version
 and this test pins the exact surface and behaviour we depend on, so a tuf
@@ -21,7 +21,7 @@ from tuf.ngclient.config import EnvelopeType
 
 def test_tuf_minor_version_is_the_one_we_pinned() -> None:
     major, minor, patch = (int(part) for part in tuf.__version__.split(".")[:3])
-    assert (major, minor) == (7, 0) and patch >= 1, f"tuf {tuf.__version__}: re-check proxy/trust/_tufset.py"
+    assert (major, minor) == (7, 0) and patch >= 1, f"tuf {tuf.__version__}: re-check proxy/protocol/tufset.py"
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,8 @@ seen, applies the organisation's policy, and publishes what passes as a
 repository signed with the organisation's keys, which edges
 (``tufproxy serve``) and air-gapped mirrors verify from its root.
 
-Modules, lowest first:
+Rank 7 (beside :mod:`proxy.mirror`, which it never imports). Modules, lowest first:
 
-* ``indexhttp``: HTTP to an index (TLS, credentials kept to their host, bounded redirects).
 * ``listing``: a project's page from the first index that lists it, validated.
 * ``ledger``: the append-only record of pins, projects' indexes and revocations.
 * ``pages``: listing -> the page to sign (policy seam, revocations, pins).
@@ -16,6 +15,10 @@ Modules, lowest first:
 * ``files``: pinned files streamed from the index, checked, then kept.
 * ``service``: publish on demand (single-flight) and refresh; no HTTP.
 * ``freshness``: page ttl, timestamp re-signing, garbage collection.
-* ``app``: the HTTP face (tree, miss protocol, operations); ``cli``: the commands.
-* ``edge``: the edge's side of the miss protocol (used by ``tufproxy serve``).
+* ``app``: the HTTP face (tree, miss protocol, operations).
+
+HTTP to an index is :mod:`proxy.transport.indexhttp`; the edge's side of the miss protocol is
+:mod:`proxy.serving.edge`; the commands are :mod:`proxy.cli.gateway`.
 """
+
+__all__ = ["app", "files", "freshness", "ledger", "listing", "metrics", "pages", "policy", "publisher", "service"]

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from tuf.api.metadata import Metadata
 
-from proxy import index
+from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
@@ -65,7 +65,7 @@ class Publisher:
         self.signing_error: KeyUnavailable | None = None
         self._backoff, self._retry_at = 0.0, 0.0
         self._probe: asyncio.Task[None] | None = None
-        # Run after each signed batch, before its waiters hear (the bucket push: proxy.treepush).
+        # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
         self._observe = observe  # (pages the batch changed, seconds it took)
@@ -169,7 +169,7 @@ class Publisher:
             try:
                 signed = await asyncio.to_thread(self._sign, pages, resign)
                 self.signing_error, self._backoff = None, 0.0
-            except Exception as e:  # the signer refused or the disk failed: every waiter hears why
+            except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
                 # tuf's Metadata.sign wraps the signer's error (UnsignedMetadataError): the key's failure is its cause.
                 key = e if isinstance(e, KeyUnavailable) else e.__cause__
                 if isinstance(key, KeyUnavailable):

@@ -4,7 +4,8 @@
 a tree (:mod:`proxy.mirror.tree`) that stays verifiable offline, optionally
 re-signed under the site's own keys; :mod:`proxy.mirror.verify` re-checks
 such a tree after it has been carried across; :mod:`proxy.mirror.select`
-decides what is taken; :mod:`proxy.mirror.cli` is the command line.
+decides what is taken; :mod:`proxy.cli.mirror` is the command line.
+Rank 7, beside :mod:`proxy.gateway`, which it never imports.
 """
 
 from proxy.mirror.progress import Counts, Progress

@@ -41,11 +41,11 @@ from urllib.parse import quote
 from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 
-from proxy.atomic import atomic_link, atomic_write, fsync_dir
-from proxy.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
-from proxy.trust.errors import BadMetadata, BadSignature, RepositoryError
+from proxy.protocol.errors import BadMetadata, BadSignature, RepositoryError
+from proxy.protocol.hashing import StreamingVerifier
+from proxy.protocol.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
 from proxy.trust.fetch import FileSink, Want
-from proxy.trust.hashing import StreamingVerifier
+from proxy.util.atomic import atomic_link, atomic_write, fsync_dir
 
 STATE_DIR = MIRROR_STATE_DIR
 MANIFEST = MIRROR_MANIFEST
@@ -61,7 +61,7 @@ def verify_file(path: Path, target: Want, copy_to: BinaryIO | None = None) -> No
     """Re-hash ``path`` against ``target`` (length and every signed hash), optionally copying it.
 
     ``target`` is a signed target (``Want.of``) or a file its verified page
-    vouches for (:mod:`proxy.pagefiles`, where the length may be a bound).
+    vouches for (:mod:`proxy.trust.pagefiles`, where the length may be a bound).
     Reads at most one byte more than the length.  Raises
     ``FileNotFoundError``, or the typed refusal when the bytes are not the
     target's; ``copy_to`` then holds bytes nobody may use.

@@ -6,7 +6,7 @@ exactly as ``tufproxy serve --repository`` would), rooted in a pinned
 root; then every file is re-hashed against the target that names it or,
 in a tree synced through a ``tufproxy gateway`` (whose files are not
 targets), against its entry in the project's signed page, itself checked
-against its target first (:mod:`proxy.pagefiles`).  The layout is the
+against its target first (:mod:`proxy.trust.pagefiles`).  The layout is the
 one the last sync recorded in its manifest, else ``profile``.
 
 * **corrupt**: a file under a target's name whose length or hashes differ
@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from proxy import index
-from proxy.layout import (
+from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
+from proxy.protocol import index
+from proxy.protocol.errors import RepositoryError, TrustError, UnknownTarget
+from proxy.protocol.layout import (
     METADATA_DIR,
     BadRequestPath,
     PageFormat,
@@ -40,14 +42,12 @@ from proxy.layout import (
     project_page_target,
     root_page_target,
 )
-from proxy.local import LocalFetcher
-from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
-from proxy.pagefiles import MAX_FILE_SIZE, file_want
-from proxy.profiles import TUFPROXY, Profile, get_profile
+from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.profiles import TUFPROXY, Profile, get_profile
+from proxy.transport.local import LocalFetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.trust.errors import RepositoryError, TrustError, UnknownTarget
 from proxy.trust.fetch import Want
-from proxy.trust.model import ExpiryOverride
+from proxy.trust.pagefiles import MAX_FILE_SIZE, file_want
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
 _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
@@ -83,14 +83,14 @@ def _default_root(directory: Path) -> Path:
     return roots[0][1]
 
 
-def _manifest(directory: Path) -> dict | None:  # type: ignore[type-arg]
+def _manifest(directory: Path) -> dict | None:
     path = directory / STATE_DIR / MANIFEST
     return json.loads(path.read_bytes()) if path.exists() else None
 
 
 class _Verifier:
     def __init__(self, directory: Path, trust: TrustedClient, jobs: int, profile: Profile,
-                 manifest: dict | None) -> None:  # type: ignore[type-arg]
+                 manifest: dict | None) -> None:
         self.directory = directory
         self.trust = trust
         self.profile = profile

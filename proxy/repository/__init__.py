@@ -1,4 +1,4 @@
-"""The PEP 458 repository signer behind ``tufproxy repo``."""
+"""Rank 6: the PEP 458 repository signer behind ``tufproxy repo`` and the gateway."""
 
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import MissingKey

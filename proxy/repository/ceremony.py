@@ -27,16 +27,17 @@ import copy
 import json
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from securesystemslib.signer import Key, Signer, SSlibKey
 from tuf.api.metadata import Metadata, Root, Targets
 
+from proxy.protocol.keyuri import printable, storable
 from proxy.repository.keys import BINS, ONLINE, TARGETS
 from proxy.repository.keysource import KeyUnavailable, import_key, open_signer
-from proxy.repository.keyuri import printable, storable
 from proxy.repository.signer import BINS_ROLE, Repository, RepositoryError
 
 FORMAT = 1
@@ -99,7 +100,7 @@ def _public_key(spec: str) -> tuple[str | None, Key]:
     path = Path(spec)
     if path.is_file():
         try:
-            return None, SSlibKey.from_pem(path.read_bytes())
+            return None, SSlibKey.from_crypto(load_pem_public_key(path.read_bytes()))
         except Exception as e:  # noqa: BLE001 - cryptography's and securesystemslib's parse errors
             raise CeremonyError(f"{path}: not a PEM public key ({e})") from None
     return import_key(spec)
@@ -116,7 +117,7 @@ def draft(repo: Repository, *, add_root_keys: Sequence[str] = (), remove_root_ke
           root_threshold: int | None = None, online_key: str | None = None, targets_key: str | None = None,
           bins_key: str | None = None, expires: timedelta | None = None, now: datetime | None = None) -> Draft:
     """The next root of ``repo`` (and the metadata a key change needs), unsigned."""
-    when = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    when = (now or datetime.now(UTC)).replace(microsecond=0)
     trusted_root = repo._load("root", repo.root_version())
     snapshot = repo._load("snapshot", repo._load("timestamp").signed.snapshot_meta.version)
     trusted_targets = repo._load(TARGETS, snapshot.signed.meta["targets.json"].version)
@@ -211,7 +212,7 @@ def sign(d: Draft, uri: str) -> list[str]:
         for name in todo:
             try:
                 d.roles[name].sign(signer, append=True)
-            except Exception as e:  # tuf wraps the signer's failure
+            except Exception as e:  # noqa: BLE001 - tuf wraps whatever the signer raised
                 raise KeyUnavailable(str(e.__cause__ or e)) from None
     return todo
 
@@ -230,7 +231,7 @@ def status(d: Draft) -> list[dict[str, Any]]:
 
 def verify(d: Draft, repo: Repository, now: datetime | None = None) -> None:
     """What ``publish`` checks, as a TUF client would; CeremonyError says what is missing."""
-    when = now or datetime.now(timezone.utc)
+    when = now or datetime.now(UTC)
     current = repo._load("root", repo.root_version())
     if current.signed_bytes != d.trusted_root.signed_bytes:
         raise CeremonyError(f"the draft was made from root v{d.trusted_root.signed.version}; {repo.path} is at "

@@ -26,9 +26,10 @@ from pathlib import Path
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner, Key, Signer
 
-from proxy.atomic import atomic_write
+from proxy.protocol.errors import Fault
+from proxy.protocol.keyuri import storable
 from proxy.repository.keysource import import_key, open_signer
-from proxy.repository.keyuri import storable
+from proxy.util.atomic import atomic_write
 
 ONLINE = "online"
 TARGETS = "targets"
@@ -49,6 +50,9 @@ class KeyURIs:
 
 class MissingKey(Exception):
     """A role's private key is not in the key directory."""
+
+    reason = "missing-key"
+    fault = Fault.OPERATOR
 
 
 class KeyStore:
@@ -178,7 +182,7 @@ class KeyStore:
             raise MissingKey(f"no private key for {name!r} at {path}") from None
         return CryptoSigner(load_pem_private_key(data, password=None))
 
-    def root_signers(self, keyids: list[str]) -> list[CryptoSigner]:
+    def root_signers(self, keyids: list[str]) -> list[Signer]:
         """The root keys present here among ``keyids``."""
         found = []
         for keyid in keyids:

@@ -36,7 +36,8 @@ from securesystemslib.signer import (
     VaultSigner,
 )
 
-from proxy.repository.keyuri import PIN_ENV, PKCS11, KeyURIError, printable, scheme
+from proxy.protocol.errors import Fault
+from proxy.protocol.keyuri import PIN_ENV, PKCS11, KeyURIError, printable, scheme
 from proxy.repository.tokens import Pkcs11Signer
 from proxy.repository.tokens import import_key as import_token_key
 
@@ -46,6 +47,9 @@ _EXTRA = {"hsm": "hsm", PKCS11: "hsm", "awskms": "kms", "gcpkms": "kms", "azurek
 
 class KeyUnavailable(Exception):
     """A key URI that cannot sign now; one line naming the URI with the PIN elided."""
+
+    reason = "signing-unavailable"
+    fault = Fault.OURS  # our key's token or KMS, not the index nor the client
 
 
 class SigningError(KeyUnavailable):
@@ -93,7 +97,7 @@ def _import(uri: str) -> tuple[str, SSlibKey]:
         from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
         data = Path(parts.path).read_bytes()
-        return uri, CryptoSigner(load_pem_private_key(data, password=None)).public_key  # type: ignore[return-value]
+        return uri, CryptoSigner(load_pem_private_key(data, password=None)).public_key
     if kind == HSMSigner.SCHEME:
         label = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p).get("label")
         return HSMSigner.import_(int(parts.path) if parts.path else None, label, _pin)
@@ -107,7 +111,7 @@ def _import(uri: str) -> tuple[str, SSlibKey]:
             raise KeyURIError("expected azurekms://VAULT.vault.azure.net/keys/NAME[/VERSION]")
         return AzureSigner.import_(parts.netloc.split(".")[0], segments[1])
     if kind == VaultSigner.SCHEME:
-        name, _, version = parts.path.partition("/")
+        name = parts.path.partition("/")[0]
         if not name:
             raise KeyURIError("expected hv:NAME[/VERSION]")
         return VaultSigner.import_(name)
@@ -121,7 +125,7 @@ def import_key(uri: str) -> tuple[str, SSlibKey]:
     """The URI to sign with later and the public key of the private key ``uri`` names."""
     try:
         return _import(uri)
-    except Exception as e:  # every signer library has its own errors; all of them mean "cannot use this key"
+    except Exception as e:  # noqa: BLE001 - every signer library has its own errors: all mean "cannot use this key"
         raise KeyUnavailable(_describe(uri, e)) from None
 
 
@@ -153,7 +157,7 @@ def open_signer(uri: str, public_key: Key) -> Signer:
         scheme(uri)
         inner = Signer.from_priv_key_uri(uri, public_key, _pin)
         signature = inner.sign(_PROBE)
-    except Exception as e:  # see import_key
+    except Exception as e:  # noqa: BLE001 - see import_key
         raise KeyUnavailable(_describe(uri, e)) from None
     try:
         public_key.verify_signature(signature, _PROBE)

@@ -19,7 +19,7 @@ from typing import Any
 
 from securesystemslib.signer import ECDSA_SHA2_NISTP256, ECDSA_SHA2_NISTP384, HSMSigner, SSlibKey
 
-from proxy.repository.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, parse_pkcs11, printable
+from proxy.protocol.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, parse_pkcs11, printable
 
 _SCHEMES = {"secp256r1": ECDSA_SHA2_NISTP256, "secp384r1": ECDSA_SHA2_NISTP384}
 # Modules (by path) whose process-wide state a failure may have left stale: re-initialised before next use.
@@ -49,9 +49,10 @@ class _Token:
             self.parts: Pkcs11URI = parse_pkcs11(uri)
         except KeyURIError as e:
             raise TokenError(str(e)) from None
-        self.module = self.parts.module_path or os.environ.get(MODULE_ENV)
-        if not self.module:
+        module = self.parts.module_path or os.environ.get(MODULE_ENV)
+        if not module:
             raise TokenError(f"{self.shown}: name the PKCS#11 module with module-path= (or set {MODULE_ENV})")
+        self.module: str = module
 
     def fail(self, why: str, stale: bool = False) -> TokenError:
         if stale:

@@ -1,12 +1,13 @@
-"""The trust core: decides whether bytes are what the repository's keys signed.
+"""Rank 3: the TUF client workflow with I/O: fetch, refresh, the metadata directory, slots.
+
+The pure verification it drives lives in :mod:`proxy.protocol`.
 
 An asyncio TUF client (spec 5, PEP 458) for a long-running proxy; see
 :mod:`proxy.trust.client` for the refresh policy and
-:mod:`proxy.trust._tufset` for how it builds on python-tuf.
+:mod:`proxy.protocol.tufset` for how it builds on python-tuf.
 """
 
-from proxy.trust.client import TrustedClient
-from proxy.trust.errors import (
+from proxy.protocol.errors import (
     BadMetadata,
     BadSignature,
     ExpiredMetadata,
@@ -20,7 +21,8 @@ from proxy.trust.errors import (
     UpstreamUnreachable,
     VersionMismatch,
 )
-from proxy.trust.model import Mirror, TrustConfig, VerifiedTarget
+from proxy.protocol.model import Mirror, TrustConfig, VerifiedTarget
+from proxy.trust.client import TrustedClient
 
 __all__ = [
     "BadMetadata",

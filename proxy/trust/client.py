@@ -1,9 +1,9 @@
 """The async face of the trust core: fetching, persistence, refresh policy.
 
 :class:`TrustedClient` is what the proxy server holds for months.  It
-downloads metadata through a :class:`~proxy.upstream.Fetcher`, hands the
-bytes to the pure core (:mod:`proxy.trust._tufset` for top-level roles,
-:mod:`proxy.trust.verify` for delegated ones) and keeps the result:
+downloads metadata through a :class:`~proxy.transport.upstream.Fetcher`, hands the
+bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
+:mod:`proxy.protocol.verify` for delegated ones) and keeps the result:
 
 * Each refresh cycle builds a fresh trusted set in the background; only a
   cycle that verified completely is swapped in, in one assignment, so a
@@ -42,27 +42,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
 from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
 
-from proxy.trust import errors
-from proxy.trust._tufset import TopLevelSet
-from proxy.trust.metadir import MetadataStore
-from proxy.trust.model import (
+from proxy.protocol import errors
+from proxy.protocol.model import (
     Mirror,
     TrustConfig,
     VerifiedTarget,
     consistent_target_urls,
 )
-from proxy.trust.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
-from proxy.upstream import (
+from proxy.protocol.tufset import TopLevelSet
+from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
+from proxy.transport.upstream import (
     DownloadError,
     DownloadHTTPError,
     DownloadLengthError,
     Fetcher,
 )
+from proxy.trust.metadir import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class TrustedClient:
         metadata_dir: Path,
         mirrors: list[Mirror],
         fetcher: Fetcher,
-        config: TrustConfig = TrustConfig(),  # noqa: B008 (frozen: shared safely)
+        config: TrustConfig = TrustConfig(),
     ) -> None:
         if not mirrors:
             raise ValueError("at least one mirror is needed")
@@ -240,7 +240,7 @@ class TrustedClient:
         knows about), then starts new ones while the version is still short,
         pausing a bounded, growing backoff between them.  A cycle refused for
         verification is re-raised; an unreachable upstream is retried.
-        Raises :class:`~proxy.trust.errors.MetadataPending` once ``timeout``
+        Raises :class:`~proxy.protocol.errors.MetadataPending` once ``timeout``
         seconds have passed.
         """
         loop = asyncio.get_running_loop()
@@ -357,6 +357,14 @@ class TrustedClient:
         encoded = quote(role, safe="")
         return f"{version}.{encoded}.json" if root.consistent_snapshot else f"{encoded}.json"
 
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: Literal[False] = False) -> tuple[bytes, T]: ...
+
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: bool) -> tuple[bytes, T] | None: ...
+
     async def _fetch_verified(
         self,
         role: str,
@@ -459,7 +467,7 @@ class TrustedClient:
 
         Raises UnknownTarget when no trusted role lists it, ExpiredMetadata
         when any role the lookup used has expired, and the other
-        :mod:`proxy.trust.errors` when delegated metadata fails to verify.
+        :mod:`proxy.protocol.errors` when delegated metadata fails to verify.
         """
         state = await self._current(target_path)
         if (found := self._remembered_in(state, target_path)) is not None:
@@ -536,7 +544,7 @@ class TrustedClient:
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
-        consistent = self._state.root.consistent_snapshot if self._state is not None else True
+        consistent = bool(self._state.root.consistent_snapshot) if self._state is not None else True
         return consistent_target_urls(target, self.mirrors, consistent, self.config.served_name)
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
@@ -572,7 +580,7 @@ class TrustedClient:
             except errors.RepositoryError as e:
                 logger.debug("local %s not usable: %s", name, e)
         if role is None:
-            data, role = await self._fetch_verified(
+            data, fetched = await self._fetch_verified(
                 name,
                 self._metadata_name(state.root, name, meta.version),
                 meta.length or self.config.targets_max_length,
@@ -580,6 +588,7 @@ class TrustedClient:
             )
             if persist:
                 self._store.write(name, data)
+            role = fetched
         self._roles[key] = role
         while len(self._roles) > self.config.bin_cache_size:
             self._roles.popitem(last=False)

@@ -14,8 +14,8 @@ in ``tufproxy client`` or ``mirror sync``) goes through :func:`fetch_verified`:
   while the next bytes are received: receiving, hashing and writing overlap.
 
 The outcome is the verified digests, or ONE typed error: a
-:class:`~proxy.trust.errors.RepositoryError` (the upstream lied; the first
-mirror's lie when several did), :class:`~proxy.trust.errors.UpstreamUnreachable`
+:class:`~proxy.protocol.errors.RepositoryError` (the upstream lied; the first
+mirror's lie when several did), :class:`~proxy.protocol.errors.UpstreamUnreachable`
 (no mirror answered usably), :class:`MissingUpstream` (every mirror said
 404), or whatever the sink raised (our resources: the store's errors pass
 through unchanged).  Nothing here decides HTTP statuses or writes audit
@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.trust.errors import NotFound, RepositoryError, UpstreamUnreachable
-from proxy.trust.hashing import StreamingVerifier, over_length
-from proxy.trust.model import VerifiedTarget
-from proxy.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout, Fetcher
+from proxy.protocol.errors import NotFound, RepositoryError, UpstreamUnreachable
+from proxy.protocol.hashing import StreamingVerifier, over_length
+from proxy.protocol.model import VerifiedTarget
+from proxy.transport.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout, Fetcher
 
 # Batches at least this big are hashed in a thread (hashlib releases the GIL); smaller ones inline.
 _THREAD_HASH_MIN = 256 * 1024

@@ -2,7 +2,7 @@
 
 Files are named ``ROLE.json`` (role names URL-quoted, so a delegated role
 can never name a path outside the directory).  Writes go through
-:func:`proxy.atomic.atomic_write` (temp file, fsync, rename), so a crash
+:func:`proxy.util.atomic.atomic_write` (temp file, fsync, rename), so a crash
 leaves either the old or the new trusted bytes, never a mix.  An exclusive
 ``flock`` on ``.lock``, held for the store's lifetime, keeps two processes
 from ever writing the same directory.
@@ -20,14 +20,15 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
-from proxy.atomic import atomic_write
-from proxy.trust.errors import TrustError
+from proxy.protocol.errors import Fault, TrustError
+from proxy.util.atomic import atomic_write
 
 
 class MetadataDirLocked(TrustError):
     """Another process holds this metadata directory."""
 
     reason = "metadata-dir-locked"
+    fault = Fault.OURS
 
 
 class MetadataStore:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tuf.api.metadata import Metadata
 
-from proxy.trust import errors
-from proxy.trust._tufset import TopLevelSet
+from proxy.protocol import errors
+from proxy.protocol.tufset import TopLevelSet
 from proxy.trust.metadir import MetadataStore
 
 logger = logging.getLogger(__name__)

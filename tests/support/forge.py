@@ -18,9 +18,9 @@ from pathlib import Path
 from tuf.api.metadata import Metadata, MetaFile, TargetFile
 from tuf.api.serialization.json import JSONSerializer
 
-from proxy import index
-from proxy.layout import PageFormat
-from proxy.profiles import get_profile
+from proxy.protocol import index
+from proxy.protocol.layout import PageFormat
+from proxy.protocol.profiles import get_profile
 from proxy.repository.keysource import import_key, open_signer
 
 FORGED_VERSION = "6.6.6"

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from proxy.repository.keyuri import pkcs11_uri
+from proxy.protocol.keyuri import pkcs11_uri
 
 MODULE = "/usr/lib/softhsm/libsofthsm2.so"
 SO_PIN = "8642"

@@ -26,7 +26,7 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy import index
+from proxy.protocol import index
 
 
 @dataclass

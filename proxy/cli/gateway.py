@@ -1,0 +1,432 @@
+"""``tufproxy gateway``: init, serve, ledger, revoke, policy.
+
+``DIR`` is a repository of the signer (:mod:`proxy.repository`) in the
+``gateway`` layout, plus ``DIR/gateway/`` (the ledger, and the effective
+policy ``serve`` last started with) beside its ``keys/`` and ``public/``.
+Edges pin ``DIR/public/metadata/1.root.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aiohttp import web
+from packaging.utils import canonicalize_name
+
+from proxy.cli import ceremony as ceremony_cli
+from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
+from proxy.gateway.app import GatewayApp
+from proxy.gateway.files import FileSource
+from proxy.gateway.freshness import keep_fresh
+from proxy.gateway.ledger import Ledger
+from proxy.gateway.listing import IndexClient
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
+from proxy.gateway.publisher import Publisher
+from proxy.gateway.service import Gateway
+from proxy.protocol.errors import CommandError
+from proxy.repository import Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
+from proxy.serving.config import (
+    ConfigError,
+    Option,
+    _positive_float,
+    _store_url,
+    _url_list,
+    add_arguments,
+    parse_listen,
+    parse_size,
+    read_config,
+    resolve_values,
+)
+from proxy.serving.serve import stop_on_signals
+from proxy.serving.workers import Started, Supervisor
+from proxy.storage.audit import AuditLog
+from proxy.storage.treepush import TreePush
+from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
+from proxy.transport.indexhttp import IndexHTTP, strip_credentials
+from proxy.trust.fetch import Pace
+from proxy.util import logs
+from proxy.util.atomic import atomic_write
+from proxy.util.locks import FetchLocks, Leadership
+
+log = logging.getLogger(__name__)
+DEFAULT_BINS = 1024
+
+
+def ledger_dir(directory: Path) -> Path:
+    return Path(directory) / "gateway"
+
+
+def policy_file(directory: Path) -> Path:
+    """Where ``serve`` records its effective policy for ``tufproxy gateway policy``."""
+    return ledger_dir(directory) / "policy.json"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("index_url", "a plain PEP 503/691 index to take projects from (e.g. https://index.example/simple/); repeat: "
+           "the first index that lists a project wins, never merged", [], _url_list, repeat=True, metavar="URL"),
+    Option("files_origin", "another origin the index's pages may link files to; repeatable (file links anywhere else "
+           "refuse the page)", [], _url_list, repeat=True, metavar="URL"),
+    Option("listen", "address to listen on", "127.0.0.1:8081", parse_listen, metavar="HOST:PORT"),
+    Option("page_ttl", "seconds before a published project's page is fetched again", 600.0, _positive_float, metavar="SECONDS"),
+    Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
+    Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
+           metavar="SECONDS"),
+    Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
+    Option("ca_bundle", "CA certificates to verify the index's TLS with (default: the system's)", None, Path, metavar="FILE"),
+    Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
+    Option("read_timeout", "seconds an index may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
+    Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
+    Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
+    Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
+    Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
+           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
+    Option("store", "also publish the signed repository (metadata, pages, files in DIR/public or --cache-dir) "
+           "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
+           "it from there",
+           None, _store_url, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
+    Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
+    Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
+    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+)
+
+SERVE_HELP = """\
+The miss protocol: an edge (tufproxy serve --profile gateway) that finds no
+signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
+fetches the page from the first index that lists it, checks it, pins its
+files in DIR/gateway/ledger.jsonl, signs it (batched with whatever else
+arrives in --batch-window) and answers {"timestamp_version": N} once that
+timestamp is written, or 404 when no index lists the project. Edges run:
+  tufproxy serve --profile gateway --upstream http://GATEWAY:8081/ \\
+      --root DIR/public/metadata/1.root.json
+
+--workers N runs N processes on one port sharing DIR: each batches its own
+publishes and they sign one at a time under DIR/.lock, re-reading the
+signed state from disk; a project's page is fetched by one of them.
+
+What lives where (back up the first three; the rest is fetched again):
+  DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
+                          (keep offline) and online.pem (the running gateway's)
+  DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
+  DIR/public/simple/      a restore from an older backup keeps versions rising)
+  DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
+                          memory of what was served) and policy.json
+  DIR/public/packages/    files fetched on demand, checked against the ledger;
+                          with --cache-dir DIR2: DIR2/packages/ instead
+  DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
+"""
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    repo = init_repository(args, layout="gateway", clock_versions=True)
+    ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
+    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print("the running gateway needs only the online key")
+    print(f"edges pin {repo.metadata_dir / '1.root.json'}")
+    return 0
+
+
+def _open(directory: Path) -> Repository:
+    try:
+        repo = Repository.open(directory)
+    except RepositoryError as e:
+        raise CommandError(str(e)) from e
+    if repo.profile.name != "gateway":
+        raise CommandError(f"{directory} is a {repo.profile.name} repository; create one with 'tufproxy gateway init'")
+    return repo
+
+
+async def _pusher(values: dict, directory: Path, public: Path,
+                  metrics: GatewayMetrics) -> TreePush | None:
+    """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
+    brought up to date before serving."""
+    if values["store"] is None:
+        return None
+    cache = values["cache_dir"]
+    try:
+        bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
+        pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
+                          {"packages": Path(cache) / "packages"} if cache is not None else None)
+        await pusher.push()
+    except (BucketConfigError, BucketUnavailable) as e:
+        raise CommandError(str(e)) from e
+    return pusher
+
+
+def state_dir(directory: Path, cache_dir: Path | None) -> Path:
+    """Where a running gateway keeps what it can lose: files fetched on demand go under ``packages/``
+    of the cache dir, worker locks and metrics under ``run/``."""
+    return Path(cache_dir) if cache_dir is not None else ledger_dir(directory)
+
+
+@dataclass
+class GatewayWorkers:
+    """``gateway serve`` as a :class:`~proxy.serving.workers.WorkerApp`: the same gateway in every worker, sharing DIR."""
+
+    directory: Path
+    values: dict
+    policy: Policy
+    name: str = "tufproxy gateway serving"
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        return self.values["listen"]
+
+    @property
+    def state_dir(self) -> Path:
+        return state_dir(self.directory, self.values["cache_dir"]) / "run"
+
+    async def start(self, sock: socket.socket) -> Started:
+        started, _ = await _start(self.directory, self.values, self.policy, sock, self.state_dir)
+        return started
+
+
+async def _start(directory: Path, values: dict, policy: Policy, sock: socket.socket | None,
+                 shared: Path | None) -> tuple[Started, int]:
+    """Start one gateway process (on ``sock`` if given); with ``shared``, one of several workers sharing DIR."""
+    repo = _open(directory)
+    try:
+        audit = AuditLog(values["audit_log"])
+    except OSError as e:
+        raise CommandError(f"cannot open the audit log {values['audit_log']}: {e.strerror}") from e
+    metrics = GatewayMetrics()
+    files_origins = tuple(values["files_origin"])
+    http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+    client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
+    ledger = Ledger(ledger_dir(directory))
+    try:
+        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
+        await asyncio.to_thread(repo.keys.check, ONLINE)
+    except KeyUnavailable as e:
+        audit.close()
+        raise CommandError(f"the online key: {e}") from None
+    pusher = await _pusher(values, directory, repo.public_dir, metrics)
+
+    def key_failed(error: KeyUnavailable) -> None:
+        metrics.signing_errors.inc()
+        audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
+
+    publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed)
+    try:
+        locks = FetchLocks(shared / "locks") if shared is not None else None
+        files_dir = values["cache_dir"] or repo.public_dir
+        Path(files_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
+    app = GatewayApp(gateway, files, repo.public_dir)
+    runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    host, port = values["listen"]
+    try:
+        await (web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    publisher.start()
+    pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
+    # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
+    leader = Leadership(shared / "fresh.lock") if shared is not None else None
+    fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
+                                           tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+
+    async def stop() -> None:
+        fresh.cancel()
+        if pushing is not None:
+            pushing.cancel()
+        await publisher.stop()
+        await runner.cleanup()
+        await http.close()
+        audit.close()
+        if leader is not None:
+            leader.close()
+
+    return Started(app.update_gauges, stop), runner.addresses[0][1]
+
+
+async def _serve(directory: Path, values: dict, policy: Policy) -> None:
+    started, port = await _start(directory, values, policy, None, None)
+    stop = stop_on_signals()
+    print(f"tufproxy gateway serving {directory / 'public'} on http://{values['listen'][0]}:{port}/ "
+          f"(indexes: {', '.join(strip_credentials(u)[0] for u in values['index_url'])})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await started.stop()
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        # One read of --config for both tables; every setting is parsed before anything starts.
+        file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
+        values = resolve_values(args, OPTIONS, file_values=file_values)
+        policy = resolve_policy(args, os.environ, file_values, str(args.config))
+    except ConfigError as e:
+        raise CommandError(str(e)) from e
+    if not values["index_url"]:
+        raise CommandError("give --index-url URL (the index to take projects from; there is no default)")
+    if values["workers"] < 1:
+        raise CommandError("--workers: give 1 or more")
+    directory = Path(args.dir)
+    _open(directory)
+    logs.configure(values["log_level"], values["log_format"])
+    try:
+        atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
+    except OSError as e:
+        raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
+    print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    if values["workers"] > 1:
+        return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
+    asyncio.run(_serve(directory, values, policy))
+    return 0
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    entries = Ledger(ledger_dir(Path(args.dir))).entries()
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    for e in entries:
+        if e["kind"] == "project":
+            print(f"project {e['project']} from {e['index']}")
+        elif e["kind"] == "pin":
+            size = "?" if e["size"] is None else e["size"]
+            print(f"pin {e['project']} {e['filename']} sha256={e['hashes'].get('sha256', '?')} size={size} ({e['time']})")
+        else:
+            print(f"revoked {e['project']} {e['filename'] or '(whole project)'}")
+    return 0
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    path = policy_file(Path(args.dir))
+    try:
+        recorded = json.loads(path.read_text())
+        policy = resolve_policy(None, {}, recorded, str(path))
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no policy recorded; 'tufproxy gateway serve' records its effective policy "
+                           "there when it starts") from None
+    except (OSError, ValueError) as e:  # PolicyError is a ValueError
+        raise CommandError(f"cannot read {path}: {e}") from None
+    print(json.dumps(policy.to_json(), indent=2) if args.json else policy.describe(datetime.now(UTC)))
+    return 0
+
+
+def _cmd_revoke(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    repo = Repository.open(directory)
+    project = canonicalize_name(args.project)
+    ledger = Ledger(ledger_dir(directory))
+    ledger.append([{"kind": "revoke", "project": project, "filename": args.filename, "reason": args.reason}])
+    page = repo.current_page(project)
+    if page is not None and args.filename is not None:
+        page = type(page)(name=page.name, files=tuple(f for f in page.files if f.filename != args.filename),
+                          versions=page.versions, api_version=page.api_version)
+    start = time.monotonic()
+    report = repo.publish_pages({project: None if args.filename is None else page} if page is not None else {})
+    audit = AuditLog(args.audit_log)
+    try:
+        audit.refused(reason="revoked", target=f"packages/{project}/{args.filename}" if args.filename else f"simple/{project}/",
+                      detail=args.reason or "revoked by the operator")
+    finally:
+        audit.close()
+    versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
+    took = time.monotonic() - start
+    outcome = f"published {versions} in {took:.2f}s" if versions else "was not published; kept out from now on"
+    print(f"revoked {project} {args.filename or '(whole project)'}: {outcome}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``tufproxy gateway`` and its subcommands."""
+    gw = subparsers.add_parser(
+        "gateway",
+        description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
+        "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
+        "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
+    )
+    sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
+
+    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
+                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=DEFAULT_BINS,
+        help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
+    )
+    add_key_arguments(p)
+    p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
+    p.add_argument(
+        "--offline-expiry",
+        type=_days,
+        default=timedelta(days=365),
+        metavar="DAYS",
+        help="targets and bins lifetime (default: 365)",
+    )
+    p.add_argument(
+        "--online-expiry",
+        type=_days,
+        default=timedelta(days=1),
+        metavar="DAYS",
+        help="timestamp, snapshot and bin-n lifetime (default: 1; re-signed every eighth of it)",
+    )
+    p.set_defaults(func=_guarded(_cmd_init))
+
+    p = sub.add_parser(
+        "serve",
+        help="serve DIR/public and fill it from the index on demand",
+        description="Serve the signed tree in DIR/public over HTTP and publish projects into it on "
+        "demand. Every setting is a flag, a TUFPROXY_<NAME> variable or a key of --config FILE.",
+        epilog=SERVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dir", metavar="DIR")
+    add_arguments(p, OPTIONS)
+    add_policy_arguments(p)
+    p.set_defaults(func=_guarded(_cmd_serve))
+
+    p = sub.add_parser(
+        "policy",
+        help="show the policy the gateway in DIR last started with",
+        description="The effective policy (cooldown, project rules, private names) that "
+        "'tufproxy gateway serve DIR' recorded when it last started.",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
+    p.set_defaults(func=_guarded(_cmd_policy))
+
+    p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_guarded(_cmd_ledger))
+
+    p = sub.add_parser(
+        "revoke",
+        help="remove a project or one file from the signed tree now, and keep it out",
+        description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
+        "later refreshes keep it out, and write an audit record. Works beside a running gateway.",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("project", metavar="PROJECT")
+    p.add_argument("filename", metavar="FILENAME", nargs="?")
+    p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
+    p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.set_defaults(func=_guarded(_cmd_revoke))
+
+    ceremony_cli.register(sub, _open, _guarded)

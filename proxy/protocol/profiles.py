@@ -1,0 +1,137 @@
+"""Repository layouts ("profiles"): what is a target, under which path, served where.
+
+A profile is a small declarative object.  The signer writes a repository
+in a profile's layout, the proxy reads one; neither the server nor the
+trust core knows any profile by name, so a third layout is one more
+:class:`Profile` value here.
+
+``tufproxy`` (our signer's default, see :mod:`proxy.protocol.layout`): targets →
+bins → succinct ``bin-NNNN``; both page renderings, the root list,
+every distribution and ``.metadata`` file are targets, with sha256 and
+sha512; metadata under ``metadata/``.
+
+``gateway`` (what ``tufproxy gateway`` publishes): the ``tufproxy``
+layout, except that distribution and ``.metadata`` files are not targets:
+they are trusted through the signed page's sha256 (and its PEP 700
+``size`` where the index gave one), as in PyPI's draft, so a first
+publish of a project with thousands of files re-signs two page targets,
+not thousands of bins.
+
+``warehouse`` (PyPI's PEP 458 draft: Warehouse with RSTUF, pypi/warehouse
+PR 15815): targets → succinct ``bins-N`` directly; one target per project,
+its **normalised name**, whose bytes are the HTML simple detail page
+Warehouse stores at ``simple/<name>/<blake2b-256>.<name>.html``; hash
+``blake2b-256`` only; distribution files are trusted through the sha256
+in the verified page; no JSON target, no root-list target; metadata under
+``tuf-metadata/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from proxy.protocol.layout import (
+    MIRROR_MANIFEST,
+    MIRROR_STATE_DIR,
+    PageFormat,
+    consistent_name,
+    project_page_target,
+    root_page_target,
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One layout of a PEP 458 repository."""
+
+    name: str
+    metadata_path: str
+    # The role that delegates to the hash bins, and the bins' name prefix.
+    bin_delegator: str
+    bin_prefix: str
+    hash_algorithms: tuple[str, ...]
+    # Page renderings that are targets, the first being the signer's source of truth.
+    signed_formats: tuple[PageFormat, ...]
+    root_list_signed: bool
+    files_are_targets: bool
+    page_target: Callable[[str, PageFormat], str]
+    # Where, relative to a mirror's base URL, a target is served under its digest.
+    served_name: Callable[[str, str], str]
+    # The upstream publishes unknown projects on request (a ``tufproxy gateway``): see proxy/serving/edge.py.
+    miss_protocol: bool = False
+
+    def page_source_format(self, wanted: PageFormat) -> PageFormat:
+        """The signed rendering to verify when a client wants ``wanted``."""
+        return wanted if wanted in self.signed_formats else self.signed_formats[0]
+
+    def root_target(self, fmt: PageFormat) -> str | None:
+        """Target path of the root project list, or None when it is not signed."""
+        return root_page_target(self.page_source_format(fmt)) if self.root_list_signed else None
+
+
+def _warehouse_page_target(project: str, fmt: PageFormat) -> str:
+    return canonicalize_name(project)
+
+
+def _warehouse_served_name(target_path: str, digest: str) -> str:
+    return f"simple/{target_path}/{digest}.{target_path}.html"
+
+
+TUFPROXY = Profile(
+    name="tufproxy",
+    metadata_path="metadata/",
+    bin_delegator="bins",
+    bin_prefix="bin",
+    hash_algorithms=("sha256", "sha512"),
+    signed_formats=(PageFormat.JSON, PageFormat.HTML),
+    root_list_signed=True,
+    files_are_targets=True,
+    page_target=project_page_target,
+    served_name=consistent_name,
+)
+
+GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True)
+
+WAREHOUSE = Profile(
+    name="warehouse",
+    metadata_path="tuf-metadata/",
+    bin_delegator="targets",
+    bin_prefix="bins",
+    hash_algorithms=("blake2b-256",),
+    signed_formats=(PageFormat.HTML,),
+    root_list_signed=False,
+    files_are_targets=False,
+    page_target=_warehouse_page_target,
+    served_name=_warehouse_served_name,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (TUFPROXY, GATEWAY, WAREHOUSE)}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r} (known: {', '.join(PROFILES)})") from None
+
+
+def recorded_profile(directory: Path) -> str | None:
+    """The profile a ``tufproxy mirror sync`` into ``directory`` recorded, None if it recorded none.
+
+    Only a default: the manifest sits on untrusted media, but a profile only
+    says where things live, and every byte is still verified from the root,
+    so a forged one can break serving, never make it trust more.
+    """
+    try:
+        manifest = json.loads((Path(directory) / MIRROR_STATE_DIR / MIRROR_MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    profile = manifest.get("profile") if isinstance(manifest, dict) else None
+    return profile if isinstance(profile, str) else None

@@ -1,0 +1,217 @@
+"""The one place that drives python-tuf's internal ``TrustedMetadataSet``.
+
+Why option (b) of issue 3: python-tuf's ``Updater`` is synchronous, refreshes
+once per instance and freezes its reference time at construction, so a
+long-running asyncio server would have to bridge every download to a worker
+thread and rebuild an ``Updater`` per cycle anyway.  ``TrustedMetadataSet``
+is the byte-level state machine underneath (spec 5.3-5.6: root chain,
+threshold signatures, rollback, freeze, fast-forward recovery, snapshot
+meta checks); driving it directly with awaited downloads keeps the state
+machine and the crypto python-tuf's own, while the I/O is ours.  It is
+internal API, so ``tuf`` is pinned to one minor version (pyproject) and
+``tests/test_tuf_interface.py`` fails loudly if what we use here changes.
+No other module imports ``tuf.ngclient``.
+
+This module is pure: bytes in, verified objects or a typed
+:mod:`proxy.protocol.errors` exception out.  tuf's coarse exceptions are
+mapped onto ours by re-reading the offending bytes on the error path only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+
+from tuf.api import exceptions as tuf_exc
+from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
+from tuf.api.serialization import DeserializationError
+from tuf.ngclient._internal.trusted_metadata_set import TrustedMetadataSet
+from tuf.ngclient.config import EnvelopeType
+
+from proxy.protocol import errors
+from proxy.protocol.verify import check_length_and_hashes
+
+R = TypeVar("R")
+
+
+class TopLevelSet:
+    """Fresh trusted top-level metadata for one refresh cycle.
+
+    Load order is root → timestamp → snapshot → targets, as in the spec.
+    ``load_local_*`` feed previously trusted bytes (rollback protection and
+    cache); their failures are expected and swallowed.  ``update_*`` feed
+    bytes from the network and raise typed errors.
+    """
+
+    def __init__(self, trusted_root: bytes, now: datetime) -> None:
+        self._set = _guard("root", trusted_root, lambda: TrustedMetadataSet(trusted_root, EnvelopeType.METADATA))
+        # The set freezes its clock at construction; pin it to the caller's.
+        self._set.reference_time = now
+        self.now = now
+
+    @property
+    def root(self) -> Root:
+        return self._set.root
+
+    @property
+    def timestamp(self) -> Timestamp:
+        return self._set.timestamp
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._set.snapshot
+
+    @property
+    def targets(self) -> Targets:
+        return self._set.targets
+
+    def has(self, role: str) -> bool:
+        return role in self._set
+
+    def update_root(self, data: bytes) -> Root:
+        trusted = self._set.root.version
+
+        def details(e: Exception) -> errors.TrustError | None:
+            offered = _version_of(data)
+            if isinstance(e, tuf_exc.BadVersionNumberError):
+                if offered is not None and offered <= trusted:
+                    return errors.Rollback("root", trusted, offered)
+                return errors.VersionMismatch("root", trusted + 1, offered or -1)
+            return None
+
+        return _guard("root", data, lambda: self._set.update_root(data), details)
+
+    def load_local_timestamp(self, data: bytes) -> bool:
+        """True when the local timestamp loaded as final (not expired)."""
+        return _swallow(lambda: self._set.update_timestamp(data))
+
+    def update_timestamp(self, data: bytes) -> Timestamp | None:
+        """The new timestamp, or None when it is the version already trusted."""
+        if self._set.root.is_expired(self.now):
+            raise errors.ExpiredMetadata("root", self._set.root.expires)
+        prior = self._set.get(Timestamp.type)
+
+        def details(e: Exception) -> errors.TrustError | None:
+            if isinstance(e, tuf_exc.ExpiredMetadataError):
+                return errors.ExpiredMetadata("timestamp", self._set.timestamp.expires)
+            offered = Metadata[Timestamp].from_bytes(data).signed
+            if isinstance(e, tuf_exc.BadVersionNumberError) and prior is not None and isinstance(offered, Timestamp):
+                if offered.version < prior.version:
+                    return errors.Rollback("timestamp", prior.version, offered.version)
+                return errors.Rollback(
+                    "snapshot", prior.snapshot_meta.version, offered.snapshot_meta.version
+                )
+            return None
+
+        try:
+            return _guard("timestamp", data, lambda: self._set.update_timestamp(data), details)
+        except tuf_exc.EqualVersionNumberError:
+            # Same version as the local one: keep it, but it must still be final.
+            if self._set.timestamp.is_expired(self.now):
+                raise errors.ExpiredMetadata("timestamp", self._set.timestamp.expires) from None
+            return None
+
+    def load_local_snapshot(self, data: bytes) -> bool:
+        """True when the local snapshot is the final one (no download needed)."""
+        return _swallow(lambda: self._set.update_snapshot(data, trusted=True))
+
+    def update_snapshot(self, data: bytes) -> Snapshot:
+        meta = self._set.timestamp.snapshot_meta
+        # Checked here to tell length from hash; tuf is then told not to rehash.
+        check_length_and_hashes("snapshot", data, meta)
+        prior = self._set.get(Snapshot.type)
+
+        def details(e: Exception) -> errors.TrustError | None:
+            if isinstance(e, tuf_exc.ExpiredMetadataError):
+                return errors.ExpiredMetadata("snapshot", self._set.snapshot.expires)
+            offered = Metadata[Snapshot].from_bytes(data).signed
+            if not isinstance(offered, Snapshot):
+                return None  # another role's document: tuf's "expected snapshot" says it
+            if prior is not None:
+                for name, info in prior.meta.items():
+                    new = offered.meta.get(name)
+                    if new is None or new.version < info.version:
+                        role = name.removesuffix(".json")
+                        return errors.Rollback(role, info.version, None if new is None else new.version)
+            if isinstance(e, tuf_exc.BadVersionNumberError):
+                return _version_error("snapshot", meta.version, offered.version)
+            return None
+
+        return _guard("snapshot", data, lambda: self._set.update_snapshot(data, trusted=True), details)
+
+    def load_local_targets(self, data: bytes) -> bool:
+        return _swallow(lambda: self._set.update_targets(data))
+
+    def update_targets(self, data: bytes) -> Targets:
+        meta = self.snapshot_meta("targets")
+        check_length_and_hashes("targets", data, meta)
+
+        def details(e: Exception) -> errors.TrustError | None:
+            if isinstance(e, tuf_exc.ExpiredMetadataError):
+                return errors.ExpiredMetadata("targets", Metadata[Targets].from_bytes(data).signed.expires)
+            if isinstance(e, tuf_exc.BadVersionNumberError):
+                return _version_error("targets", meta.version, _version_of(data) or -1)
+            return None
+
+        return _guard("targets", data, lambda: self._set.update_targets(data), details)
+
+    def snapshot_meta(self, role: str) -> MetaFile:
+        meta = self._set.snapshot.meta.get(f"{role}.json")
+        if meta is None:
+            raise errors.BadMetadata(f"snapshot does not list {role}", role=role)
+        return meta
+
+
+def _version_error(role: str, listed: int, offered: int) -> errors.TrustError:
+    if offered < listed:
+        return errors.Rollback(role, listed, offered)
+    return errors.VersionMismatch(role, listed, offered)
+
+
+def _version_of(data: bytes) -> int | None:
+    try:
+        return Metadata.from_bytes(data).signed.version
+    except Exception:  # noqa: BLE001 (only used to describe an error)
+        return None
+
+
+def _swallow(load: Callable[[], object]) -> bool:
+    try:
+        load()
+        return True
+    except Exception:  # noqa: BLE001 (a local file that does not load is simply not used)
+        return False
+
+
+def _guard(
+    role: str,
+    data: bytes,
+    call: Callable[[], R],
+    details: Callable[[Exception], errors.TrustError | None] | None = None,
+) -> R:
+    """Run a tuf call, turning every exception it raises into a typed refusal of ours.
+
+    Whatever bytes the repository sends, what comes out is a verified object
+    or a :class:`~proxy.protocol.errors.RepositoryError`: the repository lied.
+    """
+    try:
+        return call()
+    except tuf_exc.EqualVersionNumberError:
+        raise
+    except tuf_exc.UnsignedMetadataError as e:
+        raise errors.BadSignature(f"{role}: {e}", role=role) from e
+    except DeserializationError as e:
+        raise errors.BadMetadata(f"{role}: malformed metadata: {e}", role=role) from e
+    except tuf_exc.LengthOrHashMismatchError as e:
+        raise errors.HashMismatch(f"{role}: {e}", role=role) from e
+    except tuf_exc.RepositoryError as e:
+        try:
+            mapped = details(e) if details is not None else None
+        except Exception:  # noqa: BLE001 (bytes too odd to describe further: tuf's message says enough)
+            mapped = None
+        raise mapped or errors.BadMetadata(f"{role}: {e}", role=role) from e
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        # tuf raises these for structurally odd but parseable metadata: the repository's fault,
+        # never a crash.  Anything else is a bug of ours and must not be blamed on the repository.
+        raise errors.BadMetadata(f"{role}: invalid metadata: {type(e).__name__}: {e}", role=role) from e

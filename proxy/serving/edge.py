@@ -1,0 +1,94 @@
+"""The edge's half of the miss protocol: ask the gateway to publish, then trust what it signed.
+
+``tufproxy serve --profile gateway`` calls :meth:`MissProtocol.on_miss`
+when no signed page lists a project.  It POSTs
+``/_tufproxy/publish/<project>`` to the gateway (one worker at a time per
+project, through a cross-process lock file in the cache directory; a worker that
+waited asks again and gets the answer at once), then refreshes its
+trusted metadata until it trusts at least the timestamp version the
+gateway named, and says True so the resolver looks again.  A 404 from
+the gateway is :class:`UnknownTarget` carrying the gateway's reason
+(``denied by policy``, ``claimed private``, ``no index lists it``), which
+the edge's 404 repeats for pip to show.  The whole exchange has a
+deadline well under pip's 15 s read timeout; past it the request is a
+503 with Retry-After (:class:`MetadataPending`).
+
+The gateway's answer is a hint: the page is still verified from the
+root, so a lying gateway can only make an edge wait (or say 404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import Protocol
+
+import aiohttp
+
+from proxy.protocol.errors import MetadataPending, UnknownTarget, UpstreamUnreachable
+from proxy.util.locks import FetchLocks
+
+log = logging.getLogger(__name__)
+
+DEADLINE = 8.0
+RETRY_AFTER = 2
+MAX_DETAIL = 200
+MAX_BODY = 4096
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+class _Refreshable(Protocol):
+    async def refresh_until(self, version: int, timeout: float) -> None: ...
+
+
+class MissProtocol:
+    """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
+
+    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE) -> None:
+        self.gateway_url = gateway_url
+        self.trust = trust
+        self.locks = locks
+        self.deadline = deadline
+
+    async def on_miss(self, project: str) -> bool:
+        """True once the edge trusts a timestamp carrying the project (the gateway's 404 raises UnknownTarget)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.deadline
+        target = f"simple/{project}/"
+        try:
+            async with asyncio.timeout(self.deadline):
+                async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
+                    version = await self._ask(project)
+                await self.trust.refresh_until(version, max(0.1, end - loop.time()))
+        except TimeoutError:
+            raise MetadataPending(target, RETRY_AFTER) from None
+        return True
+
+    async def _ask(self, project: str) -> int:
+        url = f"{self.gateway_url}_tufproxy/publish/{project}"
+        try:
+            # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
+            async with aiohttp.ClientSession() as session, session.post(url) as response:
+                if response.status == 404:
+                    body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
+                    raise UnknownTarget(f"simple/{project}/", detail=_detail(body))
+                if response.status != 200:
+                    raise UpstreamUnreachable(f"publish {project}", [RuntimeError(f"gateway answered HTTP {response.status}")])
+                answer = await response.json(content_type=None)
+        except (aiohttp.ClientError, ValueError) as e:
+            raise UpstreamUnreachable(f"publish {project}", [e]) from e
+        version = answer.get("timestamp_version") if isinstance(answer, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise UpstreamUnreachable(f"publish {project}", [ValueError("gateway answer has no timestamp_version")])
+        return version
+
+
+def _detail(body: bytes) -> str | None:
+    """The gateway's reason in a 404 answer, printable and bounded (it reaches pip's output), or None."""
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        return None
+    return f"gateway: {_UNPRINTABLE.sub('?', detail)[:MAX_DETAIL]}" if isinstance(detail, str) and detail else None

@@ -1,0 +1,586 @@
+"""Deciding what to answer, without sending anything: the proxy's logic apart from HTTP.
+
+:meth:`Resolver.resolve` takes an :class:`Ask` (plain values from the
+request) and returns one decision value, in the way aiohttp's
+``FileResponse`` decides before it sends:
+
+* :class:`Redirect` (PEP 503 name normalisation, ``/`` to ``/simple/``);
+* :class:`Page`: a verified index page, re-rendered with links to us,
+  with its ETag and headers (the hottest kept ready to send);
+* :class:`NotModified`: the client's ``If-None-Match`` names the page the
+  trusted metadata vouches for now (decided without the store);
+* :class:`CachedFile`: a verified blob, PINNED until the decision is
+  released (call :meth:`CachedFile.release`, or use it as a context manager);
+* :class:`Streamed`: a cold download to follow as it arrives;
+* :class:`Refused`: a typed refusal, for :mod:`proxy.serving.refusals` to answer.
+
+Request flow: the path is resolved by :mod:`proxy.protocol.layout` to a target; the
+trust core says what that target must be under the freshest trusted
+metadata (for profiles whose files are not targets, through the project's
+verified page); the bytes come from the verified store or from the one
+fetch-and-verify.  An unknown project page is offered to ``on_miss`` once.
+
+A warm request does the least that keeps every check: path parsing and
+content negotiation are memoised (pure functions of the request), the
+trust core remembers lookups per trusted state but checks expiry at every
+one, and a rendered page is kept under its signed digest, so it can never
+be served once the trusted state stops vouching for that digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from proxy.protocol import index
+from proxy.protocol.errors import (
+    BadPath,
+    ClientMistake,
+    LengthMismatch,
+    NotAcceptable,
+    RepositoryError,
+    StoreError,
+    TrustError,
+    UnknownTarget,
+    UpstreamUnreachable,
+)
+from proxy.protocol.hashing import accepted_hashes, verify_bytes
+from proxy.protocol.layout import (
+    BadRequestPath,
+    PageFormat,
+    TargetKind,
+    TargetRequest,
+    is_valid_filename,
+    page_file_href,
+    parse_request_path,
+    version_of_filename,
+)
+from proxy.protocol.profiles import TUFPROXY, Profile
+from proxy.serving.refusals import Asker, Refusals
+from proxy.storage.audit import AuditLog, AuditWriteError
+from proxy.storage.downloads import Download, Downloads
+from proxy.storage.pagecache import HotPages, IndexCache
+from proxy.storage.store import Blob, BlobStore
+from proxy.transport.upstream import Fetcher
+from proxy.trust import TrustedClient, VerifiedTarget
+from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
+from proxy.trust.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
+from proxy.util.metrics import Metrics
+
+if TYPE_CHECKING:
+    from proxy.storage.tiered import SharedTier
+
+log = logging.getLogger(__name__)
+CONTENT_TYPES = {
+    index.MediaType.JSON_V1: "application/vnd.pypi.simple.v1+json",
+    index.MediaType.HTML_V1: "application/vnd.pypi.simple.v1+html",
+    index.MediaType.HTML: "text/html; charset=utf-8",
+}
+# Media types by Accept header and requests by path: pure functions, a few hot inputs.
+_negotiate = functools.lru_cache(maxsize=256)(index.negotiate)
+_parse_path = functools.lru_cache(maxsize=8192)(parse_request_path)
+_FORMATS = {media: PageFormat.JSON if media is index.MediaType.JSON_V1 else PageFormat.HTML for media in index.MediaType}
+_PAGE_KINDS = (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX)
+# The route label of each kind of request (metrics, audit).
+_ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
+# Sources of files (what each must be, where it comes from), remembered per trusted target.
+_SOURCES_SIZE = 16384
+_READY_PLANS_SIZE = 8192
+# A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
+UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
+OnMiss = Callable[[str], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """What the server needs besides its collaborators."""
+
+    max_file_size: int = 4 * 2**30
+    max_page_size: int = 64 * 2**20
+    max_core_metadata_size: int = MAX_CORE_METADATA_SIZE
+    # /readyz wants an upstream reached within this many seconds (a few refresh intervals).
+    upstream_freshness: float = 180.0
+    # True: hold every byte of a cold file until it is verified (no streaming).
+    verify_before_send: bool = False
+    pace: Pace = Pace()
+    unknown_length_downloads: int = 4
+    # Client connections: at most this many per process; closed when idle (or sending a head) this long.
+    max_connections: int = 1024
+    client_idle_timeout: float = 15.0
+
+
+@dataclass
+class Ask(Asker):
+    """A request, as plain values.  ``whole``: the client needs a finished file (Range, conditional, HEAD)."""
+
+    accept: str | None = None
+    whole: bool = False
+    if_none_match: str | None = None
+    route: str = "other"
+
+
+@dataclass(frozen=True)
+class Redirect:
+    location: str
+    permanent: bool
+
+
+@dataclass(frozen=True)
+class Page:
+    """A rendered page and the headers to send with it (ETag: signed digest and media type)."""
+
+    body: bytes
+    content_type: str
+    etag: str
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class NotModified:
+    """The client holds the page the trusted metadata vouches for now: 304 with these headers."""
+
+    headers: Mapping[str, str]
+
+
+class CachedFile:
+    """A verified blob, pinned in the store from the decision until :meth:`release`."""
+
+    def __init__(self, store: BlobStore, blob: Blob) -> None:
+        self.store = store
+        self.blob = blob
+        store.pin(blob.sha256)
+        self._pinned = True
+
+    def release(self) -> None:
+        if self._pinned:
+            self._pinned = False
+            self.store.unpin(self.blob.sha256)
+
+    def __enter__(self) -> CachedFile:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A cold download to stream: ``length`` is exact when signed, else None (chunked)."""
+
+    download: Download
+    length: int | None
+    served: Callable[[Blob], None]  # call once the whole verified file went out
+    # For a follower whose fetch failed for an upstream reason before it sent a byte: one fresh fetch.
+    again: Callable[[], Download] | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    error: BaseException
+
+
+Decision = Redirect | Page | NotModified | CachedFile | Streamed | Refused
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a file must be and where to fetch it."""
+
+    want: Want
+    role: str
+    urls: list[str]
+
+
+class _AuditingObserver(Observer):
+    """Each mirror attempt as a metric; each lie as an audit record naming the request."""
+
+    def __init__(self, resolver: Resolver, asker: Asker) -> None:
+        self.resolver = resolver
+        self.asker = asker
+
+    def attempt(self, mirror: int, outcome: str, nbytes: int, seconds: float) -> None:
+        m = self.resolver.metrics
+        m.upstream_fetches.labels(str(mirror), outcome).inc()
+        m.upstream_seconds.labels(str(mirror)).observe(seconds)
+        if nbytes:
+            m.upstream_bytes.labels(str(mirror)).inc(nbytes)
+
+    def refused(self, error: RepositoryError, url: str) -> None:
+        self.resolver.refusals.record(self.asker, error, url)
+
+
+class Resolver:
+    """Decides every request of the Simple API and files; knows nothing of HTTP."""
+
+    def __init__(
+        self,
+        trust: TrustedClient,
+        fetcher: Fetcher,
+        store: BlobStore,
+        pages: IndexCache,
+        audit: AuditLog,
+        metrics: Metrics,
+        settings: ProxySettings = ProxySettings(),
+        profile: Profile = TUFPROXY,
+        file_origins: tuple[str, ...] = (),
+        on_miss: OnMiss | None = None,
+        page_fetcher: Fetcher | None = None,
+        shared: SharedTier | None = None,
+    ) -> None:
+        self.trust = trust
+        self.fetcher = fetcher
+        # Pages are small and every resolve needs them: give them a pool file downloads cannot fill.
+        self.page_fetcher = page_fetcher or fetcher
+        self.store = store
+        self.pages = pages
+        self.audit = audit
+        self.metrics = metrics
+        self.settings = settings
+        self.profile = profile
+        self.on_miss = on_miss
+        self.refusals = Refusals(audit, metrics, trust)
+        # URL prefixes a verified page may point files at (warehouse profile): the mirrors
+        # and any file host the operator named. Anything else is never fetched.
+        self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
+        self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
+        self._hot: HotPages[Page] = HotPages()
+        # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
+        self._ready_plans: dict[tuple[str, str | None], tuple[str, index.MediaType, str] | None] = {}
+        # Request target path -> (the trusted target it was derived from, its source).
+        self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
+        # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
+        self._rechecked: set[str] = set()
+
+    async def resolve(self, ask: Ask) -> Decision:
+        """The decision for ``ask``; never raises a refusal, returns it."""
+        try:
+            return await self._resolve(ask)
+        except (TrustError, StoreError, AuditWriteError, ClientMistake) as e:
+            return Refused(e)
+
+    async def _resolve(self, ask: Ask) -> Decision:
+        try:
+            req = _parse_path(ask.path)
+        except BadRequestPath as e:
+            if ask.path in ("/", ""):
+                return Redirect("simple/", permanent=False)
+            ask.route = "bad_path"
+            raise BadPath(str(e)) from None
+        ask.route = _ROUTES[req.kind]
+        if req.kind in _PAGE_KINDS:
+            if req.redirect_to is not None:
+                return Redirect(req.redirect_to, permanent=True)
+            return await self._page(ask, req)
+        return await self._file(ask, req)
+
+    # -- pages ---------------------------------------------------------
+    def ready(self, path: str, accept: str | None, if_none_match: str | None) -> tuple[str, Page | NotModified] | None:
+        """The route and answer of a page request that is ready now, with no wait: its target
+        remembered under the live trusted state (expiry checked now) and its page kept rendered
+        (or the client's ETag naming it).  None: :meth:`resolve` it (which may fetch, wait or refuse).
+        """
+        plans, key = self._ready_plans, (path, accept)
+        if key in plans:
+            plan = plans[key]
+        else:
+            plan = self._ready_plan(path, accept)
+            if len(plans) >= _READY_PLANS_SIZE:
+                del plans[next(iter(plans))]
+            plans[key] = plan
+        if plan is None:
+            return None
+        route, media, target_path = plan
+        target = self.trust.remembered(target_path)
+        if target is None:
+            return None
+        answer = self._kept(target, media, if_none_match)
+        return None if answer is None else (route, answer)
+
+    def _ready_plan(self, path: str, accept: str | None) -> tuple[str, index.MediaType, str] | None:
+        """A page request's route, media type and target path; None for any other request."""
+        try:
+            req = _parse_path(path)
+            if req.kind not in _PAGE_KINDS or req.redirect_to is not None:
+                return None
+            media, _, target_path = self._page_plan(req, accept)
+        except (BadRequestPath, ClientMistake):
+            return None
+        return _ROUTES[req.kind], media, target_path
+
+    async def _page(self, ask: Ask, req: TargetRequest) -> Page | NotModified:
+        media, source, target_path = self._page_plan(req, ask.accept)
+        if req.kind is TargetKind.ROOT_INDEX:
+            ask.target = target_path
+            target = await self.trust.get_target(target_path)
+        else:
+            assert req.project is not None
+            target = await self._page_target(ask, req.project, source)
+        answer = self._kept(target, media, ask.if_none_match)
+        if answer is not None:
+            return answer
+        raw = await self._page_bytes(ask, target)
+        fmt = _FORMATS[media]
+        try:
+            body = _render(req, raw, source, fmt)
+        except index.IndexParseError as e:
+            raise _Malformed(target.path, str(e)) from e
+        etag = _etag(_first_hash(target), media)
+        page = Page(body, CONTENT_TYPES[media], etag,
+                    {"Content-Type": CONTENT_TYPES[media], "Vary": "Accept", "ETag": etag})
+        self._hot.put((target.path, _first_hash(target), media.value), page, len(body))
+        return page
+
+    def _page_plan(self, req: TargetRequest, accept: str | None) -> tuple[index.MediaType, PageFormat, str]:
+        """A page request's media type (negotiated), the signed format it is rendered from, and its target path."""
+        media = _negotiate(accept)
+        if media is None:
+            raise NotAcceptable(accept or "")
+        source = self.profile.page_source_format(_FORMATS[media])
+        if req.kind is TargetKind.ROOT_INDEX:
+            target_path = self.profile.root_target(_FORMATS[media])
+            if target_path is None:
+                raise BadPath(f"the root project list is not signed in the {self.profile.name} layout: "
+                              "ask for /simple/<project>/")
+            return media, source, target_path
+        assert req.project is not None
+        return media, source, self.profile.page_target(req.project, source)
+
+    def _kept(self, target: VerifiedTarget, media: index.MediaType, if_none_match: str | None) -> Page | NotModified | None:
+        """The answer without the page's bytes: 304 when ``If-None-Match`` names the page ``target``
+        vouches for, else the page if it is kept rendered; None: render it."""
+        digest = _first_hash(target)
+        page = self._hot.get((target.path, digest, media.value))
+        if page is not None:
+            self.metrics.hit("page")
+        if if_none_match is not None:
+            etag = page.etag if page is not None else _etag(digest, media)
+            if _etag_matches(if_none_match, etag):
+                return NotModified(_not_modified_headers(etag))
+        return page
+
+    async def _page_target(self, ask: Ask, project: str, fmt: PageFormat) -> VerifiedTarget:
+        """A project page's signed target; an unknown one is offered to ``on_miss`` once.
+
+        ``on_miss`` returning False means "still unknown" (404); True (or None,
+        for hooks that signal only by raising) means "look up once more".
+        """
+        path = self.profile.page_target(project, fmt)
+        ask.target = path
+        try:
+            return await self.trust.get_target(path)
+        except UnknownTarget:
+            if self.on_miss is None or await self.on_miss(project) is False:
+                raise
+        return await self.trust.get_target(path)
+
+    async def _page_bytes(self, ask: Ask, target: VerifiedTarget) -> bytes:
+        """A page's verified bytes: from the page cache (re-hashed at first use here), or fetched."""
+        algorithm, digest = next(iter(accepted_hashes(target.path, target.hashes, target.role).items()))
+        cache_key = IndexCache.key(target.path, algorithm, digest)
+        data = await asyncio.to_thread(self.pages.get, cache_key)
+        if data is not None:
+            if cache_key not in self._rechecked:
+                try:
+                    verify_bytes(target.path, target.hashes, target.length, data, role=target.role)
+                except RepositoryError:
+                    # Someone wrote the cache volume, or bit rot: drop it and fetch again.
+                    log.error("cached page %s failed its re-check: dropped, refetching", target.path)
+                    await asyncio.to_thread(self.pages.delete, cache_key)
+                    data = None
+                else:
+                    self._rechecked.add(cache_key)
+            if data is not None:
+                self.metrics.hit("page")
+                return data
+        self.metrics.miss("page")
+        if target.length > self.settings.max_page_size:
+            raise LengthMismatch(f"{target.path}: signed length {target.length} exceeds the page limit",
+                                 target=target.path, expected=self.settings.max_page_size, actual=target.length)
+        want, urls, observer = Want.of(target), self.trust.target_urls(target), _AuditingObserver(self, ask)
+
+        def fetch(urls: list[str], observer: Observer) -> Awaitable[bytes]:
+            return fetch_bytes(self.page_fetcher, want, urls, pace=self.settings.pace, observer=observer)
+        shared = self.downloads.shared
+        data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer, fetch))
+        await asyncio.to_thread(self.pages.set, cache_key, data)
+        self._rechecked.add(cache_key)
+        return data
+
+    # -- files ---------------------------------------------------------
+    async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
+        ask.target = req.target_path()
+        source = await self._file_source(ask, req)
+        want = source.want
+        if want.exact and want.length > self.settings.max_file_size:
+            raise LengthMismatch(f"{want.path}: {want.length} bytes is over the --max-file-size limit",
+                                 target=want.path, expected=self.settings.max_file_size, actual=want.length)
+        kind = "metadata" if want.path.endswith(".metadata") else "file"
+        cached = await self._cached(want)
+        if cached is not None:
+            self.metrics.hit(kind)
+            return self._serve(ask, source, cached)
+        self.metrics.miss(kind)
+        download, joined = self._start(ask, source)
+        if not (self.settings.verify_before_send or ask.whole):
+            return Streamed(download, want.length if want.exact else None,
+                            lambda blob: self._accepted(ask, source, blob),
+                            (lambda: self._start(ask, source)[0]) if joined else None)
+        try:
+            blob = await asyncio.shield(download.result)
+        except UPSTREAM_FAILURES:
+            if not joined:
+                raise
+            download, _ = self._start(ask, source)
+            blob = await asyncio.shield(download.result)
+        return self._serve(ask, source, blob)
+
+    def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
+        want = source.want
+        download, joined = self.downloads.start(
+            f"{want.path}@{_first_hash_of(want.hashes)}", want, source.urls, _AuditingObserver(self, ask),
+            lambda: self.store.get(want.hashes["sha256"], want.length if want.exact else None)
+            if "sha256" in want.hashes else None)
+        if joined:
+            self.metrics.singleflight_joins.inc()
+        return download, joined
+
+    async def _cached(self, want: Want) -> Blob | None:
+        sha = want.hashes.get("sha256")
+        if sha is None:
+            return None
+        blob = self.store.get(sha, want.length if want.exact else None)
+        if blob is None or blob.sha256 in self._rechecked:
+            return blob
+        with self.store.in_use(blob.sha256):
+            sound = await asyncio.to_thread(self.store.verify, blob, dict(want.hashes))
+        if not sound:
+            log.error("blob %s failed its re-check (bit rot?): evicted, refetching", blob.sha256)
+            return None
+        self._rechecked.add(blob.sha256)
+        return blob
+
+    def _serve(self, ask: Ask, source: _Source, blob: Blob) -> CachedFile:
+        decision = CachedFile(self.store, blob)  # pinned before any await
+        self._accepted(ask, source, blob)
+        return decision
+
+    def _accepted(self, ask: Ask, source: _Source, blob: Blob) -> None:
+        self._rechecked.add(blob.sha256)
+        if self.audit.log_accepted:
+            self.audit.accepted(request_id=ask.request_id, client=ask.client, request_path=ask.path,
+                                target=source.want.path, role=source.role, length=blob.size,
+                                hashes=dict(source.want.hashes))
+
+    async def _file_source(self, ask: Ask, req: TargetRequest) -> _Source:
+        """What a file must be, and its URLs: its own target, or its entry on the verified page.
+
+        Remembered per request path for as long as the trust core answers with
+        the same target object, i.e. while the trusted state that vouched for
+        it is live (the lookup itself, with its expiry check, runs every time).
+        A signed target's length is exact; through a page,
+        :mod:`proxy.trust.pagefiles` decides (PEP 700 ``size`` exact, else a bound).
+        """
+        path = req.target_path()
+        if self.profile.files_are_targets:
+            target = await self.trust.get_target(path)
+        else:
+            assert req.project is not None
+            target = await self._page_target(ask, req.project, self.profile.signed_formats[0])
+            ask.target = path
+        known = self._sources.get(path)
+        if known is not None and known[0] is target:
+            return known[1]
+        source = await self._new_file_source(ask, req, target)
+        if len(self._sources) >= _SOURCES_SIZE:
+            del self._sources[next(iter(self._sources))]
+        self._sources[path] = (target, source)
+        return source
+
+    async def _new_file_source(self, ask: Ask, req: TargetRequest, target: VerifiedTarget) -> _Source:
+        """:meth:`_file_source` for ``target``: the file's own, or its project page's."""
+        path = req.target_path()
+        if self.profile.files_are_targets:
+            hashes = accepted_hashes(path, target.hashes, target.role)
+            return _Source(Want(path, hashes, target.length, True, target.role), target.role,
+                           self.trust.target_urls(target))
+        assert req.project is not None and req.filename is not None
+        page_target = target
+        raw = await self._page_bytes(ask, page_target)
+        try:
+            page = _parse(raw, req.project, self.profile.signed_formats[0])
+        except index.IndexParseError as e:
+            raise _Malformed(page_target.path, str(e)) from e
+        dist = next((f for f in page.files if f.filename == req.filename), None)
+        if dist is None:
+            raise UnknownTarget(path)
+        core = req.kind is TargetKind.CORE_METADATA
+        want = file_want(path, page_target, dist, core=core, max_file_size=self.settings.max_file_size,
+                         max_core_metadata_size=self.settings.max_core_metadata_size)
+        urls = file_urls(path, self.trust.target_urls(page_target), dist, core=core, origins=self.file_origins)
+        return _Source(want, want.role or "", urls)
+
+
+class _Malformed(RepositoryError):
+    """A page whose bytes verified but which is not a Simple API page."""
+
+    reason = "malformed-page"
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(f"{target}: signed page does not parse: {detail}", target=target)
+
+
+def _first_hash(target: VerifiedTarget) -> str:
+    return _first_hash_of(target.hashes)
+
+
+def _first_hash_of(hashes: Mapping[str, str]) -> str:
+    return next(iter(hashes.values()))
+
+
+_MEDIA_TAGS = {index.MediaType.JSON_V1: "json", index.MediaType.HTML_V1: "html1", index.MediaType.HTML: "html"}
+
+
+def _etag(digest: str, media: index.MediaType) -> str:
+    """A page's ETag: the signed digest it was rendered from, and the media type it was rendered as."""
+    return f'"{digest[:40]}-{_MEDIA_TAGS[media]}"'
+
+
+def _etag_matches(if_none_match: str, etag: str) -> bool:
+    """RFC 9110 weak comparison of ``If-None-Match`` with the current ETag (``*`` matches any)."""
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(",", 64))
+
+
+@functools.lru_cache(maxsize=1024)
+def _not_modified_headers(etag: str) -> Mapping[str, str]:
+    return {"ETag": etag, "Vary": "Accept"}
+
+
+def _parse(raw: bytes, project: str, fmt: PageFormat) -> index.ProjectPage:
+    return index.parse_project_json(raw, project) if fmt is PageFormat.JSON else index.parse_project_html(raw, project)
+
+
+def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat) -> bytes:
+    """Re-render a verified page (read as ``source``, written as ``fmt``) with every file link pointing at this proxy."""
+    if req.kind is TargetKind.ROOT_INDEX:
+        plist = index.parse_project_list_json(raw) if source is PageFormat.JSON else index.parse_project_list_html(raw)
+        return index.render_project_list_json(plist) if fmt is PageFormat.JSON else index.render_project_list_html(plist)
+    assert req.project is not None
+    project = req.project
+    page = _parse(raw, project, source)
+    # A name the router refuses could never be fetched through this proxy (and a '#' in it
+    # would break the link): leave such entries out rather than fail the whole page.
+    page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
+    page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
+    if fmt is PageFormat.JSON and not page.versions:
+        # An HTML page has no PEP 700 versions list: derive it from the file names.
+        versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))
+        page = dataclasses.replace(page, versions=tuple(versions))
+    return index.render_project_json(page) if fmt is PageFormat.JSON else index.render_project_html(page)

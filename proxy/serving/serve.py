@@ -1,0 +1,357 @@
+"""A running proxy from resolved settings: :func:`start` wires the parts together.
+
+This is the only place that knows how the parts fit together: the store,
+the trust core and its fetcher, the audit log, the metrics and the HTTP
+application.  The commands that run it (``tufproxy serve`` and ``demo``)
+are in :mod:`proxy.cli.serve`; :mod:`proxy.serving.workers` runs it in N processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
+from proxy.protocol.model import ExpiryOverride
+from proxy.serving.config import ServeConfig
+from proxy.serving.edge import MissProtocol
+from proxy.serving.resolver import ProxySettings, Resolver
+from proxy.serving.server import Proxy
+from proxy.storage.audit import AuditLog
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import BlobStore
+from proxy.storage.tiered import SharedTier
+from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
+from proxy.transport.local import LocalFetcher
+from proxy.transport.upstream import AiohttpFetcher, Fetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.fetch import Pace
+from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.slots import catch_up
+from proxy.util.locks import FetchLocks
+from proxy.util.metrics import Metrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# In-flight requests get this long to finish after SIGTERM (Kubernetes' default grace is 30 s).
+DRAIN_SECONDS = 25.0
+# Processes sharing one cache dir each hold one trusted-metadata directory of at most this many.
+MAX_METADATA_SLOTS = 64
+_SLOT_LOCK_WAIT = 30.0
+BACKLOG = 1024
+
+
+@dataclass
+class Running:
+    """A started proxy: its runner (to stop it) and the port it got."""
+
+    runner: web.AppRunner
+    proxy: Proxy
+    port: int
+    refresher: asyncio.Task[None]
+    metadata_fetcher: Fetcher
+
+    async def stop(self) -> None:
+        self.refresher.cancel()
+        await self.runner.cleanup()
+        await self.proxy.resolver.fetcher.close()
+        await self.metadata_fetcher.close()
+        self.proxy.resolver.pages.close()
+        self.proxy.resolver.audit.close()
+
+
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (OSError if it cannot be); listening unless told not to."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
+    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
+    if config.repository is not None:
+        local = LocalFetcher(config.repository)
+        base = local.base_url()
+        return local, local, [Mirror(config.metadata_url(base), base)]
+    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+    # No total timeout for files: Pace abandons slow bodies, however big the file.
+    files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                           total_timeout=None, per_host=config.mirror_downloads)
+    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+
+
+def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
+    """The operator's expired-metadata override, announced now and on every lookup it changes."""
+    if until is None:
+        return None
+    if until <= datetime.now(UTC):
+        log.warning("allow_expired_until %s has passed: metadata expiry is enforced", until.isoformat())
+    else:
+        log.warning("OPERATOR OVERRIDE: expired TUF metadata is accepted until %s (allow_expired_until); "
+                    "signatures, versions and hashes are still checked, freeze attacks are NOT detected",
+                    until.isoformat())
+
+    def report(target: str, expired: ExpiredMetadata) -> None:
+        log.warning("expired-metadata override used for %s: %s (override until %s)", target, expired, until.isoformat())
+        # Never silent: every use is an audit record too (a failed write fails the request).
+        audit.override(target=target, role=expired.role, expired=str(expired.expected or expired),
+                       until=until.isoformat(), message=str(expired))
+
+    return ExpiryOverride(until, report)
+
+
+def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig, slots: list[Path]) -> None:
+    """Pin the root in a new slot, then catch up with the newest state any slot trusts (re-verified)."""
+    try:
+        root_bytes = config.root_file.read_bytes()
+    except OSError as e:
+        raise CommandError(f"cannot read the pinned root {config.root_file}: {e.strerror}") from e
+    if config.root is None:
+        log.warning("trusting the root in the served tree itself (%s): pin one with --root", config.root_file)
+    try:
+        if not (metadata_dir / "root.json").exists():
+            TrustedClient.initialize(metadata_dir, root_bytes)
+        catch_up(metadata_dir, root_bytes, slots)
+    except MetadataDirLocked:
+        raise
+    except TrustError as e:
+        raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
+
+
+async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[Mirror],
+                          trust_config: TrustConfig) -> TrustedClient:
+    """A trusted-metadata directory of this process's own, seeded from the pinned root if new.
+
+    Slot 0 is ``cache/metadata``, what a single process always used; other
+    processes sharing the cache (workers, replicas on a shared volume) take
+    the first free ``cache/metadata/worker-K``.  Each slot keeps its own
+    rollback protection under its own lock, so no metadata file ever has
+    two writers; a slot taken starts from the newest state any slot trusts,
+    re-verified from the pinned root (:func:`proxy.trust.slots.catch_up`).
+    Slots are chosen under ``.slots.lock``, so a root is only ever written
+    into a slot that has none, never over a newer one.
+    """
+    base = config.cache_dir / "metadata"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base / ".slots.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise CommandError(f"cache dir {config.cache_dir} is not usable: {e}") from e
+    try:
+        deadline = time.monotonic() + _SLOT_LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CommandError(f"{base / '.slots.lock'} stayed locked for {_SLOT_LOCK_WAIT:.0f}s") from None
+                await asyncio.sleep(0.01)
+        slots = [base if k == 0 else base / f"worker-{k}" for k in range(MAX_METADATA_SLOTS)]
+        for metadata_dir in slots:
+            try:
+                _seed_metadata_dir(metadata_dir, config, slots)
+                return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
+            except MetadataDirLocked:
+                continue
+        raise CommandError(f"more than {MAX_METADATA_SLOTS} processes share the cache dir {config.cache_dir}")
+    finally:
+        os.close(fd)
+
+
+async def start(config: ServeConfig, sock: socket.socket | None = None) -> Running:
+    """Bind ``config.listen`` (unless given ``sock``), open the cache, load trusted metadata, listen.
+
+    Errors are :class:`CommandError`, with everything opened so far closed again.
+    """
+    async with contextlib.AsyncExitStack() as opened:
+        running = await _start(config, sock, opened)
+        opened.pop_all()  # from here on, Running.stop closes them
+        return running
+
+
+async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    host, port = config.listen
+    if sock is None:
+        # Bound first, so a busy port is the one error line at once, not after an initial refresh that
+        # may warn; listening only once ready (asyncio's server calls listen()).
+        try:
+            sock = bind(host, port, listen=False)
+        except OSError as e:
+            raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+        opened.callback(sock.close)
+    try:
+        store = BlobStore(config.cache_dir, max_bytes=config.cache_size)
+        pages = IndexCache(config.cache_dir)
+    except (StoreError, OSError) as e:
+        raise CommandError(f"cache dir {config.cache_dir} is not usable: {e}") from e
+    opened.callback(pages.close)
+    try:
+        audit = AuditLog(config.audit_log, log_accepted=config.audit_accepted)
+    except OSError as e:
+        raise CommandError(f"cannot open the audit log {config.audit_log}: {e.strerror}") from e
+    opened.callback(audit.close)
+    metrics = Metrics()
+    bucket = await _open_bucket(config, metrics)
+    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
+    opened.push_async_callback(fetcher.close)
+    if file_fetcher is not fetcher:
+        opened.push_async_callback(file_fetcher.close)
+    layout = config.layout
+    trust = await _trusted_client(
+        config,
+        fetcher,
+        mirrors,
+        TrustConfig(
+            refresh_interval=config.refresh_interval,
+            miss_wait=config.miss_wait,
+            served_name=layout.served_name,
+            expiry_override=_expiry_override(config.allow_expired_until, audit),
+        ),
+    )
+    opened.callback(trust.close)
+    try:
+        await trust.refresh()
+    except TrustError as e:
+        # Keep starting: requests will retry the refresh and fail closed until it works.
+        log.warning("initial metadata refresh failed: %s", e)
+    gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
+    on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
+    settings = ProxySettings(
+        max_file_size=config.max_file_size,
+        upstream_freshness=max(3 * config.refresh_interval, 30.0),
+        verify_before_send=config.verify_before_send,
+        max_connections=config.max_connections,
+        client_idle_timeout=config.client_timeout,
+        pace=Pace(stall=config.read_timeout, min_rate=config.min_rate),
+    )
+    shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
+    proxy = Proxy(
+        Resolver(
+            trust,
+            file_fetcher,
+            store,
+            pages,
+            audit,
+            metrics,
+            settings,
+            layout,
+            tuple(config.files_url),
+            on_miss=on_miss,
+            page_fetcher=page_fetcher,
+            shared=shared,
+        )
+    )
+    runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
+    await runner.setup()
+    opened.push_async_callback(runner.cleanup)
+    try:
+        await web.SockSite(runner, sock).start()
+    except OSError as e:
+        raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    actual = runner.addresses[0][1]
+    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
+    return Running(runner, proxy, actual, refresher, fetcher)
+
+
+async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
+    """The ``--store`` bucket, asked once: credentials it refuses end start-up with one line; a bucket
+    that does not answer yet does not (requests get 503s and /readyz says why until it does)."""
+    if config.store is None:
+        return None
+    try:
+        bucket = Bucket(config.store, metrics.bucket, endpoint_url=config.s3_endpoint_url, timeout=config.s3_timeout)
+        await bucket.probe()
+    except (BucketConfigError, BucketDenied) as e:
+        raise CommandError(str(e)) from None
+    except BucketUnavailable as e:
+        log.warning("%s (starting anyway)", e)
+    log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir, bucket.aws.source)
+    return bucket
+
+
+def _bucket_tier(
+    config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher, page_fetcher: Fetcher
+) -> tuple[SharedTier | None, Fetcher, Fetcher]:
+    """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror
+    of files and pages (the fetchers returned read its URLs from it)."""
+    if bucket is None:
+        return None, file_fetcher, page_fetcher
+    return (
+        SharedTier(bucket, config.s3_lease_seconds, config.s3_wait),
+        BucketFetcher(bucket, file_fetcher),
+        BucketFetcher(bucket, page_fetcher),
+    )
+
+
+async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
+    """Refresh in the background, so requests find fresh metadata instead of waiting for it.
+
+    Nothing a refresh raises ends this loop: a failure is logged and counted, and
+    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    """
+    failures = 0
+    while True:
+        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
+        try:
+            await trust.refresh(force=failures > 0)
+            failures = 0
+            continue
+        except TrustError as e:
+            reason = e.reason
+            log.warning("background refresh failed (%s): %s", e.reason, e)
+        except Exception:
+            reason = "internal-error"
+            log.exception("background refresh failed unexpectedly")
+        metrics.refresh_failures.labels(reason).inc()
+        failures += 1
+
+
+def run_loop(main: Coroutine[Any, Any, T], use_uvloop: bool) -> T:
+    """Run ``main`` to completion on uvloop (if ``use_uvloop`` and it is installed), else on
+    asyncio's own loop.  uvloop cuts the cost of a warm page hit, but has no sendfile: files
+    are then copied through the loop, so it is opt-in (``--uvloop yes``)."""
+    factory = None
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            log.info("uvloop is not installed: running on asyncio's own event loop")
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set; install it before saying how to stop us."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

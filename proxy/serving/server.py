@@ -1,0 +1,243 @@
+"""The HTTP face of the proxy: thin aiohttp handlers that send what the resolver decided.
+
+:class:`~proxy.serving.resolver.Resolver` decides every Simple API and file
+request (no aiohttp there); this module turns its decision into a
+response: a page, a pinned blob (sendfile, ``Range``, ``If-None-Match``,
+``HEAD``), a cold file streamed as it arrives, or a refusal answered as
+:mod:`proxy.serving.refusals` says (status, reason phrase pip prints, audit
+record, metric).  It also serves ``/metrics``, ``/healthz`` and ``/readyz``.
+
+A streamed cold file holds back its final byte until every signed hash
+matched (:mod:`proxy.serving.streaming`, shared with the gateway); on a refusal
+the connection is reset instead (the refusal is still counted and audited
+as the table says), so no client ever holds a complete file that was not
+verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from proxy.protocol.errors import StoreError
+from proxy.protocol.requesthead import SimpleHead
+from proxy.serving import hotpath
+from proxy.serving.connections import BoundedRunner, ClientBounds
+from proxy.serving.refusals import Answer
+from proxy.serving.resolver import (
+    UPSTREAM_FAILURES,
+    Ask,
+    CachedFile,
+    NotModified,
+    Page,
+    Redirect,
+    Refused,
+    Resolver,
+    Streamed,
+)
+from proxy.serving.streaming import first_bytes, send_download
+from proxy.util.logs import new_request_id, request_id
+from proxy.util.metrics import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+# Headers that need the whole file on disk (FileResponse answers them): no streaming then.
+_WHOLE_FILE_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Range", "If-Match", "If-Unmodified-Since")
+_FILE_HEADERS = {
+    "Content-Type": "application/octet-stream",
+    # A file name's bytes never change on an index: let clients and caches keep it.
+    "Cache-Control": "public, max-age=31536000, immutable",
+}
+
+
+class Proxy:
+    """The aiohttp application over a :class:`~proxy.serving.resolver.Resolver`."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
+        self.trust = resolver.trust
+        self.store = resolver.store
+        self.metrics = resolver.metrics
+        self.settings = resolver.settings
+        self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
+        self._evictions_reported = 0
+
+    def runner(self, **kwargs: Any) -> web.AppRunner:
+        """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout),
+        answering ready pages below aiohttp's web layer (:mod:`proxy.serving.hotpath`)."""
+        return BoundedRunner(self.app(), self.clients, self._ready, **kwargs)
+
+    def _ready(self, head: SimpleHead, protocol: Any) -> bytes | None:
+        """The hot path's answer: a page request the resolver has ready, counted as the middleware
+        counts every request; None: aiohttp takes it."""
+        start = time.monotonic()
+        ready = self.resolver.ready(head.path, head.accept, head.if_none_match)
+        if ready is None:
+            return None
+        route, answer = ready
+        self.clients.touch(protocol)
+        if isinstance(answer, Page):
+            status, body = 200, answer.body
+        else:
+            status, body = 304, b""
+        data = hotpath.response(status, answer.headers, body, new_request_id(head.request_id), head.method == "HEAD")
+        self.metrics.hot_request(route, status, time.monotonic() - start)
+        return data
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware])
+        app.router.add_get("/metrics", self._metrics, name="metrics")
+        app.router.add_get("/healthz", self._healthz, name="healthz")
+        app.router.add_get("/readyz", self._readyz, name="readyz")
+        app.router.add_get("/{tail:.*}", self._dispatch, name="simple")
+        return app
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        start = time.monotonic()
+        rid = new_request_id(request.headers.get("X-Request-Id"))
+        token = request_id.set(rid)
+        self.clients.begin(request.protocol)
+        try:
+            response = await handler(request)
+        except web.HTTPException as e:
+            response = e
+        finally:
+            request_id.reset(token)
+            self.clients.end(request.protocol)
+        route = request.get("route", request.match_info.route.name or "other")
+        response.headers["X-Request-Id"] = rid
+        self.metrics.request(route, response.status, time.monotonic() - start)
+        if isinstance(response, web.HTTPException):
+            raise response
+        return response
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        headers = request.headers
+        ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
+                  accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
+                  whole=request.method == "HEAD" or _asks_whole_file(headers))
+        decision = await self.resolver.resolve(ask)
+        request["route"] = ask.route
+        if isinstance(decision, Refused):
+            return self._refused(ask, decision.error)
+        if isinstance(decision, Redirect):
+            raise (web.HTTPMovedPermanently if decision.permanent else web.HTTPFound)(decision.location)
+        if isinstance(decision, Page):
+            return web.Response(body=decision.body, headers=decision.headers)
+        if isinstance(decision, NotModified):
+            return web.Response(status=304, headers=decision.headers)
+        if isinstance(decision, CachedFile):
+            return _PinnedFileResponse(decision, self.clients)
+        return await self._stream(request, ask, decision)
+
+    def _refused(self, ask: Ask, error: BaseException) -> web.Response:
+        return _answer(self.resolver.refusals.answer(ask, error))
+
+    async def _stream(self, request: web.Request, ask: Ask, decision: Streamed) -> web.StreamResponse:
+        """Send a cold file as it arrives, the final byte only once it is verified."""
+        download = decision.download
+        joined = decision.again is not None
+        first = await first_bytes(download, joined)
+        if first is not None and decision.again is not None and isinstance(first, UPSTREAM_FAILURES):
+            download = decision.again()
+            first = await first_bytes(download, joined=False)
+        if first is not None:
+            return self._refused(ask, first)
+        response, blob = await send_download(request, download, _FILE_HEADERS, decision.length)
+        if blob is not None:
+            decision.served(blob)
+        elif download.result.done() and not download.result.cancelled() and download.result.exception():
+            # Too late for a status: the refusal still gets its metric, audit record and log line.
+            self.resolver.refusals.answer(ask, download.result.exception())  # type: ignore[arg-type]
+        return response
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.update_gauges()
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def update_gauges(self) -> None:
+        """Bring the gauges (trusted versions, expiry, cache size) up to date: at each scrape, and
+        periodically in workers, whose gauges other workers report."""
+        status = self.trust.status()
+        now = time.time()
+        for role, info in status.get("roles", {}).items():
+            self.metrics.role_version.labels(role).set(info["version"])
+            self.metrics.role_expiry.labels(role).set(info["expires"].timestamp() - now)
+        if status.get("last_refresh"):
+            self.metrics.last_refresh.set(status["last_refresh"])
+        self.metrics.cache_bytes.set(self.store.usage())
+        # The store counts evictions itself; the counter catches up at each scrape.
+        self.metrics.cache_evictions.inc(self.store.evictions - self._evictions_reported)
+        self._evictions_reported = self.store.evictions
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Ready: trusted metadata unexpired, cache writable (and the bucket reachable), an upstream reached lately."""
+        status = self.trust.status()
+        problems = []
+        if not status["ready"]:
+            problems.append("no unexpired trusted metadata")
+        last = status.get("last_refresh")
+        if last is None or time.time() - last > self.settings.upstream_freshness:
+            problems.append(f"no successful metadata refresh in {self.settings.upstream_freshness:.0f}s"
+                            + (f" (last error: {status['last_error']})" if status.get("last_error") else ""))
+        try:
+            await asyncio.to_thread(self.store.probe_writable)
+        except StoreError as e:
+            problems.append(f"cache not writable: {e}")
+        shared = self.resolver.downloads.shared
+        if shared is not None:
+            try:
+                await shared.probe()
+            except StoreError as e:
+                problems.append(f"shared bucket unreachable: {e}")
+        body = {
+            "ready": not problems,
+            "problems": problems,
+            "roles": {r: {"version": i["version"], "expires": str(i["expires"])} for r, i in status["roles"].items()},
+            "last_refresh": last,
+        }
+        return web.json_response(body, status=200 if not problems else 503)
+
+
+def _asks_whole_file(headers: Any) -> bool:
+    for name in _WHOLE_FILE_HEADERS:  # noqa: SIM110 - a loop, not any(): this runs on every request
+        if name in headers:
+            return True
+    return False
+
+
+def _answer(answer: Answer) -> web.Response:
+    return web.Response(status=answer.status, reason=answer.phrase, text=answer.text + "\n", headers=answer.headers)
+
+
+class _PinnedFileResponse(web.FileResponse):
+    """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
+    released once sent so eviction cannot pull it away mid-response.
+
+    aiohttp sends it after the handler (and our middleware) returned: the
+    connection is marked busy again for the send, or the idle sweeper would
+    cut a download that takes longer than the idle timeout.
+    """
+
+    def __init__(self, decision: CachedFile, clients: ClientBounds) -> None:
+        super().__init__(decision.blob.path, headers=_FILE_HEADERS)
+        self._decision = decision
+        self._clients = clients
+
+    async def prepare(self, request: web.BaseRequest):
+        self._clients.begin(request.protocol)
+        try:
+            return await super().prepare(request)
+        finally:
+            self._clients.end(request.protocol)
+            self._decision.release()

@@ -1,0 +1,162 @@
+"""The audit log: one JSON object per line for every refused (and, optionally, accepted) artifact.
+
+Security teams read this file, so it is append-only, never holds secrets
+(URLs are logged without credentials or query strings), and a failure to
+write it is an :class:`AuditWriteError`: the request that caused the record
+fails closed instead of succeeding unrecorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+from proxy.protocol.errors import CommandError, Fault
+
+
+class AuditWriteError(OSError):
+    """A record could not be written: the caller must refuse the request."""
+
+    reason = "audit-unwritable"
+    fault = Fault.OURS
+
+
+def redact_url(url: str) -> str:
+    """``url`` without user:password, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class AuditLog:
+    """Appends JSON lines to a file (or stdout when no path is given)."""
+
+    def __init__(self, path: Path | None = None, log_accepted: bool = False) -> None:
+        self.path = path
+        self.log_accepted = log_accepted
+        self._lock = threading.Lock()
+        self._stream: TextIO
+        if path is None:
+            self._stream = sys.stdout
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # O_APPEND: several processes may share one log; each line lands whole.
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            self._stream = os.fdopen(fd, "a", buffering=1)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), **record}
+        if record.get("upstream_url"):
+            record["upstream_url"] = redact_url(str(record["upstream_url"]))
+        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        try:
+            with self._lock:
+                self._stream.write(line)
+                self._stream.flush()
+        except (OSError, ValueError) as e:
+            raise AuditWriteError(f"cannot write audit log {self.path or 'stdout'}: {e}") from e
+
+    def refused(self, **fields: Any) -> None:
+        """Record a refusal: reason, target, expected vs actual, versions."""
+        self._write({"event": "refused", **fields})
+
+    def override(self, **fields: Any) -> None:
+        """Record a lookup that succeeded only because an operator excused expired metadata."""
+        self._write({"event": "expired-override", **fields})
+
+    def accepted(self, **fields: Any) -> None:
+        """Record an artifact served after verification (only when enabled)."""
+        if self.log_accepted:
+            self._write({"event": "accepted", **fields})
+
+    def close(self) -> None:
+        if self._stream is not sys.stdout:
+            self._stream.close()
+
+
+def summarize(lines: Iterable[str]) -> dict[str, Any]:
+    """Counts of refusals by reason, role and target, and the time range covered.
+
+    Lines that are not audit records (other log output shares stdout by
+    default) are counted as skipped, never fatal.
+    """
+    by_reason: Counter[str] = Counter()
+    by_target: Counter[str] = Counter()
+    by_client: Counter[str] = Counter()
+    accepted = overrides = skipped = 0
+    first = last = None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if not isinstance(record, dict) or record.get("event") not in ("refused", "accepted", "expired-override"):
+            skipped += 1
+            continue
+        when = record.get("time")
+        first = when if first is None else min(first, when)
+        last = when if last is None else max(last, when)
+        if record["event"] == "accepted":
+            accepted += 1
+            continue
+        if record["event"] == "expired-override":
+            overrides += 1
+            continue
+        by_reason[str(record.get("reason"))] += 1
+        by_target[str(record.get("target"))] += 1
+        by_client[str(record.get("client"))] += 1
+    return {
+        "refused": sum(by_reason.values()),
+        "accepted": accepted,
+        "expired_overrides": overrides,
+        "skipped_lines": skipped,
+        "first": first,
+        "last": last,
+        "by_reason": dict(by_reason.most_common()),
+        "top_targets": dict(by_target.most_common(10)),
+        "top_clients": dict(by_client.most_common(10)),
+    }
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    try:
+        with (sys.stdin if args.log == "-" else open(args.log, errors="replace")) as f:
+            summary = summarize(f)
+    except OSError as e:
+        raise CommandError(f"cannot read the audit log {args.log}: {e.strerror or e}") from e
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{summary['refused']} refused, {summary['accepted']} accepted, "
+          f"{summary['expired_overrides']} served under an expired-metadata override, "
+          f"from {summary['first']} to {summary['last']}")
+    for title, key in (("by reason", "by_reason"), ("top targets", "top_targets"), ("top clients", "top_clients")):
+        if summary[key]:
+            print(f"{title}:")
+            for name, count in summary[key].items():
+                print(f"  {count:>6}  {name}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``tufproxy audit``."""
+    p = subparsers.add_parser(
+        "audit",
+        description="Read an audit log (JSON lines written by 'tufproxy serve') and print what was refused. "
+        "Other log lines mixed into the file are skipped.",
+    )
+    p.add_argument("log", metavar="LOG", help="audit log file, or - for standard input")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_audit)

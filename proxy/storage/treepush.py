@@ -1,0 +1,138 @@
+"""A signed tree pushed to a bucket in an order that is safe for readers.
+
+The gateway signs into a directory (``DIR/public``); with ``--store
+s3://...`` that tree is copied into the bucket after every signing batch
+(and every few seconds, for files fetched meanwhile), so edges and CDNs can
+read the published repository straight from the bucket.  Files the gateway
+keeps elsewhere (``--cache-dir DIR2``: ``DIR2/packages/``) are pushed with
+it, under the same names as in the tree.  Each push uploads what changed
+since the last one in this order:
+
+1. everything outside ``metadata/`` (pages and distribution files, all
+   under hashed, immutable names);
+2. versioned metadata other than snapshot (``N.root.json``, ``N.targets.json``,
+   ``N.bins.json``, ``N.bin-K.json``);
+3. ``N.snapshot.json``;
+4. ``timestamp.json`` (and any other unversioned file), last.
+
+A reader that sees a new timestamp therefore finds its snapshot, the bins
+it names and every page and file they list.  Each object is one PUT, so it
+is whole or absent.  Then metadata versions and pages this pusher uploaded
+and the gateway has since collected (after ``--gc-grace``, unreferenced)
+are deleted from the bucket too; files under ``packages/`` never are (a
+lost ``--cache-dir`` must not empty the bucket of files pages list), nor
+is anything this process did not upload (after a restart, what was
+collected meanwhile stays: a lifecycle rule may expire it).  Workers of one gateway push one at a time (a
+``flock`` on ``lock_path`` across scan and upload), and the unversioned
+files are uploaded as they were when scanned: a push never uploads a
+timestamp newer than the snapshot it scanned, and a later push never an
+older one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from proxy.transport.bucket import Bucket
+
+log = logging.getLogger(__name__)
+_VERSIONED = re.compile(r"\d+\.[^/]+\.json")
+
+
+@contextlib.asynccontextmanager
+async def _flock(path: Path) -> AsyncIterator[None]:
+    """An exclusive ``flock`` on ``path``, waited for in a thread."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _rank(relative: str) -> int:
+    if not relative.startswith("metadata/"):
+        return 0
+    name = relative.rsplit("/", 1)[-1]
+    if not _VERSIONED.fullmatch(name):
+        return 3
+    return 2 if name.endswith(".snapshot.json") else 1
+
+
+class TreePush:
+    """Copies ``root`` (and ``more``) into ``bucket`` (see the module docstring); one push at a time.
+
+    ``more`` maps a name in the tree (``"packages"``) to the directory that holds it instead.
+    """
+
+    def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None) -> None:
+        self.bucket = bucket
+        self.root = root
+        self.lock_path = lock_path
+        self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
+        self._pushed: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) last pushed
+        self._lock = asyncio.Lock()
+
+    def _changed(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
+        """What changed since the last push, in push order (unversioned metadata as its bytes now),
+        and what was pushed and has been collected since (never files)."""
+        found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
+        seen = set()
+        for path, relative in self._files():
+            seen.add(relative)
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # collected meanwhile
+            if not path.is_file():
+                continue
+            stamp = (st.st_size, st.st_mtime_ns)
+            if self._pushed.get(relative) != stamp:
+                try:
+                    found.append((relative, path.read_bytes() if _rank(relative) == 3 else path, stamp))
+                except FileNotFoundError:
+                    continue
+        gone = [relative for relative in self._pushed if relative not in seen and not relative.startswith("packages/")]
+        return sorted(found, key=lambda f: (_rank(f[0]), f[0])), gone
+
+    def _files(self) -> Iterator[tuple[Path, str]]:
+        """Every file of the trees with its name in the bucket, but temp files of atomic writes."""
+        for prefix, directory in self.trees.items():
+            for path in directory.rglob("*"):
+                relative = path.relative_to(directory).as_posix()
+                if not (relative.startswith(".") or "/." in relative):
+                    yield path, prefix + relative
+
+    async def push(self) -> int:
+        """Upload what changed, in order; how many files.  BucketUnavailable if the bucket fails (retried next push)."""
+        async with self._lock, _flock(self.lock_path):
+            changed, gone = await asyncio.to_thread(self._changed)
+            for relative, data, stamp in changed:
+                try:
+                    await self.bucket.replace(relative, data)
+                except FileNotFoundError:
+                    continue  # removed by the gateway's collection between the scan and now
+                self._pushed[relative] = stamp
+            for relative in gone:  # after the timestamp: nothing it names is among them
+                await self.bucket.delete(relative)
+                del self._pushed[relative]
+            if changed or gone:
+                log.info("pushed %d file(s) of %s to %s, deleted %d collected there", len(changed), self.root,
+                         self.bucket.url, len(gone))
+            return len(changed)
+
+    async def keep_pushing(self, interval: float) -> None:
+        """Push every ``interval`` seconds (files fetched between signing batches); failures are logged and retried."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.push()
+            except Exception as e:  # noqa: BLE001 - a bucket outage must not end the loop
+                log.warning("push to %s failed: %s", self.bucket.url, e)

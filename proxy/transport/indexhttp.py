@@ -1,0 +1,158 @@
+"""HTTP to a plain index: TLS verified, credentials kept to their host, redirects bounded.
+
+An index URL may carry ``user:password@``; otherwise ``~/.netrc`` (or
+``$NETRC``) is asked for its host.  Credentials are sent only to the
+origin they belong to and never appear in a URL this module returns, so
+they cannot reach a log line, an audit record or a metric label.
+Redirects are followed by hand, at most ``max_redirects``, and only to an
+origin the caller allows; anything else is a refusal, not a fetch.
+Bodies are bounded and timed exactly as :class:`~proxy.transport.upstream.AiohttpFetcher`
+bounds an upstream's (its chunk reader is reused), and :meth:`IndexHTTP.stream`
+makes it the :class:`~proxy.transport.upstream.Fetcher` that the one fetch-and-verify
+(:func:`proxy.trust.fetch.fetch_verified`) streams pinned files with, into
+the indexes' own origins and the ``files_origins`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import netrc
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import aiohttp
+
+from proxy.protocol.errors import Fault
+from proxy.transport.upstream import (
+    AiohttpFetcher,
+    ByteStream,
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    DownloadTimeout,
+)
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class RedirectRefused(DownloadError):
+    """A redirect to an origin we may not fetch from, or one too many."""
+
+    reason = "bad-redirect"
+    fault = Fault.REPOSITORY
+
+
+def origin(url: str) -> str:
+    """``scheme://host[:port]`` of a URL, lower-cased, without credentials."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    port = f":{parts.port}" if parts.port and parts.port != default else ""
+    return f"{parts.scheme.lower()}://{host}{port}"
+
+
+def strip_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
+    """The URL without ``user:password@``, and those credentials if it had them."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, None
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc)), aiohttp.BasicAuth(parts.username, parts.password or "")
+
+
+def _netrc_auth(host: str) -> aiohttp.BasicAuth | None:
+    path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
+    try:
+        found = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return None
+    if not found:
+        return None
+    login, _, password = found
+    return aiohttp.BasicAuth(login or "", password or "")
+
+
+@dataclass(frozen=True)
+class Response:
+    """A 200 answer: where it finally came from, its type, its bounded body."""
+
+    url: str
+    content_type: str
+    body: ByteStream
+
+
+class IndexHTTP(AiohttpFetcher):
+    """GETs against indexes and their file hosts; see the module docstring."""
+
+    def __init__(self, index_urls: Iterable[str], *, files_origins: Iterable[str] = (), ca_bundle: Path | None = None,
+                 max_redirects: int = 5, connect_timeout: float = 10.0, read_timeout: float = 30.0) -> None:
+        super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        self.max_redirects = max_redirects
+        self._ssl = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
+        self._auth: dict[str, aiohttp.BasicAuth] = {}
+        self.index_urls: list[str] = []
+        for url in index_urls:
+            clean, auth = strip_credentials(url)
+            auth = auth or _netrc_auth(urlsplit(clean).hostname or "")
+            if auth is not None:
+                self._auth[origin(clean)] = auth
+            self.index_urls.append(clean)
+        self.files_origins = tuple(files_origins)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl), trust_env=False)
+            self._owns_session = True
+        return self._session
+
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
+        """A file's body from an index or a files origin (each file has one source: never resumed)."""
+        if start:
+            raise DownloadError(url, "resuming a body is not supported by the gateway's index client")
+        return self._file_body(url, max_length)
+
+    @asynccontextmanager
+    async def _file_body(self, url: str, max_length: int) -> AsyncIterator[ByteStream]:
+        # No overall deadline: a big file's pace is bounded by the fetch's stall and minimum rate instead.
+        async with self.get(url, max_length, (*self.index_urls, *self.files_origins), total=None) as response:
+            yield response.body
+
+    @asynccontextmanager
+    async def get(self, url: str, max_length: int, allowed: Iterable[str], accept: str | None = None,
+                  total: float | None = 600.0) -> AsyncIterator[Response]:
+        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds."""
+        allowed_origins = {origin(a) for a in allowed}
+        timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
+        headers = {"Accept": accept} if accept else {}
+        for _ in range(self.max_redirects + 1):
+            if origin(url) not in allowed_origins:
+                raise RedirectRefused(url, "redirected to an origin that is not allowed")
+            try:
+                async with asyncio.timeout(self.connect_timeout + self.read_timeout):
+                    response = await self._get_session().get(
+                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self._auth.get(origin(url)))
+            except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+                raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
+            except (aiohttp.ClientError, OSError, ValueError) as e:
+                raise DownloadError(url, f"{type(e).__name__}: {e}") from e
+            try:
+                if response.status in _REDIRECTS and "Location" in response.headers:
+                    url = urljoin(url, response.headers["Location"])
+                    continue
+                if response.status != 200:
+                    raise DownloadHTTPError(url, response.status)
+                if response.content_length is not None and response.content_length > max_length:
+                    raise DownloadLengthError(url, max_length, response.content_length)
+                yield Response(url, response.headers.get("Content-Type", ""),
+                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length))
+                return
+            finally:
+                response.release()
+        raise RedirectRefused(url, f"more than {self.max_redirects} redirects")
