@@ -72,6 +72,7 @@ from proxy.protocol.model import file_digest
 from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
+from proxy.repository.keysource import KeyUnavailable
 from proxy.util.atomic import atomic_link, atomic_write
 
 BINS_ROLE = "bins"
@@ -676,7 +677,7 @@ class Repository:
                 if due(role, change.role(role), forced=False):
                     try:
                         self.keys.load(role)
-                    except MissingKey:
+                    except (MissingKey, KeyUnavailable):  # kept offline (a file moved away, a token unplugged)
                         continue
                     change.dirty.add(role)
             for name in _bin_names(change):
