@@ -22,7 +22,7 @@ from proxy.protocol.keyuri import KeyURIError, parse_pkcs11, printable, storable
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, metric, wait_for
-from tests.support.softhsm import SoftHSM, available
+from tests.support.softhsm import SoftHSM, available, isolated_store
 from tests.support.testindex import TestIndex
 
 needs_softhsm = pytest.mark.skipif(not available(), reason="softhsm2 and opensc (pkcs11-tool) are not installed")
@@ -43,12 +43,7 @@ def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture
 def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHSM:
-    if not available():
-        pytest.skip("softhsm2 and opensc (pkcs11-tool) are not installed")
-    store = SoftHSM(tmp_path / "softhsm")
-    for name, value in store.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("TUFPROXY_PKCS11_PIN", raising=False)
+    store = isolated_store(tmp_path / "softhsm", monkeypatch)
     store.token("online-token", PIN)
     store.keypair("online-token", PIN, "online")
     return store
@@ -242,3 +237,25 @@ def test_token_removed_while_running(tmp_path: Path, hsm: SoftHSM, test_index: T
         wait_for(lambda: readyz()[0] == 200, timeout=90, what="ready again after the token came back")
         status, answer = gw.publish("app")
         assert status == 200, answer
+
+
+@needs_softhsm
+def test_repo_init_takes_the_same_key_uris_and_securesystemslib_schemes_pass_through(
+        tmp_path: Path, hsm: SoftHSM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tufproxy repo init`` shares gateway init's key options; an ``hsm:`` URI is securesystemslib's own HSMSigner."""
+    monkeypatch.setenv("TUFPROXY_PKCS11_PIN", PIN)
+    monkeypatch.setenv("PYKCS11LIB", "/usr/lib/softhsm/libsofthsm2.so")
+    hsm.keypair("online-token", PIN, "targets", "07")
+    repo = tmp_path / "repo"
+    r = tufproxy("repo", "init", str(repo), "--bins", "16", "--online-key", "hsm:1?label=online-token",
+                 "--targets-key", hsm.uri("online-token", "targets"))
+    assert r.returncode == 0, r.stderr
+    assert not (repo / "keys" / "online.pem").exists() and not (repo / "keys" / "targets.pem").exists()
+    r = tufproxy("repo", "add", str(repo), str(build_wheel(tmp_path / "dists", "lib", "1.0")))
+    assert r.returncode == 0, r.stderr
+    uris = json.loads((repo / "keys" / "uris.json").read_text())
+    assert uris["online"]["uri"] == "hsm:1?label=online-token"
+    timestamp = json.loads((repo / "public" / "metadata" / "timestamp.json").read_bytes())
+    assert [s["keyid"] for s in timestamp["signatures"]] == [uris["online"]["keyid"]]
+    root = json.loads((repo / "public" / "metadata" / "root.json").read_bytes())
+    assert root["signed"]["roles"]["targets"]["keyids"] == [uris["targets"]["keyid"]]

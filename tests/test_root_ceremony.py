@@ -24,20 +24,17 @@ from securesystemslib.signer import CryptoSigner
 from proxy.repository.sample import build_wheel
 from tests.support.gatewayproc import GatewayProcess, metric, wait_for
 from tests.support.proxyproc import ProxyProcess
-from tests.support.softhsm import SoftHSM, available
+from tests.support.softhsm import SoftHSM, isolated_store
 from tests.support.testindex import TestIndex
 from tests.support.upstream import Upstream
+from tests.test_keys import test_index, tufproxy
 
 PIN_A, PIN_B, PIN_ONLINE = "1111", "2222", "4711"
 
 
 @pytest.fixture
 def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHSM:
-    if not available():
-        pytest.skip("softhsm2 and opensc (pkcs11-tool) are not installed")
-    store = SoftHSM(tmp_path / "softhsm")
-    for name, value in store.env.items():
-        monkeypatch.setenv(name, value)
+    store = isolated_store(tmp_path / "softhsm", monkeypatch)
     monkeypatch.setenv("TUFPROXY_PKCS11_PIN", PIN_ONLINE)
     store.token("holder-a", PIN_A)
     store.keypair("holder-a", PIN_A, "root")
@@ -47,20 +44,6 @@ def hsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHSM:
     store.keypair("online-token", PIN_ONLINE, "online-1", "01")
     store.keypair("online-token", PIN_ONLINE, "online-2", "02")
     return store
-
-
-@pytest.fixture
-def test_index(tmp_path: Path) -> Iterator[TestIndex]:
-    dists = tmp_path / "dists"
-    index = TestIndex()
-    for path in (build_wheel(dists, "app", "1.0", requires=["lib"]), build_wheel(dists, "lib", "1.0")):
-        index.add(path)
-    with index:
-        yield index
-
-
-def tufproxy(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60)
 
 
 def ok(*args: str) -> str:

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from proxy.protocol.keyuri import pkcs11_uri
 
 MODULE = "/usr/lib/softhsm/libsofthsm2.so"
@@ -22,6 +24,17 @@ SO_PIN = "8642"
 
 def available() -> bool:
     return Path(MODULE).is_file() and shutil.which("pkcs11-tool") is not None and shutil.which("softhsm2-util") is not None
+
+
+def isolated_store(directory: Path, monkeypatch: pytest.MonkeyPatch) -> SoftHSM:
+    """A store of the test's own, seen by every process the test starts; skips the test without SoftHSM2."""
+    if not available():
+        pytest.skip("softhsm2 and opensc (pkcs11-tool) are not installed")
+    store = SoftHSM(directory)
+    for name, value in store.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TUFPROXY_PKCS11_PIN", raising=False)
+    return store
 
 
 class SoftHSM:
