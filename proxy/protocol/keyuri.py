@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, unquote_to_bytes
 
+from proxy.protocol.errors import Fault
+
 PKCS11 = "pkcs11"
 PIN_ENV = "TUFPROXY_PKCS11_PIN"
 # The module when the URI names none: securesystemslib's HSMSigner convention.
@@ -32,6 +34,9 @@ _QUERY_ATTRS = {"module-path", "module-name", "pin-source", "pin-value"}
 
 class KeyURIError(ValueError):
     """A key URI that cannot name a key; the message names it with the PIN elided."""
+
+    reason = "bad-key-uri"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from securesystemslib.signer import ECDSA_SHA2_NISTP256, ECDSA_SHA2_NISTP384, HSMSigner, SSlibKey
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, parse_pkcs11, printable
 
 _SCHEMES = {"secp256r1": ECDSA_SHA2_NISTP256, "secp384r1": ECDSA_SHA2_NISTP384}
@@ -28,6 +29,9 @@ _STALE: set[str] = set()
 
 class TokenError(Exception):
     """A token, key or PIN a ``pkcs11:`` URI names cannot be used; one line naming the URI (PIN elided)."""
+
+    reason = "signing-unavailable"
+    fault = Fault.OURS
 
 
 def _pkcs11() -> Any:
