@@ -192,3 +192,36 @@ def test_rotation_drill_edges_refuse_the_leaked_online_key(tmp_path: Path, hsm: 
                      what="the new key's page served")
             new_online = json.loads((gw_dir / "keys" / "uris.json").read_text())["online"]["keyid"]
             assert signed_by(f"{path.url}metadata/timestamp.json") == [new_online]
+
+
+def test_ceremony_adds_and_removes_root_keys_with_file_keys_and_a_public_key_file(tmp_path: Path) -> None:
+    """No token needed: root keys as files, a new holder known to the draft only by a PEM public key file."""
+    gw = tmp_path / "gw"
+    ok("gateway", "init", str(gw), "--bins", "16")
+    old = f"file2:{next((gw / 'keys').glob('root-*.pem'))}"
+    dana = CryptoSigner.generate_ecdsa()
+    (tmp_path / "dana.pem").write_bytes(dana.private_bytes)
+    new = f"file2:{tmp_path / 'dana.pem'}"
+    pub = tmp_path / "dana.pub.pem"
+    pub.write_text(dana.public_key.keyval["public"])
+    draft = tmp_path / "add.json"
+    ok("gateway", "root", "draft", str(gw), "--add-root-key", str(pub), "--root-threshold", "2", "-o", str(draft))
+    ok("gateway", "root", "sign", str(draft), "--key", old)
+    status = ok("gateway", "root", "status", str(draft))
+    assert "under root v1: 1/1 (complete)" in status and "under root v2: 1/2 (1 missing)" in status, status
+    ok("gateway", "root", "sign", str(draft), "--key", new)
+    ok("gateway", "root", "publish", str(gw), str(draft))
+    root2 = json.loads((gw / "public" / "metadata" / "2.root.json").read_bytes())
+    assert root2["signed"]["roles"]["root"]["threshold"] == 2 and len(root2["signed"]["roles"]["root"]["keyids"]) == 2
+
+    # Remove the old key: root v2's threshold (both keys) still has to approve root v3.
+    old_keyid = next(k for k in root2["signed"]["roles"]["root"]["keyids"] if k != dana.public_key.keyid)
+    draft = tmp_path / "remove.json"
+    ok("gateway", "root", "draft", str(gw), "--remove-root-key", old_keyid[:12], "--root-threshold", "1", "-o", str(draft))
+    ok("gateway", "root", "sign", str(draft), "--key", new)
+    r = tufproxy("gateway", "root", "publish", str(gw), str(draft))
+    assert r.returncode == 2 and "under root v2" in r.stderr, r.stderr
+    ok("gateway", "root", "sign", str(draft), "--key", old)
+    ok("gateway", "root", "publish", str(gw), str(draft))
+    root3 = json.loads((gw / "public" / "metadata" / "3.root.json").read_bytes())
+    assert root3["signed"]["roles"]["root"]["keyids"] == [dana.public_key.keyid]
