@@ -14,6 +14,7 @@ the module first, so a token put back is used again without a restart.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from proxy.protocol.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, p
 _SCHEMES = {"secp256r1": ECDSA_SHA2_NISTP256, "secp384r1": ECDSA_SHA2_NISTP384}
 # Modules (by path) whose process-wide state a failure may have left stale: re-initialised before next use.
 _STALE: set[str] = set()
+# One token operation at a time in a process: a re-initialisation must not pull a module from under a
+# signature another thread (the publisher's batch, its back-off probe) is making.
+_LOCK = threading.RLock()
 
 
 class TokenError(Exception):
@@ -135,7 +139,7 @@ def import_key(uri: str) -> SSlibKey:
     from cryptography.hazmat.primitives.serialization import load_der_public_key
 
     token = _Token(uri)
-    with token.open() as session:
+    with _LOCK, token.open() as session:
         private = token.find(session, pkcs11.ObjectClass.PRIVATE_KEY)
         if private.key_type != pkcs11.KeyType.EC:
             raise token.fail(f"unsupported key type {private.key_type.name}: tufproxy signs with ECDSA P-256 "
@@ -166,7 +170,8 @@ class Pkcs11Signer(HSMSigner):
     def sign(self, payload: bytes) -> Any:
         pkcs11 = _pkcs11()
         try:
-            return super().sign(payload)
+            with _LOCK:
+                return super().sign(payload)
         except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinLenRange):
             raise self._token.fail("wrong PIN") from None
         except pkcs11.exceptions.PKCS11Error as e:
