@@ -225,3 +225,34 @@ def test_ceremony_adds_and_removes_root_keys_with_file_keys_and_a_public_key_fil
     ok("gateway", "root", "publish", str(gw), str(draft))
     root3 = json.loads((gw / "public" / "metadata" / "3.root.json").read_bytes())
     assert root3["signed"]["roles"]["root"]["keyids"] == [dana.public_key.keyid]
+
+
+@pytest.mark.slow
+def test_the_same_ceremony_rotates_targets_and_bins_keys_into_a_token(tmp_path: Path, hsm: SoftHSM,
+                                                                      test_index: TestIndex) -> None:
+    hsm.keypair("holder-a", PIN_A, "targets", "21")
+    hsm.keypair("holder-b", PIN_B, "bins", "22")
+    gw_dir = tmp_path / "gw"
+    ok("gateway", "init", str(gw_dir), "--bins", "16")
+    keys = gw_dir / "keys"
+    with GatewayProcess(gw_dir, "--index-url", test_index.url, "--batch-window", "0.05", "--page-ttl", "3600") as gw:
+        assert gw.publish("lib")[0] == 200
+        draft = tmp_path / "offline.json"
+        out = ok("gateway", "root", "draft", str(gw_dir), "--targets-key", hsm.uri("holder-a", "targets", pin_value=PIN_A),
+                 "--bins-key", hsm.uri("holder-b", "bins", pin_value=PIN_B), "-o", str(draft))
+        assert "targets v" in out and "bins v" in out
+        ok("gateway", "root", "sign", str(draft), "--key", f"file2:{next(keys.glob('root-*.pem'))}")
+        # targets is signed by its new key (root v2 lists it); bins by its new key (the new targets delegates to it).
+        assert "signed targets" in ok("gateway", "root", "sign", str(draft), "--key", hsm.uri("holder-a", "targets", pin_value=PIN_A))
+        assert "signed bins" in ok("gateway", "root", "sign", str(draft), "--key", hsm.uri("holder-b", "bins", pin_value=PIN_B))
+        ok("gateway", "root", "publish", str(gw_dir), str(draft))
+        assert not (keys / "targets.pem").exists() and not (keys / "bins.pem").exists()
+        uris = json.loads((keys / "uris.json").read_text())
+        assert {"targets", "bins"} <= set(uris) and PIN_A not in json.dumps(uris)
+        assert gw.publish("app")[0] == 200
+        from tests.support.clients import install
+        from tests.support.gatewayproc import edge_for
+
+        with edge_for(tmp_path, gw) as edge:
+            r = install("pip", edge.url, tmp_path / "target", "app")
+            assert r.returncode == 0, r.stdout + r.stderr

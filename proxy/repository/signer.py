@@ -729,8 +729,8 @@ class Repository:
         """Publish what the root ceremony signed (:mod:`proxy.repository.ceremony`): root N+1, new targets/bins
         versions as they are, then snapshot and timestamp, and every bin-n again when the online key changed.
 
-        ``keys`` are the roles whose key changed to a URI (role -> URI, public key): the new online key signs
-        this change and, recorded under the lock, every later one.
+        ``keys`` are the roles whose key changed to a URI (role -> URI, public key), recorded under the lock:
+        the new online key signs this change and every later one.
         """
         when = _now(now)
         with self._locked():
@@ -742,7 +742,8 @@ class Repository:
                 current = change.role(name).signed.version
                 if md.signed.version <= current:
                     raise RepositoryError(f"the draft's {name} v{md.signed.version} is not newer than v{current}: draft again")
-            signers = {role: self.keys.open(uri, public) for role, (uri, public) in keys.items()}
+            # Only the online key must sign here and now; a new targets or bins key is offline, only recorded.
+            signers = {role: self.keys.open(uri, public) for role, (uri, public) in keys.items() if role == ONLINE}
             change.root, change.root_dirty = root, True
             change.signed_elsewhere = {"root", *offline}
             for name, md in offline.items():
