@@ -56,18 +56,7 @@ class SigningError(KeyUnavailable):
     """A signature failed at run time (token removed, KMS unreachable): nothing was signed."""
 
 
-class _Pkcs11(Pkcs11Signer):
-    @classmethod
-    def from_priv_key_uri(cls, priv_key_uri: str, public_key: Key, secrets_handler: object = None) -> Pkcs11Signer:
-        if not isinstance(public_key, SSlibKey):
-            raise ValueError(f"expected an SSlibKey for {printable(priv_key_uri)}")
-        # The token's own answer first: a key of another type or another key is named as such.
-        if import_token_key(priv_key_uri).keyid != public_key.keyid:
-            raise ValueError(f"the key on the token is not the one the metadata lists (keyid {public_key.keyid[:16]}...)")
-        return cls(priv_key_uri, public_key)
-
-
-SIGNER_FOR_URI_SCHEME.setdefault(PKCS11, _Pkcs11)
+SIGNER_FOR_URI_SCHEME.setdefault(PKCS11, Pkcs11Signer)
 
 
 def _pin(_what: str) -> str:

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from securesystemslib.signer import ECDSA_SHA2_NISTP256, ECDSA_SHA2_NISTP384, HSMSigner, SSlibKey
+from securesystemslib.signer import ECDSA_SHA2_NISTP256, ECDSA_SHA2_NISTP384, HSMSigner, Key, SSlibKey
 
 from proxy.protocol.errors import Fault
 from proxy.protocol.keyuri import MODULE_ENV, PIN_ENV, KeyURIError, Pkcs11URI, parse_pkcs11, printable
@@ -160,6 +160,15 @@ class Pkcs11Signer(HSMSigner):
     def __init__(self, uri: str, public_key: SSlibKey) -> None:
         self._token = _Token(uri)
         super().__init__(0, public_key, self._token.pin, self._token.parts.token)
+
+    @classmethod
+    def from_priv_key_uri(cls, priv_key_uri: str, public_key: Key, secrets_handler: object = None) -> Pkcs11Signer:
+        if not isinstance(public_key, SSlibKey):
+            raise ValueError("expected an SSlibKey")
+        # The token's own answer first: a key of another type, or another key, is named as such.
+        if import_key(priv_key_uri).keyid != public_key.keyid:
+            raise ValueError(f"the key on the token is not the one the metadata lists (keyid {public_key.keyid[:16]}...)")
+        return cls(priv_key_uri, public_key)
 
     def _find_token(self, token_label: str | None = None) -> Any:  # type: ignore[override]
         return self._token.token()
