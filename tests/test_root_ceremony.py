@@ -102,8 +102,11 @@ def test_two_of_three_root_ceremony_rotates_the_online_key_under_a_running_gatew
         # bins delegates every bin-n to the online key: its holder signs the new bins too.
         ok("gateway", "root", "sign", str(draft), "--key", f"file2:{gw_dir / 'keys' / 'bins.pem'}")
         assert "ready to publish" in ok("gateway", "root", "status", str(draft))
-        out = ok("gateway", "root", "publish", str(gw_dir), str(draft))
+        out = ok("gateway", "root", "publish", str(gw_dir), str(draft), "--audit-log", str(tmp_path / "keys-audit.log"))
         assert "root v2" in out
+        [record] = _audit(tmp_path / "keys-audit.log")
+        assert record["event"] == "root-published" and record["versions"]["root"] == 2
+        assert len(record["signed_by"]["root"]) == 2 and "online-2" in record["new_keys"]["online"]["uri"]
 
         uris = json.loads((gw_dir / "keys" / "uris.json").read_text())
         new_online = uris["online"]["keyid"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from proxy.cli.repo import _days
 from proxy.repository import ceremony
 from proxy.repository.signer import Repository
+from proxy.storage.audit import AuditLog
 from proxy.util.atomic import atomic_write
 
 CEREMONY_HELP = """\
@@ -59,9 +60,15 @@ def register(sub: argparse._SubParsersAction, open_repo: Callable[[Path], Reposi
         return 0
 
     def cmd_publish(args: argparse.Namespace) -> int:
-        signed = ceremony.publish(ceremony.Draft.read(Path(args.file)), open_repo(Path(args.dir)))
+        draft = ceremony.Draft.read(Path(args.file))
+        signed = ceremony.publish(draft, open_repo(Path(args.dir)))
         print("published " + ", ".join(f"{r} v{v}" for r, v in signed.items() if not r.startswith("bin-"))
               + f" and {sum(1 for r in signed if r.startswith('bin-'))} bin-n role(s)")
+        audit = AuditLog(args.audit_log)
+        try:
+            audit.published_root(**ceremony.record(draft))
+        finally:
+            audit.close()
         return 0
 
     p = actions.add_parser("draft", help="write the next root version, unsigned, to FILE")
@@ -89,6 +96,7 @@ def register(sub: argparse._SubParsersAction, open_repo: Callable[[Path], Reposi
     p = actions.add_parser("publish", help="check a signed draft against DIR's root and publish it")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
     p.set_defaults(func=guarded(cmd_publish))
 
 

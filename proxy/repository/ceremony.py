@@ -249,6 +249,17 @@ def verify(d: Draft, repo: Repository, now: datetime | None = None) -> None:
             raise CeremonyError(f"the draft's {name} expired at {md.signed.expires.isoformat()}")
 
 
+def record(d: Draft) -> dict[str, Any]:
+    """What the audit record of a published draft says: versions, who signed each role, the keys by URI."""
+    return {
+        "versions": {name: md.signed.version for name, md in d.roles.items()},
+        "signed_by": {name: sorted(md.signatures) for name, md in d.roles.items()},
+        "root_keys": sorted(d.root.signed.roles["root"].keyids),
+        "root_threshold": d.root.signed.roles["root"].threshold,
+        "new_keys": {name: {"uri": printable(e["uri"]), "keyid": e["keyid"]} for name, e in d.keys.items()},
+    }
+
+
 def publish(d: Draft, repo: Repository) -> dict[str, int]:
     """Check ``d`` (:func:`verify`) and publish it; role -> version published."""
     verify(d, repo)
