@@ -118,7 +118,8 @@ signed state from disk; a project's page is fetched by one of them.
 
 What lives where (back up the first three; the rest is fetched again):
   DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
-                          (keep offline) and online.pem (the running gateway's)
+                          (keep offline) and online.pem (the running gateway's);
+                          uris.json for keys in a token or KMS (no private key)
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the

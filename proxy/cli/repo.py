@@ -18,7 +18,8 @@ Layout of DIR:
   DIR/repository.json     settings (bin count, expiry periods)
   DIR/keys/               private keys (mode 0600): root-*.pem, targets.pem,
                           bins.pem (offline), online.pem (timestamp, snapshot,
-                          bin-n). Never serve this directory.
+                          bin-n); uris.json for keys named by URI (a token, a
+                          KMS: no private key here). Never serve this directory.
   DIR/public/             serve this, e.g. python -m http.server -d DIR/public
     metadata/             N.root.json, root.json, timestamp.json,
                           V.snapshot.json, V.targets.json, V.bins.json,
