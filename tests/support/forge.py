@@ -3,7 +3,8 @@
 Run as ``python -m tests.support.forge PUBLIC KEY_URI PROJECT OUT``: reads the
 signed tree in PUBLIC, adds a file ``PROJECT-6.6.6-py3-none-any.whl`` to
 PROJECT's signed page, signs the bin that holds the page, a snapshot and a
-timestamp with the key KEY_URI names (each version one above the real one),
+timestamp with the key KEY_URI names (each version 10**15 above the real one:
+a fast-forward, which edges must recover from once the key is rotated),
 and writes those files and the forged pages to OUT at the paths the tree
 serves them under.  A subprocess, so its PKCS#11 module reads the test's
 ``SOFTHSM2_CONF`` afresh.
@@ -55,7 +56,7 @@ def forge(public: Path, uri: str, project: str, out: Path) -> None:
             files[profile.served_name(target, digest)] = body
     assert bin_md is not None
     for md in (bin_md, snapshot, timestamp):
-        md.signed.version += 1
+        md.signed.version += 10**15  # a fast-forward: far above anything the gateway will sign
         md.signatures.clear()
     snapshot.signed.meta[f"{bin_name}.json"] = MetaFile(version=bin_md.signed.version)
     timestamp.signed.snapshot_meta = MetaFile(version=snapshot.signed.version)
