@@ -243,18 +243,25 @@ def test_token_removed_while_running(tmp_path: Path, hsm: SoftHSM, test_index: T
 def test_repo_init_takes_the_same_key_uris_and_securesystemslib_schemes_pass_through(
         tmp_path: Path, hsm: SoftHSM, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tufproxy repo init`` shares gateway init's key options; an ``hsm:`` URI is securesystemslib's own HSMSigner."""
+    hsm.keypair("online-token", PIN, "targets", "07")
+    pin_file = tmp_path / "pin"
+    pin_file.write_text(PIN + "\n")
+    # A PIN from the file its URI names, nothing in the environment.
+    r = tufproxy("repo", "init", str(tmp_path / "by-pin-file"), "--bins", "16",
+                 "--targets-key", hsm.uri("online-token", "targets", pin_source=str(pin_file)))
+    assert r.returncode == 0, r.stderr
     monkeypatch.setenv("TUFPROXY_PKCS11_PIN", PIN)
     monkeypatch.setenv("PYKCS11LIB", "/usr/lib/softhsm/libsofthsm2.so")
-    hsm.keypair("online-token", PIN, "targets", "07")
     repo = tmp_path / "repo"
     r = tufproxy("repo", "init", str(repo), "--bins", "16", "--online-key", "hsm:1?label=online-token",
-                 "--targets-key", hsm.uri("online-token", "targets"))
+                 "--targets-key", hsm.uri("online-token", "targets", pin_source=str(pin_file)))
     assert r.returncode == 0, r.stderr
     assert not (repo / "keys" / "online.pem").exists() and not (repo / "keys" / "targets.pem").exists()
     r = tufproxy("repo", "add", str(repo), str(build_wheel(tmp_path / "dists", "lib", "1.0")))
     assert r.returncode == 0, r.stderr
     uris = json.loads((repo / "keys" / "uris.json").read_text())
     assert uris["online"]["uri"] == "hsm:1?label=online-token"
+    assert uris["targets"]["uri"].endswith(f"pin-source=file:{pin_file}")
     timestamp = json.loads((repo / "public" / "metadata" / "timestamp.json").read_bytes())
     assert [s["keyid"] for s in timestamp["signatures"]] == [uris["online"]["keyid"]]
     root = json.loads((repo / "public" / "metadata" / "root.json").read_bytes())
