@@ -266,3 +266,10 @@ def test_repo_init_takes_the_same_key_uris_and_securesystemslib_schemes_pass_thr
     assert [s["keyid"] for s in timestamp["signatures"]] == [uris["online"]["keyid"]]
     root = json.loads((repo / "public" / "metadata" / "root.json").read_bytes())
     assert root["signed"]["roles"]["targets"]["keyids"] == [uris["targets"]["keyid"]]
+
+
+def test_a_gateway_without_its_online_key_file_does_not_start(tmp_path: Path) -> None:
+    gw = tmp_path / "gw"
+    assert tufproxy("gateway", "init", str(gw), "--bins", "16").returncode == 0
+    (gw / "keys" / "online.pem").rename(tmp_path / "online.pem")
+    assert "no private key for 'online'" in _serve_fails(gw)

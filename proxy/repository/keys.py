@@ -28,7 +28,7 @@ from securesystemslib.signer import CryptoSigner, Key, Signer
 
 from proxy.protocol.errors import Fault
 from proxy.protocol.keyuri import storable
-from proxy.repository.keysource import import_key, open_signer
+from proxy.repository.keysource import KeyUnavailable, import_key, open_signer
 from proxy.util.atomic import atomic_write
 
 ONLINE = "online"
@@ -124,11 +124,16 @@ class KeyStore:
         return cached
 
     def check(self, name: str) -> None:
-        """Prove role ``name``'s key signs now (``KeyUnavailable`` naming its URI), when a URI names it."""
+        """Prove role ``name``'s key signs now (a URI's: one probe signature), else ``KeyUnavailable`` saying why."""
         named = self.named(name)
-        if named is not None:
-            self._opened.pop((named[0], named[1].keyid), None)
-            self.open(*named)
+        if named is None:
+            try:
+                self.load_file(name)
+            except MissingKey as e:
+                raise KeyUnavailable(str(e)) from None
+            return
+        self._opened.pop((named[0], named[1].keyid), None)
+        self.open(*named)
 
     # -- key files -----------------------------------------------------
 
