@@ -141,7 +141,8 @@ def test_pip_through_an_edge_in_front_of_a_token_signed_gateway(tmp_path: Path, 
     assert private_keys_under(gw_dir) == ["keys/bins.pem", f"keys/{next((gw_dir / 'keys').glob('root-*.pem')).name}",
                                           "keys/targets.pem"]
     online = json.loads((gw_dir / "keys" / "uris.json").read_text())["online"]["keyid"]
-    with GatewayProcess(gw_dir, "--index-url", test_index.url, "--batch-window", "0.05") as gw:
+    # Two workers: each loads the PKCS#11 module after the fork and signs in its turn.
+    with GatewayProcess(gw_dir, "--index-url", test_index.url, "--batch-window", "0.05", "--workers", "2") as gw:
         from tests.support.gatewayproc import edge_for
 
         with edge_for(tmp_path, gw) as edge:
