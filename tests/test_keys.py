@@ -274,3 +274,26 @@ def test_a_gateway_without_its_online_key_file_does_not_start(tmp_path: Path) ->
     assert tufproxy("gateway", "init", str(gw), "--bins", "16").returncode == 0
     (gw / "keys" / "online.pem").rename(tmp_path / "online.pem")
     assert "no private key for 'online'" in _serve_fails(gw)
+
+
+@needs_softhsm
+def test_a_wrong_pin_at_run_time_is_not_tried_again(tmp_path: Path, hsm: SoftHSM, test_index: TestIndex) -> None:
+    """Each wrong PIN counts towards locking a real token: the gateway stops asking until it is restarted."""
+    pin_file = tmp_path / "pin"
+    pin_file.write_text(PIN)
+    gw_dir = tmp_path / "gw"
+    uri = hsm.uri("online-token", "online", pin_source=str(pin_file))
+    assert tufproxy("gateway", "init", str(gw_dir), "--bins", "16", "--online-key", uri).returncode == 0
+    args = ("--index-url", test_index.url, "--batch-window", "0.05", "--page-ttl", "3600")
+    with GatewayProcess(gw_dir, *args) as gw:
+        assert gw.publish("lib")[0] == 200
+        pin_file.write_text("0000")  # the PIN changed under the running gateway
+        status, answer = gw.publish("app")
+        assert status == 503 and "wrong PIN" in answer["detail"], answer
+        pin_file.write_text(PIN)
+        status, answer = gw.publish("app")  # not asked again: still the same refusal, nothing sent to the token
+        assert status == 503 and "wrong PIN" in answer["detail"], answer
+        assert metric(gw.base, "tufproxy_gateway_signing_errors_total") == 1
+        assert "not retried" in gw.log()
+    with GatewayProcess(gw_dir, *args) as gw:
+        assert gw.publish("app")[0] == 200

@@ -115,11 +115,16 @@ class Publisher:
 
     def _key_down(self, error: KeyUnavailable) -> None:
         self.signing_error = error
+        if self._key_failed is not None:
+            self._key_failed(error)
+        if not error.retry:
+            # A wrong PIN tried again counts towards locking the token: the operator fixes it and restarts.
+            self._retry_at = float("inf")
+            log.error("the online key cannot sign, not retried (fix the PIN and restart): %s", error)
+            return
         self._backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self._backoff * 2))
         self._retry_at = time.monotonic() + self._backoff
         log.error("the online key cannot sign (retrying in %.0f s): %s", self._backoff, error)
-        if self._key_failed is not None:
-            self._key_failed(error)
         if self._probe is None or self._probe.done():
             self._probe = asyncio.create_task(self._retry())
 
@@ -131,6 +136,8 @@ class Publisher:
                 await asyncio.to_thread(self.repo.keys.check, ONLINE)
             except KeyUnavailable as e:
                 self._key_down(e)
+                if not e.retry:
+                    return
                 continue
             log.info("the online key signs again")
             self.signing_error, self._backoff = None, 0.0

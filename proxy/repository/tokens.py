@@ -32,10 +32,18 @@ _LOCK = threading.RLock()
 
 
 class TokenError(Exception):
-    """A token, key or PIN a ``pkcs11:`` URI names cannot be used; one line naming the URI (PIN elided)."""
+    """A token, key or PIN a ``pkcs11:`` URI names cannot be used; one line naming the URI (PIN elided).
+
+    ``retry`` is False for a wrong or locked PIN: trying it again would count
+    against the token's PIN retry limit and lock it.
+    """
 
     reason = "signing-unavailable"
     fault = Fault.OURS
+
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
 
 
 def _pkcs11() -> Any:
@@ -62,10 +70,10 @@ class _Token:
             raise TokenError(f"{self.shown}: name the PKCS#11 module with module-path= (or set {MODULE_ENV})")
         self.module: str = module
 
-    def fail(self, why: str, stale: bool = False) -> TokenError:
+    def fail(self, why: str, stale: bool = False, retry: bool = True) -> TokenError:
         if stale:
             _STALE.add(self.module)
-        return TokenError(f"{self.shown}: {why}")
+        return TokenError(f"{self.shown}: {why}", retry)
 
     def pin(self, _what: str = "pin") -> str:
         if self.parts.pin_value is not None:
@@ -110,9 +118,9 @@ class _Token:
         try:
             return token.open(user_pin=self.pin())
         except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinLenRange):
-            raise self.fail("wrong PIN") from None
+            raise self.fail("wrong PIN", retry=False) from None
         except pkcs11.exceptions.PinLocked:
-            raise self.fail("the token's PIN is locked") from None
+            raise self.fail("the token's PIN is locked", retry=False) from None
         except pkcs11.exceptions.PKCS11Error as e:
             raise self.fail(f"cannot log in to the token ({type(e).__name__})", stale=True) from None
 
@@ -182,6 +190,6 @@ class Pkcs11Signer(HSMSigner):
             with _LOCK:
                 return super().sign(payload)
         except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinLenRange):
-            raise self._token.fail("wrong PIN") from None
+            raise self._token.fail("wrong PIN", retry=False) from None
         except pkcs11.exceptions.PKCS11Error as e:
             raise self._token.fail(f"signing failed ({type(e).__name__})", stale=True) from None
