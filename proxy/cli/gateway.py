@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from proxy.cli import ceremony as ceremony_cli
 from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
+from proxy.cli.up import add_up
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -406,6 +407,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p, OPTIONS)
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
+
+    add_up(sub)
 
     p = sub.add_parser(
         "policy",
