@@ -47,7 +47,6 @@ FAULTS = {
     "403": (Fault.STATUS, 403),
     "500": (Fault.STATUS, 500),
     "503": (Fault.STATUS, 503),
-    "302-foreign": (Fault.REDIRECT_FOREIGN, 0),
     "truncated": (Fault.TRUNCATE, 0),
     "oversized": (Fault.OVERSIZED, 0),
     "garbage": (Fault.GARBAGE, 0),
@@ -61,7 +60,6 @@ ONE = {
     "403": (UNREACHABLE, MISSING),
     "500": (UNREACHABLE, UNREACHABLE),
     "503": (UNREACHABLE, UNREACHABLE),
-    "302-foreign": (UNREACHABLE, UNREACHABLE),
     "truncated": (UNREACHABLE, UNREACHABLE),
     "oversized": (LIE, LIE),
     "garbage": (LIE, LIE),
@@ -218,10 +216,10 @@ CLASSIFIED = [
     (DownloadHTTPError("u", 404), True, UNREACHABLE),  # a resumed body: the file exists
     (DownloadHTTPError("u", 403), True, UNREACHABLE),
     (DownloadHTTPError("u", 500), False, UNREACHABLE),
-    (DownloadHTTPError("u", 302), False, UNREACHABLE),
+    (DownloadHTTPError("u", 302), False, UNREACHABLE),  # the proxy's fetcher follows no redirect
     (DownloadHTTPError("u", 206), False, UNREACHABLE),
     (DownloadTimeout("u", "slow"), False, UNREACHABLE),
-    (RedirectRefused("u", "elsewhere"), False, UNREACHABLE),
+    (RedirectRefused("u", "elsewhere"), False, LIE),  # the gateway's: one to where no page may come from
     (DownloadError("u", "reset"), False, UNREACHABLE),
     (DownloadLengthError("u", 1, 2), False, LIE),
     (BadMetadata("junk"), False, LIE),

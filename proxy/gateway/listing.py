@@ -36,11 +36,12 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from proxy.protocol import index
-from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
 from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
+from proxy.protocol import index
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
 from proxy.transport.failover import Exhausted, Outcome, Tried, failover
+from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
 from proxy.transport.upstream import DownloadLengthError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -49,17 +50,26 @@ ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+ht
 class PageRefused(Exception):
     """The index answered with a page we will not sign; ``reason`` is the slug."""
 
+    reason = "page-refused"  # each instance names its own
+    fault = Fault.REPOSITORY
+    # Reasons that are our configuration's doing, not the index's (a missing --files-origin).
+    OPERATOR_REASONS = frozenset({"foreign-origin"})
+
     def __init__(self, reason: str, message: str, url: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.url = url
+        if reason in self.OPERATOR_REASONS:
+            self.fault = Fault.OPERATOR
 
 
 class IndexUnreachable(PageRefused):
-    """No usable answer from the index (network, timeout, 5xx, a redirect it may not make)."""
+    """No usable answer from the index (network, timeout, 5xx)."""
 
-    def __init__(self, message: str, url: str | None = None, reason: str = "upstream-unreachable") -> None:
-        super().__init__(reason, message, url)
+    fault = Fault.UPSTREAM
+
+    def __init__(self, message: str, url: str | None = None) -> None:
+        super().__init__("upstream-unreachable", message, url)
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,7 @@ class IndexClient:
         assert choice.refusal is not None
         if choice.refusal.kind is RefusalKind.UNREACHABLE:
             failed = next(a for a in tried.attempts if a.outcome is not Outcome.MISSING)
-            raise self._refused(failed.url, failed.error)
+            raise self._refused(failed.url, failed.error) from failed.error
         return choice.refusal
 
     def _refused(self, url: str, error: Exception | None) -> PageRefused:
@@ -133,7 +143,7 @@ class IndexClient:
         if isinstance(error, DownloadLengthError):
             return PageRefused("oversized-page", f"{url}: page larger than {self.max_page_size} bytes", url)
         if isinstance(error, RedirectRefused):
-            return IndexUnreachable(str(error), url, reason="bad-redirect")
+            return PageRefused("bad-redirect", str(error), url)
         return IndexUnreachable(str(error), url)
 
     async def _from_index(self, base: str, url: str, project: str) -> Listing:

@@ -12,11 +12,13 @@ a mirror's answer                              outcome          what happens nex
 the bytes (and, where checked, they verified)  ``SERVED``       done
 HTTP 404 or 410 for the whole file             ``MISSING``      ask the next mirror
 HTTP 403                                       ``DENIED``       ask the next mirror
-any other status, a redirect not followed,     ``UNREACHABLE``  ask the next mirror
-a 404 for a resumed body, a transport
-failure, a timeout, a stall
-a body longer than allowed, bytes that         ``LIE``          refused (never kept); ask
-do not verify (a ``RepositoryError``)                           the next mirror
+any other status (a redirect the fetcher       ``UNREACHABLE``  ask the next mirror
+does not follow included), a 404 for a
+resumed body, a transport failure, a
+timeout, a stall
+a body longer than allowed, a redirect to      ``LIE``          refused (never kept); ask
+an origin no page may come from, bytes that                     the next mirror
+do not verify (errors of fault REPOSITORY)
 anything else (our store, a bug, a cancel)     (none)           raised unchanged at once
 =============================================  ===============  ==========================
 
@@ -44,8 +46,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from proxy.protocol.errors import RepositoryError
-from proxy.transport.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
+from proxy.protocol.errors import Fault, RepositoryError
+from proxy.transport.upstream import DownloadError, DownloadHTTPError
 
 T = TypeVar("T")
 
@@ -75,7 +77,7 @@ def classify(error: BaseException, *, resumed: bool = False) -> Outcome | None:
     ``resumed``: the request continued a body another mirror began, so the
     file exists and a "not here" is this mirror failing, not an answer.
     """
-    if isinstance(error, (RepositoryError, DownloadLengthError)):
+    if isinstance(error, RepositoryError):
         return Outcome.LIE
     if isinstance(error, DownloadHTTPError) and not resumed:
         if error.status in MISSING_STATUSES:
@@ -83,7 +85,9 @@ def classify(error: BaseException, *, resumed: bool = False) -> Outcome | None:
         if error.status in DENIED_STATUSES:
             return Outcome.DENIED
     if isinstance(error, DownloadError):
-        return Outcome.UNREACHABLE
+        # The transport's errors say whose fault they are: a body longer than allowed, a
+        # redirect to where no page may come from, is the mirror lying; the rest is its failing.
+        return Outcome.LIE if error.fault is Fault.REPOSITORY else Outcome.UNREACHABLE
     return None
 
 
