@@ -137,7 +137,10 @@ class Tried:
 
 
 class Exhausted(Exception):
-    """No mirror served; ``tried`` says what each answered."""
+    """No mirror served; ``tried`` says what each answered (callers turn it into their typed refusal)."""
+
+    reason = "upstream-unreachable"
+    fault = Fault.UPSTREAM
 
     def __init__(self, tried: Tried) -> None:
         super().__init__(f"no mirror served ({len(tried.attempts)} asked)")
