@@ -20,8 +20,8 @@ from proxy.mirror.select import (
 from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, parse_datetime, parse_size
 from proxy.protocol.profiles import get_profile
-from proxy.serving.config import ConfigError, parse_datetime, parse_size
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")

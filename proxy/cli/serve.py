@@ -16,8 +16,9 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, parse_listen
 from proxy.serving import workers
-from proxy.serving.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
+from proxy.serving.config import ServeConfig, add_arguments, resolve
 from proxy.serving.serve import run_loop, start, stop_on_signals
 from proxy.util import logs
 
