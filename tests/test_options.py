@@ -126,3 +126,15 @@ def test_repeated_settings_take_flags_lists_and_split_text() -> None:
         "upstream": ["http://d/", "http://e/"]}
     assert resolve_values(None, [urls], {}, {"upstream": ["http://f"]}) == {"upstream": ["http://f/"]}
     assert resolve_values(None, [urls], {}, {}) == {"upstream": []}
+
+
+def test_mirror_sync_words_a_bad_value_as_serve_and_gateway_serve_do(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    mirror = ["mirror", "sync", "--upstream", "http://127.0.0.1:9/", "--root", "root.json", "--dest",
+              str(tmp_path / "dest"), "--project", "p"]
+    lines = []
+    for command in (SERVE, GATEWAY, mirror):
+        assert main([*command, "--max-file-size", "lots"]) == 2
+        lines.append(capsys.readouterr().err.split(": error: ", 1)[1].strip())
+    assert lines == ["--max-file-size: not a size: 'lots' (try 512M, 10G)"] * 3
+    assert not (tmp_path / "dest").exists()

@@ -28,13 +28,15 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.protocol.errors import Fault
 
+T = TypeVar("T")
+
 __all__ = [
     "ENV_PREFIX", "ConfigError", "Option", "add_options", "load_config", "parse_datetime", "parse_listen", "parse_size",
-    "positive_float", "positive_int", "resolve_values", "url", "url_list", "worker_count", "yes_no",
+    "parsed", "positive_float", "positive_int", "resolve_values", "url", "url_list", "worker_count", "yes_no",
 ]
 
 ENV_PREFIX = "TUFPROXY_"
@@ -107,11 +109,16 @@ def resolve_values(args: argparse.Namespace | None, options: Iterable[Option], e
                 raise ConfigError(f"{source}: takes one value, not a {kind}")
         else:
             raw, source = opt.default, opt.flag
-        try:
-            values[opt.name] = opt.parse(raw) if raw is not None else None
-        except (ValueError, TypeError) as e:  # ConfigError is a ValueError
-            raise ConfigError(f"{source}: {e}") from e
+        values[opt.name] = parsed(source, opt.parse, raw) if raw is not None else None
     return values
+
+
+def parsed(source: str, parse: Callable[[Any], T], raw: Any) -> T:
+    """``parse(raw)``, its error worded as every setting's: ``SOURCE: why`` (for a flag no table declares)."""
+    try:
+        return parse(raw)
+    except (ValueError, TypeError) as e:  # ConfigError is a ValueError
+        raise ConfigError(f"{source}: {e}") from e
 
 
 # ---------------------------------------------------------------- value parsers
