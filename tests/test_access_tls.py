@@ -16,7 +16,8 @@ from cryptography import x509
 from proxy.repository.sample import build_wheel
 from tests.support.certs import CA
 from tests.support.clients import clean_env
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 
