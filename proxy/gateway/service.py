@@ -42,9 +42,26 @@ from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
-MAX_ABSENT = 100_000
+# Bounds on what the gateway remembers per project name (oldest evicted first): names come from
+# unauthenticated requests, so every structure keyed by them is bounded (tufproxy_gateway_usage_entries).
+MAX_ABSENT = 10_000
+MAX_TRACKED = 100_000
 # Past this, a worker stops waiting for another's publish of the same project and fetches it too.
 PUBLISH_LOCK_WAIT = 60.0
+
+
+class Recent(OrderedDict[str, float]):
+    """Name -> monotonic time, most recent last, at most ``limit`` entries (the oldest is evicted)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.limit:
+            self.popitem(last=False)
 
 
 class NotListed(Exception):
@@ -70,16 +87,21 @@ class Gateway:
         self.metrics = metrics
         self.policy = policy
         self._inflight: dict[str, asyncio.Future[Published]] = {}
-        # Projects by last use (most recent last) and when each page was last fetched (monotonic).
-        self.used: OrderedDict[str, float] = OrderedDict()
-        self.fetched: dict[str, float] = {}
+        # Published projects by last use, and when each page was last fetched (monotonic).
+        self.used = Recent(MAX_TRACKED)
+        self.fetched = Recent(MAX_TRACKED)
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
-        self._absent: OrderedDict[str, float] = OrderedDict()
+        self._absent = Recent(MAX_ABSENT)
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
 
     def touch(self, project: str) -> None:
-        self.used[project] = time.monotonic()
-        self.used.move_to_end(project)
+        """Record a use of a published project (the refresh order); any other name is not recorded."""
+        if project in self.publisher.published:
+            self.used[project] = time.monotonic()
+
+    def usage_sizes(self) -> dict[str, int]:
+        """Entries of each per-name structure (the ``tufproxy_gateway_usage_entries`` gauge)."""
+        return {"used": len(self.used), "fetched": len(self.fetched), "absent": len(self._absent)}
 
     async def ensure(self, name: str) -> Published:
         """Publish ``name`` if it is not yet; the timestamp version carrying it. NotListed or PageRefused otherwise."""
@@ -91,10 +113,10 @@ class Gateway:
         if refusal is not None:
             self._refused_by_policy(project, refusal)
             raise NotListed(refusal.message)
-        self.touch(project)
         if project not in self.publisher.published:
             self.publisher.reload()  # another worker may have signed it
         if project in self.publisher.published:
+            self.touch(project)
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
             raise NotListed(f"no index lists {project}")
@@ -123,11 +145,9 @@ class Gateway:
                 self._refused_by_policy(project, listing)
             if listing.kind is RefusalKind.NOT_FOUND:
                 self._absent[project] = time.monotonic()
-                self._absent.move_to_end(project)
-                if len(self._absent) > MAX_ABSENT:
-                    self._absent.popitem(last=False)
             raise NotListed(listing.message)
         version = await self.publisher.publish({project: self.accept(listing).page})
+        self.touch(project)
         return Published(project, version)
 
     async def fetch(self, project: str) -> Listing | Refusal:
@@ -139,7 +159,8 @@ class Gateway:
             self.metrics.refusals.labels(e.reason).inc()
             self.audit.refused(reason=e.reason, target=f"simple/{project}/", upstream_url=e.url, detail=str(e))
             raise
-        self.fetched[project] = time.monotonic()
+        if isinstance(listing, Listing) or project in self.publisher.published:
+            self.fetched[project] = time.monotonic()
         self.metrics.pages_fetched.labels("ok" if isinstance(listing, Listing) else "not-found").inc()
         return listing
 
