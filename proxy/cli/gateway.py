@@ -273,7 +273,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if values["workers"] < 1:
         raise CommandError("--workers: give 1 or more")
     directory = Path(args.dir)
-    _open(directory)
+    try:
+        _open(directory).check()  # a damaged metadata file is named now, not met mid-publish
+    except RepositoryError as e:
+        raise CommandError(str(e)) from e
     logs.configure(values["log_level"], values["log_format"])
     try:
         atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")

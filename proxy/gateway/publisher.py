@@ -32,8 +32,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tuf.api.metadata import Metadata
-
 from proxy.protocol import index
 from proxy.repository import Repository
 
@@ -85,7 +83,7 @@ class Publisher:
             return []
 
     def _read_timestamp(self) -> tuple[int, float]:
-        md = Metadata.from_bytes((self.repo.metadata_dir / "timestamp.json").read_bytes())
+        md = self.repo.load_metadata("timestamp")
         return md.signed.version, md.signed.expires.timestamp()
 
     def start(self) -> None:
