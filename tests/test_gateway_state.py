@@ -7,14 +7,19 @@ processes.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.support.gatewayproc import gateway_init
+from proxy.repository.sample import build_wheel
+from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.testindex import TestIndex
 
 
 def gateway_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -42,3 +47,55 @@ def test_a_damaged_metadata_file_at_start_up_is_named_in_one_line(tmp_path: Path
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert str(path) in lines[0] and "damaged" in lines[0] and "internal" not in lines[0], lines[0]
+
+
+# -- item 1: a cooldown the index's clock cannot fake ---------------------------------------
+
+def _ago(days: float) -> str:
+    return (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def signed_files(gw: GatewayProcess, project: str) -> set[str]:
+    """The files of ``project``'s signed page, as the gateway serves it."""
+    req = urllib.request.Request(f"{gw.base}simple/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return {f["filename"] for f in json.loads(r.read())["files"]}
+
+
+def refreshed(index: TestIndex, project: str, times: int = 2) -> None:
+    """Wait until the gateway has fetched ``project``'s page ``times`` more times (its refreshes)."""
+    path = f"/simple/{project}/"
+    start = index.requests.count(path)
+    wait_for(lambda: index.requests.count(path) >= start + times, 20, f"{times} refreshes of {project}")
+
+
+@pytest.mark.parametrize("mode", ["yes", "no", "all"])
+def test_cooldown_counts_from_first_sight_not_the_index_claim(tmp_path: Path, fresh_gateway: Path, mode: str) -> None:
+    dists = tmp_path / "dists"
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    with TestIndex() as index, GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--min-release-age", "7d",
+                                              "--first-seen-cooldown", mode, "--page-ttl", "0.4",
+                                              "--batch-window", "0.05") as gw:
+        index.add(build_wheel(dists, "cool", "1.0"), upload_time=_ago(400))
+        assert gw.publish("cool")[0] == 200
+        # A project's first listing is the index's word, unless the site asked for 'all'.
+        assert signed_files(gw, "cool") == (set() if mode == "all" else {"cool-1.0-py3-none-any.whl"})
+        # A file the index adds now but claims was uploaded last year.
+        index.add(build_wheel(dists, "cool", "2.0"), upload_time=_ago(300))
+        # A file the index adds as new (hidden), then claims was uploaded last year.
+        moved = index.add(build_wheel(dists, "cool", "3.0"), upload_time=_ago(0))
+        refreshed(index, "cool")
+        moved.upload_time = _ago(300)
+        refreshed(index, "cool")
+        files = signed_files(gw, "cool")
+        assert "cool-3.0-py3-none-any.whl" not in files  # hidden when first seen: remembered, whatever the claim
+        assert ("cool-2.0-py3-none-any.whl" in files) == (mode == "no"), files
+        hidden = [r for r in gw.audit() if r.get("reason") == "policy-hidden"]
+        assert hidden and "cool-3.0-py3-none-any.whl" in hidden[-1]["hidden_files"]
+        if mode == "yes":
+            assert hidden[-1]["rules"].get("first-seen") == 2, hidden[-1]
+        policy = gateway_cli("policy", str(tmp_path / "gw")).stdout
+        assert f"first-seen-cooldown: {mode} (" in policy
+    # The ledger remembers every file listed, hidden ones included.
+    seen = [e for e in json.loads(gateway_cli("ledger", str(tmp_path / "gw"), "--json").stdout) if e["kind"] == "seen"]
+    assert {e["filename"] for e in seen} == {f"cool-{v}-py3-none-any.whl" for v in ("1.0", "2.0", "3.0")}

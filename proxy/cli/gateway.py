@@ -297,6 +297,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     for e in entries:
         if e["kind"] == "project":
             print(f"project {e['project']} from {e['index']}")
+        elif e["kind"] == "seen":
+            print(f"seen {e['project']} {e['filename']} cooldown from {e['counts_from'] or 'its upload-time'}")
         elif e["kind"] == "pin":
             size = "?" if e["size"] is None else e["size"]
             print(f"pin {e['project']} {e['filename']} sha256={e['hashes'].get('sha256', '?')} size={size} ({e['time']})")

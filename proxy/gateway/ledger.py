@@ -10,6 +10,9 @@
   filename change contents, so a later listing with other hashes or size
   is left out, and the pin stays.
 * ``{"kind": "revoke", "project", "filename" (or null: the whole project)}``.
+* ``{"kind": "seen", "project", "filename", "counts_from"}``: a file listed
+  for the first time (hidden by the policy or not), and the time its
+  release cooldown counts from (null: the index's claim alone), fixed then.
 
 Readers pick up lines other processes appended (``tufproxy gateway
 revoke`` beside a running gateway) with :meth:`Ledger.reload`.  A torn
@@ -56,6 +59,8 @@ class Ledger:
         self.pins: dict[tuple[str, str], Pin] = {}
         self.project_index: dict[str, str] = {}
         self.revoked: set[tuple[str, str | None]] = set()
+        self.seen: dict[tuple[str, str], datetime | None] = {}
+        self._listed: set[str] = set()  # projects with a file seen
         self._offset = 0
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +94,10 @@ class Ledger:
             self.project_index.setdefault(record["project"], record["index"])
         elif kind == "revoke":
             self.revoked.add((record["project"], record.get("filename")))
+        elif kind == "seen":
+            when = record.get("counts_from")
+            self.seen.setdefault((record["project"], record["filename"]), datetime.fromisoformat(when) if when else None)
+            self._listed.add(record["project"])
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Append records durably, then apply them."""
@@ -111,13 +120,23 @@ class Ledger:
         return [{"kind": "pin", **{k: v for k, v in asdict(p).items() if k != "time"}} for p in pins
                 if (p.project, p.filename) not in self.pins]
 
+    def listed(self, project: str) -> bool:
+        """True when this gateway has listed ``project`` before."""
+        return project in self.project_index or project in self._listed
+
+    def seen_records(self, project: str, first_seen: dict[str, datetime | None]) -> list[dict[str, Any]]:
+        return [{"kind": "seen", "project": project, "filename": f, "counts_from": w.isoformat() if w else None}
+                for f, w in first_seen.items() if (project, f) not in self.seen]
+
     def is_revoked(self, project: str, filename: str | None = None) -> bool:
         return (project, None) in self.revoked or (filename is not None and (project, filename) in self.revoked)
 
     def entries(self) -> list[dict[str, Any]]:
-        """Every pin, project record and revocation, for ``tufproxy gateway ledger``."""
+        """Every project record, pin, first sight and revocation, for ``tufproxy gateway ledger``."""
         return ([{"kind": "project", "project": p, "index": i} for p, i in sorted(self.project_index.items())]
                 + [{"kind": "pin", **asdict(p)} for _, p in sorted(self.pins.items())]
+                + [{"kind": "seen", "project": p, "filename": f, "counts_from": w.isoformat() if w else None}
+                   for (p, f), w in sorted(self.seen.items())]
                 + [{"kind": "revoke", "project": p, "filename": f} for p, f in sorted(self.revoked, key=str)])
 
 

@@ -185,7 +185,7 @@ class Gateway:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
         rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
         self._record_trimmed(listing.project, rendered.trimmed)
-        records = self.ledger.pin_records(rendered.new_pins)
+        records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
         if listing.project not in self.ledger.project_index:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
         self.ledger.append(records)
