@@ -29,8 +29,8 @@ from pathlib import Path
 
 import aiohttp
 
-from proxy.serving.config import parse_size
 from proxy.repository import Repository
+from proxy.serving.config import parse_size
 from tests.support.faults import FaultyUpstream, sized_wheel
 from tests.support.proxyproc import ProxyProcess
 from tests.support.seaweed import BUCKET, Seaweed

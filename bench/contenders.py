@@ -90,7 +90,7 @@ class Server:
         self.name = name
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open for the process's life
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=workdir,
                                      env={**os.environ, **(env or {})}, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.repository import Repository  # noqa: E402
-from proxy.repository.sample import build_wheel  # noqa: E402
-from proxy.repository.signer import Expiry  # noqa: E402
+from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
+from proxy.repository.signer import Expiry
 
 BINS = 16384
 KB, MB = 1000, 1000**2
@@ -105,4 +105,6 @@ def build(cache: Path, log=print) -> Corpus:  # type: ignore[no-untyped-def]
 
 if __name__ == "__main__":
     c = build(Path(__file__).resolve().parent / ".cache")
-    print(f"{len(c.projects)} projects, {c.total_bytes / MB:.0f} MB latest wheels, large {c.large_file} {c.large_size / MB:.0f} MB")
+    print(
+        f"{len(c.projects)} projects, {c.total_bytes / MB:.0f} MB latest wheels, large {c.large_file} {c.large_size / MB:.0f} MB"
+    )

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from proxy.protocol import index
-from proxy.transport.local import LocalFetcher
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
+from proxy.transport.local import LocalFetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 
 
@@ -36,9 +36,17 @@ def _metadata_bytes(repo: Repository) -> int:
 
 
 def _page(project: str, files: int, seed: str = "") -> index.ProjectPage:
-    entries = tuple(index.DistFile(filename=f"{project}-{i}.0-py3-none-any.whl", url=f"../../packages/{project}/{project}-{i}.0-py3-none-any.whl",
-                                   hashes={"sha256": f"{i:064x}"}, size=1000 + i, core_metadata={"sha256": f"{i + 1:064x}"},
-                                   upload_time="2024-01-01T00:00:00.000000Z") for i in range(files))
+    entries = tuple(
+        index.DistFile(
+            filename=f"{project}-{i}.0-py3-none-any.whl",
+            url=f"../../packages/{project}/{project}-{i}.0-py3-none-any.whl",
+            hashes={"sha256": f"{i:064x}"},
+            size=1000 + i,
+            core_metadata={"sha256": f"{i + 1:064x}"},
+            upload_time="2024-01-01T00:00:00.000000Z",
+        )
+        for i in range(files)
+    )
     return index.ProjectPage(name=project, files=entries, versions=tuple(f"{i}.0{seed}" for i in range(files)))
 
 
@@ -50,9 +58,11 @@ def first_publish(tmp: Path, files: int, bins: int) -> dict[str, object]:
         before = _metadata_bytes(repo)
         start = time.perf_counter()
         report = repo.add(dists) if layout == "tufproxy" else repo.publish_pages({"big": _page("big", files)})
-        out[layout] = {"seconds": round(time.perf_counter() - start, 2),
-                       "bin_n_signed": sum(1 for r in report.signed if r.startswith("bin-")),
-                       "metadata_bytes_written": _metadata_bytes(repo) - before}
+        out[layout] = {
+            "seconds": round(time.perf_counter() - start, 2),
+            "bin_n_signed": sum(1 for r in report.signed if r.startswith("bin-")),
+            "metadata_bytes_written": _metadata_bytes(repo) - before,
+        }
     return out
 
 
@@ -78,8 +88,12 @@ def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, ob
     snapshot = max(repo.metadata_dir.glob("*.snapshot.json"), key=lambda p: int(p.name.split(".")[0]))
     bin_sizes = [p.stat().st_size for p in repo.metadata_dir.glob("*.bin-*.json")]
     refresh = asyncio.run(_edge_refresh_cost(repo, repeats, tmp / f"edge{bins}"))
-    return {"snapshot_bytes": snapshot.stat().st_size, "edge_refresh_ms_per_publish": round(refresh * 1e3, 1),
-            "largest_bin_bytes": max(bin_sizes), "median_bin_bytes": int(statistics.median(bin_sizes))}
+    return {
+        "snapshot_bytes": snapshot.stat().st_size,
+        "edge_refresh_ms_per_publish": round(refresh * 1e3, 1),
+        "largest_bin_bytes": max(bin_sizes),
+        "median_bin_bytes": int(statistics.median(bin_sizes)),
+    }
 
 
 def main() -> None:
@@ -91,9 +105,11 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as t:
         tmp = Path(t)
-        result = {"first_publish_of_one_project": {"files": args.files, **first_publish(tmp / "fp", args.files, 1024)},
-                  "bins": {b: bins_cost(tmp, b, args.projects, args.repeats) for b in args.bins},
-                  "projects_published": args.projects}
+        result = {
+            "first_publish_of_one_project": {"files": args.files, **first_publish(tmp / "fp", args.files, 1024)},
+            "bins": {b: bins_cost(tmp, b, args.projects, args.repeats) for b in args.bins},
+            "projects_published": args.projects,
+        }
     print(json.dumps(result, indent=2))
 
 

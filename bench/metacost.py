@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.transport.upstream import AiohttpFetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
 
 WARM_LOOKUPS = 100
 

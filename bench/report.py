@@ -162,7 +162,7 @@ P99_X64_BEFORE = 53.9 / 7.00
 
 
 def targets(run: Run) -> list[Target]:
-    t = lambda name, key: run.median(name, key)  # noqa: E731
+    t = run.median
     out = [Target(f"warm index req/s x{c} ≥ 0.35× nginx", _ratio(t("tufproxy", f"rps_{c}"), t("nginx", f"rps_{c}")),
                   0.35, True, WHY["index"]) for c in run.concurrency]
     out.append(Target(f"warm 16 MB wheel x{run.mid_connections} MB/s ≥ 0.9× nginx",
@@ -172,21 +172,57 @@ def targets(run: Run) -> list[Target]:
                           _ratio(t("tufproxy", "p99_64"), t("nginx", "p99_64")), P99_X64_BEFORE, False, WHY["p99"]))
     out += [Target("warm file MB/s ≥ 0.8× nginx", _ratio(t("tufproxy", "file_warm"), t("nginx", "file_warm")), 0.8, True, WHY["file"])]
     for c in run.concurrency:
-        out.append(Target(f"warm index req/s x{c} ≥ 2× proxpi", _ratio(t("tufproxy", f"rps_{c}"), t("proxpi", f"rps_{c}")),
-                          2.0, True, WHY["index"]))
+        out.append(
+            Target(
+                f"warm index req/s x{c} ≥ 2× proxpi",
+                _ratio(t("tufproxy", f"rps_{c}"), t("proxpi", f"rps_{c}")),
+                2.0,
+                True,
+                WHY["index"],
+            )
+        )
     out += [
-        Target("cold 200 MB wheel ≤ 1.3× (download + sha256 floor)", _ratio(t("tufproxy", "file_cold"), run.floor_s), 1.3, False,
-               _cold_why(run)),
-        Target("pip download warm ≤ 1.0× proxpi", _ratio(t("tufproxy", "pip_warm"), t("proxpi", "pip_warm")), 1.0, False, WHY["pip_warm"]),
-        Target("pip download cold ≤ 1.2× proxpi", _ratio(t("tufproxy", "pip_cold"), t("proxpi", "pip_cold")), 1.2, False, WHY["pip_cold"]),
+        Target(
+            "cold 200 MB wheel ≤ 1.3× (download + sha256 floor)",
+            _ratio(t("tufproxy", "file_cold"), run.floor_s),
+            1.3,
+            False,
+            _cold_why(run),
+        ),
+        Target(
+            "pip download warm ≤ 1.0× proxpi",
+            _ratio(t("tufproxy", "pip_warm"), t("proxpi", "pip_warm")),
+            1.0,
+            False,
+            WHY["pip_warm"],
+        ),
+        Target(
+            "pip download cold ≤ 1.2× proxpi",
+            _ratio(t("tufproxy", "pip_cold"), t("proxpi", "pip_cold")),
+            1.2,
+            False,
+            WHY["pip_cold"],
+        ),
     ]
     cold = run.cold
     if cold is not None:
         out += [
-            Target("first byte ≤ 1 s after the mirror's (212 MB wheel, 12 MiB/s mirror)", cold.first_byte_gap_s, 1.0, False,
-                   WHY["first"], unit=" s"),
-            Target("peak RSS < 300 MB with 50 concurrent cold 200 MB downloads", cold.fanout_rss_mb, 300, False,
-                   WHY["rss"], unit="MB"),
+            Target(
+                "first byte ≤ 1 s after the mirror's (212 MB wheel, 12 MiB/s mirror)",
+                cold.first_byte_gap_s,
+                1.0,
+                False,
+                WHY["first"],
+                unit=" s",
+            ),
+            Target(
+                "peak RSS < 300 MB with 50 concurrent cold 200 MB downloads",
+                cold.fanout_rss_mb,
+                300,
+                False,
+                WHY["rss"],
+                unit="MB",
+            ),
         ]
     return out
 
@@ -227,13 +263,16 @@ def markdown(run: Run) -> str:
         "",
         f"Produced by `python bench/run.py --{run.plan}` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
         f"{_machine()}; the run took {run.elapsed_s:.0f} s. tufproxy measured: {run.source}."
-        + (f" Load average (1/5/15 min) at the start {_load(run.load[0])}, at the end {_load(run.load[1])}."
-           if run.load else ""),
+        + (f" Load average (1/5/15 min) at the start {_load(run.load[0])}, at the end {_load(run.load[1])}." if run.load else ""),
         "",
         f"Repeats (each cell is the median): pip download cold {p.pip_cold}, warm {p.pip_warm}; "
         f"index load {p.load_runs} × {p.load_seconds:g} s per concurrency; large file warm {p.file_warm}, "
         f"cold {p.file_cold}; floor {p.floor}; metadata {p.metadata}."
-        + (" `--quick` repeats cold runs and loads fewer than 5 times; use `--full` for medians of ≥ 5." if run.plan == "quick" else ""),
+        + (
+            " `--quick` repeats cold runs and loads fewer than 5 times; use `--full` for medians of ≥ 5."
+            if run.plan == "quick"
+            else ""
+        ),
         "",
         f"Upstream: nginx serving a `tufproxy repo` tree ({len(c.projects)} projects, latest wheels "
         f"{c.total_bytes / 1e6:.0f} MB in all, the largest `{c.large_file}` {c.large_size / 1e6:.0f} MB, plus 120 "
@@ -250,7 +289,11 @@ def markdown(run: Run) -> str:
     ref_rss = by["tufproxy"].peak_rss_mb if "tufproxy" in by and not by["tufproxy"].skipped else None
     rss_cells = [_cell(by[n].peak_rss_mb, ref_rss) if not by[n].skipped else "—" for n in names]
     lines.append("| peak RSS over the run (MB) ↓ | " + " | ".join(rss_cells) + " | |")
-    lines += ["", "↓ lower is better, ↑ higher is better. Floor: the large file downloaded straight from the upstream and sha256-hashed as it arrives (one Python loop, OpenSSL's sha256).", ""]
+    lines += [
+        "",
+        "↓ lower is better, ↑ higher is better. Floor: the large file downloaded straight from the upstream and sha256-hashed as it arrives (one Python loop, OpenSSL's sha256).",
+        "",
+    ]
 
     lines += ["## Contenders", ""]
     for n in names:
@@ -264,24 +307,30 @@ def markdown(run: Run) -> str:
     if run.metadata is not None:
         m = run.metadata
         lines += [
-            "## tufproxy metadata cost (trust core over HTTP, same upstream)", "",
-            "| step | median |", "|---|---:|",
+            "## tufproxy metadata cost (trust core over HTTP, same upstream)",
+            "",
+            "| step | median |",
+            "|---|---:|",
             f"| refresh from nothing: timestamp, snapshot of 16384 bins ({m.snapshot_bytes / 1e6:.2f} MB), targets, bins | {m.refresh_ms:.0f} ms |",
             f"| first lookup in an untouched bin (fetch + verify bin-n) | {m.first_lookup_ms:.1f} ms |",
-            f"| lookup in a loaded bin | {m.warm_lookup_ms * 1e3:.0f} µs |", "",
+            f"| lookup in a loaded bin | {m.warm_lookup_ms * 1e3:.0f} µs |",
+            "",
         ]
 
     if run.cold is not None:
         k = run.cold
         f = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
         lines += [
-            "## tufproxy cold path (`bench/coldpath.py`, same run)", "",
-            "| figure | value |", "|---|---:|",
+            "## tufproxy cold path (`bench/coldpath.py`, same run)",
+            "",
+            "| figure | value |",
+            "|---|---:|",
             f"| first body byte straight from a 12 MiB/s mirror, 212 MB wheel (median) | {f(k.mirror_first_s, '.3f')} s |",
             f"| first body byte through a cold tufproxy from that mirror (median) | {f(k.proxy_first_s, '.3f')} s |",
             f"| peak RSS, 50 concurrent cold 200 MB downloads (4 MiB/s mirror each; {k.fanout_in_flight} in flight when sampled) | {f(k.fanout_rss_mb, '.0f')} MB |",
             f"| sha512 alone over the 212 MB wheel in memory, one thread | {f(k.sha512_s, '.2f')} s |",
-            *(f"| failed (no figure): {e[:200]} | |" for e in k.errors), "",
+            *(f"| failed (no figure): {e[:200]} | |" for e in k.errors),
+            "",
         ]
 
     lines += ["## Targets (same run)", "", "| target | measured | met |", "|---|---:|:---:|"]
@@ -334,8 +383,10 @@ def summary(run: Run, md: Path, png: Path | None) -> str:
     """At most one screen: the main figures, the targets, where the files went."""
     names = _names(run)
     keep = {"pip_cold", "pip_warm", "rps_1", "rps_16", "rps_64", "p99_64", "file_warm", "mid_warm", "file_cold"}
-    out = [f"tufproxy bench --{run.plan}: {run.elapsed_s:.0f} s   (median, ratio to tufproxy)",
-           f"{'':<30}" + "".join(f"{n:>16}" for n in names)]
+    out = [
+        f"tufproxy bench --{run.plan}: {run.elapsed_s:.0f} s   (median, ratio to tufproxy)",
+        f"{'':<30}" + "".join(f"{n:>16}" for n in names),
+    ]
     for label, key, _ in _rows(run):
         if key in keep:
             ref = run.median("tufproxy", key)
@@ -350,7 +401,9 @@ def summary(run: Run, md: Path, png: Path | None) -> str:
             out.append(f"skipped {n}: {by[n].skipped[:100]}")
     if run.metadata is not None:
         m = run.metadata
-        out.append(f"metadata: refresh (16384 bins) {m.refresh_ms:.0f} ms, first lookup in an untouched bin {m.first_lookup_ms:.1f} ms")
+        out.append(
+            f"metadata: refresh (16384 bins) {m.refresh_ms:.0f} ms, first lookup in an untouched bin {m.first_lookup_ms:.1f} ms"
+        )
     for t in targets(run):
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t.met]
         out.append(f"  [{mark}] {t.label}: {t.measured()}")

@@ -229,9 +229,20 @@ def main() -> int:
             upstream.stop()
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - started
-    run = report.Run(source=_describe(args.tufproxy_src.resolve()), plan=plan.name, plan_detail=plan, corpus=corp, results=results, floor_s=statistics.median(floor),
-                     metadata=meta, elapsed_s=elapsed, concurrency=CONCURRENCY,
-                     load=(load_before, os.getloadavg()), mid_connections=MID_CONNECTIONS, cold=cold)
+    run = report.Run(
+        source=_describe(args.tufproxy_src.resolve()),
+        plan=plan.name,
+        plan_detail=plan,
+        corpus=corp,
+        results=results,
+        floor_s=statistics.median(floor),
+        metadata=meta,
+        elapsed_s=elapsed,
+        concurrency=CONCURRENCY,
+        load=(load_before, os.getloadavg()),
+        mid_connections=MID_CONNECTIONS,
+        cold=cold,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     md = args.out / "latest.md"
     md.write_text(report.markdown(run))

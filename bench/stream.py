@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from proxy.serving.config import parse_size  # noqa: E402
 from proxy.repository import Repository  # noqa: E402
+from proxy.serving.config import parse_size  # noqa: E402
 from tests.support.faults import FaultyUpstream, sized_wheel  # noqa: E402
 from tests.support.proxyproc import ProxyProcess  # noqa: E402
 
@@ -80,9 +80,13 @@ def main() -> None:
                 first, total, sha = asyncio.run(timed_get(up.url + path))
                 assert sha == expected
                 rows["floor"].append((first, total))
-                for mode, extra in (("tufproxy (streaming)", ()), ("tufproxy --verify-before-send", ("--verify-before-send", "yes"))):
-                    with ProxyProcess(work / f"cache-{i}-{len(extra)}", "--upstream", up.url, "--root", str(root),
-                                      "--workers", "1", *extra) as proxy:
+                for mode, extra in (
+                    ("tufproxy (streaming)", ()),
+                    ("tufproxy --verify-before-send", ("--verify-before-send", "yes")),
+                ):
+                    with ProxyProcess(
+                        work / f"cache-{i}-{len(extra)}", "--upstream", up.url, "--root", str(root), "--workers", "1", *extra
+                    ) as proxy:
                         first, total, sha = asyncio.run(timed_get(proxy.base + path))
                     assert sha == expected
                     rows[mode].append((first, total))

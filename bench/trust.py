@@ -52,9 +52,9 @@ from tuf.ngclient import FetcherInterface, Updater
 from tuf.ngclient._internal.trusted_metadata_set import TrustedMetadataSet
 from tuf.ngclient.config import EnvelopeType, UpdaterConfig
 
-from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.protocol.verify import DelegationIndex, verify_delegated
 from proxy.transport.upstream import ByteStream, DownloadHTTPError, Fetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
 
 BASE = "http://bench.invalid/metadata/"
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -93,7 +93,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for name, c in running.items():
                     base, paths, mid_url, large_url = urls[name]
-                    add = lambda key, value: samples.setdefault((name, key), []).append(value)  # noqa: E731
+                    add = lambda key, value, name=name: samples.setdefault((name, key), []).append(value)  # noqa: E731
                     for conns in R.CONCURRENCY:
                         assert c.server is not None
                         before = _cpu_seconds(c.server)

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists
 from tests.support.clients import install
-from proxy.repository.sample import build_wheel
 from tests.support.faults import Fault, FaultyUpstream, sized_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
 from tests.support.proxyproc import ProxyProcess
@@ -415,9 +415,9 @@ def test_a_push_deletes_what_the_gateway_collected_but_never_files(seaweed: Seaw
     import obstore
     from prometheus_client import CollectorRegistry
 
+    from proxy.storage.treepush import TreePush
     from proxy.transport.bucket import Bucket
     from proxy.util.metrics import BucketMetrics
-    from proxy.storage.treepush import TreePush
 
     for name, value in seaweed.env().items():
         monkeypatch.setenv(name, value)

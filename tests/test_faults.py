@@ -37,9 +37,13 @@ HOT = "/packages/base/base-2.0-py3-none-any.whl"
 # The slow faults: a cached file must be served while they are still going on.
 SLOW = {Fault.DRIP, Fault.DRIP_HEADERS, Fault.STALL_HEADERS}
 # What the lone-mirror proxy names as the reason; everything else is "upstream-unreachable".
-LIES = {Fault.WRONG_LENGTH: "length-mismatch", Fault.ENDLESS: "length-mismatch", Fault.OVERSIZED: "length-mismatch", Fault.GARBAGE: "hash-mismatch"}
-FILE_FAULTS = [(f, 503) for f in Fault if f is not Fault.STATUS] + [(Fault.STATUS, 500), (Fault.STATUS, 503),
-                                                                    (Fault.STATUS, 404)]
+LIES = {
+    Fault.WRONG_LENGTH: "length-mismatch",
+    Fault.ENDLESS: "length-mismatch",
+    Fault.OVERSIZED: "length-mismatch",
+    Fault.GARBAGE: "hash-mismatch",
+}
+FILE_FAULTS = [(f, 503) for f in Fault if f is not Fault.STATUS] + [(Fault.STATUS, 500), (Fault.STATUS, 503), (Fault.STATUS, 404)]
 
 
 @dataclass
@@ -65,17 +69,30 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     repo.add([*dists, *cold.values()])
     root = tmp / "root.json"
     root.write_bytes((repo.metadata_dir / "1.root.json").read_bytes())
-    with FaultyUpstream(repo.public_dir) as bad, FaultyUpstream(repo.public_dir) as good, \
-            FaultyUpstream(repo.public_dir) as foreign:
+    with (
+        FaultyUpstream(repo.public_dir) as bad,
+        FaultyUpstream(repo.public_dir) as good,
+        FaultyUpstream(repo.public_dir) as foreign,
+    ):
         yield World(repo, root, bad, good, foreign, cold)
 
 
 def start_proxies(world: World, tmp: Path, *extra: str) -> tuple[ProxyProcess, ProxyProcess]:
     """The lone-faulty-mirror proxy and the faulty-then-good one, started side by side."""
-    single = ProxyProcess(tmp / "single" / "cache", "--upstream", world.bad.url, "--root", str(world.root),
-                          *TIMEOUT_FLAGS, *extra)
-    dual = ProxyProcess(tmp / "dual" / "cache", "--upstream", world.bad.url, "--upstream", world.good.url,
-                        "--root", str(world.root), *TIMEOUT_FLAGS, *extra)
+    single = ProxyProcess(
+        tmp / "single" / "cache", "--upstream", world.bad.url, "--root", str(world.root), *TIMEOUT_FLAGS, *extra
+    )
+    dual = ProxyProcess(
+        tmp / "dual" / "cache",
+        "--upstream",
+        world.bad.url,
+        "--upstream",
+        world.good.url,
+        "--root",
+        str(world.root),
+        *TIMEOUT_FLAGS,
+        *extra,
+    )
     for p in (single, dual):
         p.cache_dir.parent.mkdir(parents=True)
     with ThreadPoolExecutor(2) as pool:
@@ -124,9 +141,11 @@ async def test_file_fault(world: World, proxies: tuple[ProxyProcess, ProxyProces
             cold_got, fallback = await asyncio.gather(cold_task, fallback_task)
     finally:
         world.bad.clear()
-    print(f"\n[fault {fault_id(fault, status)}] lone mirror: {cold_got.status} "
-          f"{cold_got.headers.get('x-tufproxy-reason')} in {cold_got.seconds:.2f}s; cached file in "
-          f"{hot_got.seconds * 1000:.0f} ms; faulty+good: {fallback.status} in {fallback.seconds:.2f}s")
+    print(
+        f"\n[fault {fault_id(fault, status)}] lone mirror: {cold_got.status} "
+        f"{cold_got.headers.get('x-tufproxy-reason')} in {cold_got.seconds:.2f}s; cached file in "
+        f"{hot_got.seconds * 1000:.0f} ms; faulty+good: {fallback.status} in {fallback.seconds:.2f}s"
+    )
     if (fault, status) == (Fault.STATUS, 404):
         # A signed file no mirror has is "not found" (the one fetch-and-verify's MissingUpstream).
         assert (cold_got.status, cold_got.headers["x-tufproxy-reason"]) == (404, "missing-upstream"), cold_got
@@ -147,8 +166,18 @@ async def test_file_fault(world: World, proxies: tuple[ProxyProcess, ProxyProces
 
 # The transport is the same code for metadata as for files (matrix above): here, the faults whose
 # handling differs per role (a lie refuses, a 404 is not "missing" for a timestamp) and one stall.
-META_FAULTS = [(f, 503) for f in (Fault.TRUNCATE, Fault.STALL_HEADERS, Fault.WRONG_LENGTH, Fault.REDIRECT_FOREIGN,
-                                  Fault.ENDLESS, Fault.OVERSIZED, Fault.GARBAGE)] + [(Fault.STATUS, 503), (Fault.STATUS, 404)]
+META_FAULTS = [
+    (f, 503)
+    for f in (
+        Fault.TRUNCATE,
+        Fault.STALL_HEADERS,
+        Fault.WRONG_LENGTH,
+        Fault.REDIRECT_FOREIGN,
+        Fault.ENDLESS,
+        Fault.OVERSIZED,
+        Fault.GARBAGE,
+    )
+] + [(Fault.STATUS, 503), (Fault.STATUS, 404)]
 META_LIES = {Fault.ENDLESS: "length-mismatch", Fault.OVERSIZED: "length-mismatch", Fault.GARBAGE: "bad-metadata"}
 
 
@@ -165,9 +194,11 @@ async def test_timestamp_fault_on_a_cold_start(world: World, tmp_path: Path, fau
             dual.stop()
     finally:
         world.bad.clear()
-    print(f"\n[timestamp {fault_id(fault, status)}] lone mirror: {refused.status} "
-          f"{refused.headers.get('x-tufproxy-reason')} in {refused.seconds:.2f}s; faulty+good: "
-          f"{served.status} in {served.seconds:.2f}s")
+    print(
+        f"\n[timestamp {fault_id(fault, status)}] lone mirror: {refused.status} "
+        f"{refused.headers.get('x-tufproxy-reason')} in {refused.seconds:.2f}s; faulty+good: "
+        f"{served.status} in {served.seconds:.2f}s"
+    )
     # A cold-started worker may still be in its own start-up refresh when the request reaches it.
     assert refused.status == 502 and refused.seconds < 2 * BOUND
     assert refused.headers["x-tufproxy-reason"] == META_LIES.get(fault, "upstream-unreachable")
@@ -180,13 +211,16 @@ async def test_timestamp_fault_on_a_cold_start(world: World, tmp_path: Path, fau
 async def test_connection_refused(world: World, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}/"
     lone = ProxyProcess(tmp_path / "cache", "--upstream", dead, "--root", str(world.root), *TIMEOUT_FLAGS)
-    both = ProxyProcess(tmp_path / "cache2", "--upstream", dead, "--upstream", world.good.url,
-                        "--root", str(world.root), *TIMEOUT_FLAGS)
+    both = ProxyProcess(
+        tmp_path / "cache2", "--upstream", dead, "--upstream", world.good.url, "--root", str(world.root), *TIMEOUT_FLAGS
+    )
     with lone, both:
         async with aiohttp.ClientSession() as s:
             refused, served = await asyncio.gather(get(s, at(lone, HOT)), get(s, at(both, HOT)))
-    print(f"\n[connection refused] lone mirror: {refused.status} in {refused.seconds:.2f}s; "
-          f"dead+good: {served.status} in {served.seconds:.2f}s")
+    print(
+        f"\n[connection refused] lone mirror: {refused.status} in {refused.seconds:.2f}s; "
+        f"dead+good: {served.status} in {served.seconds:.2f}s"
+    )
     assert refused.status == 502 and refused.seconds < BOUND
     assert refused.headers["x-tufproxy-reason"] == "upstream-unreachable"
     assert served.status == 200 and served.body == (world.repo.public_dir / HOT.lstrip("/")).read_bytes()
@@ -197,8 +231,10 @@ async def test_metadata_outage_or_a_lie_keeps_serving_the_verified_state(world: 
     last verified (still valid) state keeps serving; the lie is counted and audited (issue 27, item 6)."""
     hot = (world.repo.public_dir / HOT.lstrip("/")).read_bytes()
     audit = tmp_path / "audit.log"
-    with ProxyProcess(tmp_path / "cache", "--upstream", world.bad.url, "--root", str(world.root),
-                      "--refresh-interval", "0.5", "--audit-log", str(audit), *TIMEOUT_FLAGS) as proxy:
+    with ProxyProcess(
+        tmp_path / "cache", "--upstream", world.bad.url, "--root", str(world.root), "--refresh-interval", "0.5",
+        "--audit-log", str(audit), *TIMEOUT_FLAGS
+    ) as proxy:
         async with aiohttp.ClientSession() as s:
             assert (await get(s, at(proxy, HOT))).body == hot
             try:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from proxy.protocol.errors import HashMismatch, LengthMismatch, RepositoryError, UpstreamUnreachable
-from proxy.trust.fetch import BytesSink, MissingUpstream, Observer, Pace, Want, fetch_verified
 from proxy.protocol.hashing import UnsupportedHashes
 from proxy.transport.upstream import AiohttpFetcher
+from proxy.trust.fetch import BytesSink, MissingUpstream, Observer, Pace, Want, fetch_verified
 from tests.support.faults import Fault, FaultyUpstream
 
 DATA = os.urandom(3 * 2**20 + 123)
@@ -98,7 +98,7 @@ async def test_tampered_second_mirror_after_a_failover_is_refused(mirrors, fetch
         await fetch_verified(fetcher, WANT, urls(mirrors[0], mirrors[2]), sink, observer=seen)
     # No mirror follows, so the body does not start over: the sink keeps what it had for its owner to
     # drop on the error, and a reader following it hears of the refusal, not of a restart.
-    assert 0 < len(sink.value()) and sink.value() != DATA
+    assert len(sink.value()) > 0 and sink.value() != DATA
     assert seen.refusals == [("hash-mismatch", urls(mirrors[2])[0])]
 
 

@@ -24,10 +24,9 @@ import pytest
 
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
-from tests.support.gatewayproc import GatewayProcess
+from tests.support.gatewayproc import GatewayProcess, install_chain_first_try
 from tests.support.gatewayproc import edge_for as _edge
 from tests.support.gatewayproc import gateway_init as _gateway_init
-from tests.support.gatewayproc import install_chain_first_try
 from tests.support.gatewayproc import metric as _metric
 from tests.support.gatewayproc import wait_for as _wait_for
 from tests.support.testindex import TestIndex
@@ -72,7 +71,9 @@ def gateway_index(ledger: list[dict]) -> str:  # type: ignore[type-arg]
     return next(e["index"] for e in ledger if e["kind"] == "project")
 
 
-def test_publish_answers_404_and_page_is_signed_with_fields(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
+def test_publish_answers_404_and_page_is_signed_with_fields(
+    tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
+) -> None:
     status, answer = gateway.publish("no-such-project")
     assert status == 404 and answer["reason"] == "not-found"
     test_index.file("lib-1.0-py3-none-any.whl").yanked = "broken"
@@ -93,8 +94,9 @@ def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index
     for i in range(50):
         test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))
     _gateway_init(tmp_path / "gw")
-    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
-                        "--batch-window", "0.5") as gw:
+    with GatewayProcess(
+        tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url, "--batch-window", "0.5"
+    ) as gw:
         before = _metric(gw.base, "tufproxy_gateway_publishes_total")
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             answers = list(pool.map(gw.publish, [f"proj{i}" for i in range(50)]))
@@ -106,8 +108,9 @@ def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index
         assert {p["name"] for p in root["projects"]} >= {f"proj{i}" for i in range(50)}
 
 
-def test_changed_file_is_refused_and_pinned_one_still_installs(tmp_path: Path, gateway: GatewayProcess,
-                                                               test_index: TestIndex) -> None:
+def test_changed_file_is_refused_and_pinned_one_still_installs(
+    tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
+) -> None:
     for project in CHAIN:
         assert gateway.publish(project)[0] == 200
     with _edge(tmp_path, gateway) as edge:
@@ -123,8 +126,9 @@ def test_changed_file_is_refused_and_pinned_one_still_installs(tmp_path: Path, g
     assert b"evil" not in (tmp_path / "t2" / "base" / "__init__.py").read_bytes()
 
 
-def test_file_differing_from_its_pin_is_a_502_and_never_published(tmp_path: Path, gateway: GatewayProcess,
-                                                                   test_index: TestIndex) -> None:
+def test_file_differing_from_its_pin_is_a_502_and_never_published(
+    tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
+) -> None:
     assert gateway.publish("lib")[0] == 200
     entry = test_index.file("lib-1.0-py3-none-any.whl")
     # Same length, other bytes: the page still names the pinned hash (it is re-fetched only after the ttl).
@@ -150,8 +154,13 @@ def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: Gate
         test_index.file("lib-1.0-py3-none-any.whl").yanked = "bad"
         page = gateway.directory / "public" / "simple" / "lib" / "index.json"
         _wait_for(lambda: b"lib-1.1" in page.read_bytes(), what="new release signed")
-        _wait_for(lambda: install("pip", edge.url, tmp_path / "t", "lib").returncode == 0
-                  and (tmp_path / "t" / "lib-1.1.dist-info").is_dir(), what="pip sees lib 1.1")
+        _wait_for(
+            lambda: (
+                install("pip", edge.url, tmp_path / "t", "lib").returncode == 0
+                and (tmp_path / "t" / "lib-1.1.dist-info").is_dir()
+            ),
+            what="pip sees lib 1.1",
+        )
         yanked = json.loads(page.read_bytes())["files"][0]
         assert yanked["filename"] == "lib-1.0-py3-none-any.whl" and yanked["yanked"] == "bad"
 
@@ -159,9 +168,25 @@ def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: Gate
 def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: GatewayProcess) -> None:
     for project in CHAIN:
         assert gateway.publish(project)[0] == 200
-    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "revoke", str(gateway.directory), "base",
-                        "base-2.0-py3-none-any.whl", "--reason", "malware", "--audit-log", str(tmp_path / "revoke.audit")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "gateway",
+            "revoke",
+            str(gateway.directory),
+            "base",
+            "base-2.0-py3-none-any.whl",
+            "--reason",
+            "malware",
+            "--audit-log",
+            str(tmp_path / "revoke.audit"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "published" in r.stdout
     assert json.loads((tmp_path / "revoke.audit").read_text())["reason"] == "revoked"
@@ -172,8 +197,13 @@ def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: Gateway
         assert "base-2.0.tar.gz" in seen and "base-2.0-py3-none-any.whl" not in seen
     # Later refreshes (ttl 1 s) keep it out.
     time_signed = (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime
-    _wait_for(lambda: (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime > time_signed
-              or gateway.log().count("refreshed") >= 2, what="a refresh")
+    _wait_for(
+        lambda: (
+            (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime > time_signed
+            or gateway.log().count("refreshed") >= 2
+        ),
+        what="a refresh",
+    )
     page = json.loads((gateway.directory / "public" / "simple" / "base" / "index.json").read_bytes())
     assert [f["filename"] for f in page["files"]] == ["base-2.0.tar.gz"]
 
@@ -181,7 +211,8 @@ def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: Gateway
 def test_page_linking_to_disallowed_origin_is_refused(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     test_index.raw_pages["intruder"] = (
         b'<html><body><a href="http://10.0.0.1/x/intruder-1.0-py3-none-any.whl#sha256=' + b"a" * 64 + b'">'
-        b"intruder-1.0-py3-none-any.whl</a></body></html>")
+        b"intruder-1.0-py3-none-any.whl</a></body></html>"
+    )
     status, answer = gateway.publish("intruder")
     assert status == 502 and answer["reason"] == "foreign-origin"
     assert any(a.get("reason") == "foreign-origin" for a in gateway.audit())
@@ -226,17 +257,18 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
     """proxy.serving.edge against the real gateway, with the edge's real trust core and store."""
     import asyncio
 
-    from proxy.serving.edge import MissProtocol
-    from proxy.util.locks import FetchLocks
-    from proxy.trust import Mirror, TrustConfig, TrustedClient
     from proxy.protocol.errors import UnknownTarget
+    from proxy.serving.edge import MissProtocol
     from proxy.transport.upstream import AiohttpFetcher
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
+    from proxy.util.locks import FetchLocks
 
     async def run() -> None:
         TrustedClient.initialize(tmp_path / "meta", gateway.root.read_bytes())
         fetcher = AiohttpFetcher()
-        trust = TrustedClient(tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher,
-                              TrustConfig(refresh_interval=3600))
+        trust = TrustedClient(
+            tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher, TrustConfig(refresh_interval=3600)
+        )
         miss = MissProtocol(gateway.base, trust, FetchLocks(tmp_path / "locks"))
         try:
             await trust.refresh(force=True)
@@ -267,9 +299,9 @@ def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: 
     """kill -9 the gateway mid-publish again and again: every restart offers an edge only newer, verifiable metadata."""
     import asyncio
 
-    from proxy.trust import Mirror, TrustConfig, TrustedClient
     from proxy.protocol.errors import UnknownTarget
     from proxy.transport.upstream import AiohttpFetcher
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
 
     for i in range(40):
         test_index.add(build_wheel(tmp_path / "many", f"crash{i}", "1.0"))
@@ -280,7 +312,9 @@ def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: 
 
     async def edge_refresh(base: str) -> int:
         fetcher = AiohttpFetcher()
-        trust = TrustedClient(tmp_path / "edge-meta", [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))
+        trust = TrustedClient(
+            tmp_path / "edge-meta", [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600)
+        )
         try:
             await trust.refresh(force=True)  # raises on rollback, bad signature, torn metadata
             for project in ("crash0",):
@@ -345,8 +379,9 @@ def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> Non
 
 
 @pytest.mark.parametrize("tamper", [False, True], ids=["intact", "tampered-tail"])
-def test_cold_file_streams_before_the_index_finishes(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex,
-                                                     tamper: bool) -> None:
+def test_cold_file_streams_before_the_index_finishes(
+    tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex, tamper: bool
+) -> None:
     """The client gets bytes while the index still holds the rest; the last byte only after the hash matched."""
     import http.client
 
@@ -393,13 +428,14 @@ def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayPr
     firsts = [r.read(64 * 1024) for r in responses]
     assert all(len(f) == 64 * 1024 for f in firsts) and not gate.is_set()
     gate.set()
-    assert all(f + r.read() == big.read_bytes() for f, r in zip(firsts, responses))
+    assert all(f + r.read() == big.read_bytes() for f, r in zip(firsts, responses, strict=True))
     assert sum(big.name in p for p in test_index.requests) == 1
 
 
 @pytest.mark.slow
-def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(tmp_path: Path, gateway: GatewayProcess,
-                                                                     test_index: TestIndex) -> None:
+def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(
+    tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
+) -> None:
     """Issue 19 item 10, scaled down: a file taking ~3x pip's --timeout to leave the index still installs on the first try."""
     from tests.support.clients import pip
     from tests.support.faults import sized_wheel
@@ -408,8 +444,19 @@ def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(tmp_path: Pa
     test_index.add(wheel).rate = 2**20  # 1 MiB/s: about 9 s, while pip allows 3 s of silence
     with _edge(tmp_path, gateway) as edge:
         start = time.monotonic()
-        r = pip("install", "--timeout", "3", "--retries", "0", "--index-url", edge.url, "--target", str(tmp_path / "t"),
-                "slowbig", timeout=120)
+        r = pip(
+            "install",
+            "--timeout",
+            "3",
+            "--retries",
+            "0",
+            "--index-url",
+            edge.url,
+            "--target",
+            str(tmp_path / "t"),
+            "slowbig",
+            timeout=120,
+        )
         took = time.monotonic() - start
     assert r.returncode == 0, r.stdout + r.stderr
     assert took >= 6, f"the file arrived in {took:.1f}s: too fast to show anything"
@@ -419,8 +466,11 @@ def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(tmp_path: Pa
 def test_html_only_index_installs(tmp_path: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex(mode="html") as index:
-        for path in (build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]), build_wheel(dists, "lib", "1.0", requires=["base"]),
-                     build_wheel(dists, "base", "2.0")):
+        for path in (
+            build_wheel(dists, "app", "1.0", requires=["lib>=1.0"]),
+            build_wheel(dists, "lib", "1.0", requires=["base"]),
+            build_wheel(dists, "base", "2.0"),
+        ):
             index.add(path)
         _gateway_init(tmp_path / "gw")
         with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
@@ -433,14 +483,17 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
                 assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["gateway", "serve", "{dir}"], "give --index-url"),
-    (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
-    (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
-    (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "0"], "--workers"),
-    (["gateway", "init", "{dir}"], "already holds a repository"),
-    (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["gateway", "serve", "{dir}"], "give --index-url"),
+        (["gateway", "serve", "{dir}", "--index-url", "ftp://x/"], "--index-url"),
+        (["gateway", "serve", "{missing}", "--index-url", "http://127.0.0.1:9/simple/"], "not a repository"),
+        (["gateway", "serve", "{dir}", "--index-url", "http://127.0.0.1:9/simple/", "--workers", "0"], "--workers"),
+        (["gateway", "init", "{dir}"], "already holds a repository"),
+        (["gateway", "init", "{new}", "--bins", "1000"], "power of two"),
+    ],
+)
 def test_cli_errors_are_one_line(tmp_path: Path, argv: list[str], message: str) -> None:
     _gateway_init(tmp_path / "gw")
     filled = [a.format(dir=tmp_path / "gw", missing=tmp_path / "nope", new=tmp_path / "new") for a in argv]
@@ -464,15 +517,19 @@ def test_timestamp_is_resigned_before_it_expires_without_changes(tmp_path: Path,
 
 def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
     _gateway_init(tmp_path / "gw")
-    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
-                        "--page-ttl", "1") as gw:
+    with GatewayProcess(
+        tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url, "--page-ttl", "1"
+    ) as gw:
         assert gw.publish("lib")[0] == 200
         test_index.raw_pages["lib"] = b'<meta name="pypi:repository-version" content="2.0">'  # a page we refuse
-        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="refused"}') >= 1,
-                  what="a refused refresh")
+        _wait_for(
+            lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="refused"}') >= 1, what="a refused refresh"
+        )
         test_index.__exit__()  # now the index is gone altogether
-        _wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="unreachable"}') >= 1,
-                  what="an unreachable refresh")
+        _wait_for(
+            lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="unreachable"}') >= 1,
+            what="an unreachable refresh",
+        )
         page = json.loads((gw.directory / "public" / "simple" / "lib" / "index.json").read_bytes())
         assert [f["filename"] for f in page["files"]] == ["lib-1.0-py3-none-any.whl"]
         assert gw.publish("lib")[0] == 200  # still published, still answered
@@ -490,8 +547,19 @@ def strict_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[G
     tmp = tmp_path_factory.mktemp("strict")
     with TestIndex(separate_files_host=True) as index:
         _gateway_init(tmp / "gw")
-        with GatewayProcess(tmp / "gw", "--index-url", index.url, "--files-origin", index.files_url,
-                            "--max-page-size", "8K", "--read-timeout", "1", "--batch-window", "0.05") as gw:
+        with GatewayProcess(
+            tmp / "gw",
+            "--index-url",
+            index.url,
+            "--files-origin",
+            index.files_url,
+            "--max-page-size",
+            "8K",
+            "--read-timeout",
+            "1",
+            "--batch-window",
+            "0.05",
+        ) as gw:
             yield gw, index
         for gate in index.stall.values():
             gate.set()  # let a stalled page handler finish before the index stops
@@ -506,8 +574,10 @@ def _bad_input(case: str, index: TestIndex) -> None:
         index.raw_pages[case] = json.dumps({"meta": {"api-version": "1.0"}, "name": "lib", "files": []}).encode()
         index.raw_types[case] = "application/vnd.pypi.simple.v1+json"
     elif case == "nohash":
-        index.raw_pages[case] = (link.format(files=index.files_url, p=case, v="1.0", frag="#sha256=" + "a" * 64)
-                                 + link.format(files=index.files_url, p=case, v="1.1", frag="")).encode()
+        index.raw_pages[case] = (
+            link.format(files=index.files_url, p=case, v="1.0", frag="#sha256=" + "a" * 64)
+            + link.format(files=index.files_url, p=case, v="1.1", frag="")
+        ).encode()
     elif case == "loop":
         index.redirects[case] = f"/simple/{case}/"
     elif case == "away":
@@ -516,16 +586,20 @@ def _bad_input(case: str, index: TestIndex) -> None:
         index.stall[case] = threading.Event()
 
 
-@pytest.mark.parametrize("case, status, reason", [
-    ("oversized", 502, "oversized-page"),
-    ("another-project", 502, "bad-page"),
-    ("nohash", 200, "missing-hash"),
-    ("loop", 502, "bad-redirect"),
-    ("away", 502, "bad-redirect"),
-    ("slow", 502, "upstream-unreachable"),
-])
+@pytest.mark.parametrize(
+    "case, status, reason",
+    [
+        ("oversized", 502, "oversized-page"),
+        ("another-project", 502, "bad-page"),
+        ("nohash", 200, "missing-hash"),
+        ("loop", 502, "bad-redirect"),
+        ("away", 502, "bad-redirect"),
+        ("slow", 502, "upstream-unreachable"),
+    ],
+)
 def test_bad_index_input_is_refused_audited_counted_and_never_signed(
-        tmp_path: Path, strict_gateway: tuple[GatewayProcess, TestIndex], case: str, status: int, reason: str) -> None:
+    tmp_path: Path, strict_gateway: tuple[GatewayProcess, TestIndex], case: str, status: int, reason: str
+) -> None:
     gw, index = strict_gateway
     _bad_input(case, index)
     counted = f'tufproxy_gateway_refusals_total{{reason="{reason}"}}'
@@ -560,18 +634,25 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test index")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     directory.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = directory / "index.pem", directory / "index.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return cert_path, key_path
 
 
@@ -596,7 +677,8 @@ def test_tls_index_needs_its_ca_bundle(tmp_path: Path) -> None:
 
 
 def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import base64
 
     header = "Basic " + base64.b64encode(b"reader:n3trc-pass").decode()
@@ -654,8 +736,17 @@ def test_refresh_rate_bounds_page_fetches(tmp_path: Path, test_index: TestIndex)
         test_index.add(build_wheel(tmp_path / "many", f"rated{i}", "1.0"))
     _gateway_init(tmp_path / "gw")
     rate = 4.0
-    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url,
-                        "--page-ttl", "1", "--refresh-rate", str(rate)) as gw:
+    with GatewayProcess(
+        tmp_path / "gw",
+        "--index-url",
+        test_index.url,
+        "--files-origin",
+        test_index.files_url,
+        "--page-ttl",
+        "1",
+        "--refresh-rate",
+        str(rate),
+    ) as gw:
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             assert all(s == 200 for s, _ in pool.map(gw.publish, [f"rated{i}" for i in range(12)]))
         # Twelve pages are due every second; the refresher may fetch only `rate` a second.

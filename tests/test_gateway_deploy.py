@@ -18,8 +18,8 @@ import pytest
 
 from proxy.cli import build_parser
 from proxy.cli.gateway import OPTIONS
-from proxy.gateway.policy import POLICY_KEYS, resolve_policy
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.policy import POLICY_KEYS, resolve_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = ROOT / "deploy" / "gateway"

@@ -22,9 +22,8 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.clients import uv_path
-from tests.support.gatewayproc import GatewayProcess
+from tests.support.gatewayproc import GatewayProcess, install_chain_first_try
 from tests.support.gatewayproc import gateway_init as _gateway_init
-from tests.support.gatewayproc import install_chain_first_try
 from tests.support.gatewayproc import metric as _metric
 from tests.support.gatewayproc import wait_for as _wait_for
 from tests.support.testindex import TestIndex
@@ -96,8 +95,8 @@ def _publish_quietly(gw: GatewayProcess, project: str) -> None:
 
 
 async def _edge_refresh(meta: Path, base: str) -> int:
-    from proxy.trust import Mirror, TrustConfig, TrustedClient
     from proxy.transport.upstream import AiohttpFetcher
+    from proxy.trust import Mirror, TrustConfig, TrustedClient
 
     fetcher = AiohttpFetcher()
     trust = TrustedClient(meta, [Mirror(f"{base}metadata/", base)], fetcher, TrustConfig(refresh_interval=3600))

@@ -184,7 +184,7 @@ async def test_hostile_requests_are_4xx_and_open_nothing_outside_the_store(serve
     assert any(p.startswith(str(proxy.cache_dir / "blobs")) for p in opened), "strace saw nothing"
     assert outside == set(), outside
     assert trace.connected() <= {f"127.0.0.1:{upstream.port}"}, trace.connected()
-    assert not any("passwd" in p or p.endswith("root.json") and "metadata" not in p for p in opened)
+    assert not any("passwd" in p or (p.endswith("root.json") and "metadata" not in p) for p in opened)
     # Nothing about a hostile request reached the upstream: metadata, and the one page validly asked for.
     assert all(re.fullmatch(r"/metadata/[\w.-]+|/simple/base/[0-9a-f]{64}\.index\.(html|json)", p)
                for p in upstream.requests[before:]), upstream.requests[before:]

@@ -219,7 +219,10 @@ def test_html_limits_and_encoding() -> None:
     assert index.parse_project_html(b"\xef\xbb\xbf" + page_html('<a href="d.whl">d.whl</a>'), "demo").files
 
 
-@pytest.mark.parametrize(("content", "ok"), [("1.0", True), ("1.4", True), ("2.0", False), ("one", False), ("", False), ("1.0\n", False), ("1.\u0661", False)])
+@pytest.mark.parametrize(
+    ("content", "ok"),
+    [("1.0", True), ("1.4", True), ("2.0", False), ("one", False), ("", False), ("1.0\n", False), ("1.\u0661", False)],
+)
 def test_html_repository_version(content: str, ok: bool) -> None:
     data = page_html(head=f'<meta name="pypi:repository-version" content="{content}">')
     if ok:
@@ -335,7 +338,14 @@ def test_render_json_shape() -> None:
     assert obj["meta"] == {"api-version": "1.1"} and obj["versions"] == ["1.0"]
     (entry,) = obj["files"]
     # Absent PEP 700 fields are left out, not null; PEP 714 forbids the plain legacy key.
-    assert entry == {"filename": "d.whl", "url": "d.whl", "hashes": {}, "yanked": False, "core-metadata": False, "data-dist-info-metadata": False}
+    assert entry == {
+        "filename": "d.whl",
+        "url": "d.whl",
+        "hashes": {},
+        "yanked": False,
+        "core-metadata": False,
+        "data-dist-info-metadata": False,
+    }
 
 
 def test_rendering_is_deterministic_regardless_of_dict_order() -> None:
@@ -453,7 +463,16 @@ def test_negotiate_reads_a_bounded_header() -> None:
 
 # ---------------------------------------------------------------- properties
 
-HOSTILE = ['"><script>alert(1)</script>', "' onmouseover='x", "&amp;", "&lt;b&gt;", "</a><a href=x>", "<!--", "]]>", "\u00e9\u2603"]
+HOSTILE = [
+    '"><script>alert(1)</script>',
+    "' onmouseover='x",
+    "&amp;",
+    "&lt;b&gt;",
+    "</a><a href=x>",
+    "<!--",
+    "]]>",
+    "\u00e9\u2603",
+]
 hostile_text = st.one_of(st.sampled_from(HOSTILE), st.text(min_size=1, max_size=30), st.text(alphabet="<>&\"' =/;a", min_size=1))
 # Names the parsers accept: no separators, control characters, "..", or surrounding blanks.
 filenames = st.text(
@@ -517,8 +536,15 @@ def test_html_round_trip_with_hostile_text(page: ProjectPage) -> None:
     collector = _TagCollector()
     collector.feed(text)
     assert set(collector.tags) <= {"html", "head", "meta", "title", "body", "h1", "a", "br"}
-    assert collector.attributes <= {"name", "content", "href", "data-requires-python", "data-yanked",
-                                    "data-core-metadata", "data-dist-info-metadata"}
+    assert collector.attributes <= {
+        "name",
+        "content",
+        "href",
+        "data-requires-python",
+        "data-yanked",
+        "data-core-metadata",
+        "data-dist-info-metadata",
+    }
     assert collector.tags.count("a") == len(page.files)
 
 
@@ -549,22 +575,75 @@ PARSERS = [
     index.parse_project_list_json,
 ]
 html_like = st.lists(
-    st.sampled_from(["<a href=", "<a ", ">", "</a>", '"', "'", "&", "&#", "x;", "<!", "<![CDATA[", "<?", "<base href=",
-                     "data-yanked", "data-core-metadata=", "#sha256=", "/", "\x00", "<meta name=pypi:repository-version content=",
-                     "2.0", "1.1", "-->", "<!--", "=", " ", "\ud7ff"]),
+    st.sampled_from(
+        [
+            "<a href=",
+            "<a ",
+            ">",
+            "</a>",
+            '"',
+            "'",
+            "&",
+            "&#",
+            "x;",
+            "<!",
+            "<![CDATA[",
+            "<?",
+            "<base href=",
+            "data-yanked",
+            "data-core-metadata=",
+            "#sha256=",
+            "/",
+            "\x00",
+            "<meta name=pypi:repository-version content=",
+            "2.0",
+            "1.1",
+            "-->",
+            "<!--",
+            "=",
+            " ",
+            "\ud7ff",
+        ]
+    ),
     max_size=40,
 ).map("".join)
 json_like = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["meta", "api-version", "name", "files", "versions", "projects", "filename", "url", "hashes",
-                         "yanked", "core-metadata", "size", "sha256"]), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "meta",
+                    "api-version",
+                    "name",
+                    "files",
+                    "versions",
+                    "projects",
+                    "filename",
+                    "url",
+                    "hashes",
+                    "yanked",
+                    "core-metadata",
+                    "size",
+                    "sha256",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300) | html_like.map(str.encode) | st.text(max_size=200).map(str.encode) | json_like.map(lambda o: json.dumps(o).encode()))
+@given(
+    st.binary(max_size=300)
+    | html_like.map(str.encode)
+    | st.text(max_size=200).map(str.encode)
+    | json_like.map(lambda o: json.dumps(o).encode())
+)
 def test_parsers_raise_only_index_parse_error(data: bytes) -> None:
     for parse in PARSERS:
         try:
@@ -585,6 +664,11 @@ def test_json_shaped_garbage_under_a_valid_meta(body: object) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=200) | st.lists(st.sampled_from(["text/html", "*/*", "application/vnd.pypi.simple.v1+json", ";q=", "0.5", ",", " ", "q=0"]), max_size=20).map("".join))
+@given(
+    st.text(max_size=200)
+    | st.lists(
+        st.sampled_from(["text/html", "*/*", "application/vnd.pypi.simple.v1+json", ";q=", "0.5", ",", " ", "q=0"]), max_size=20
+    ).map("".join)
+)
 def test_negotiate_never_crashes(accept: str) -> None:
     assert index.negotiate(accept) in (*MediaType, None)

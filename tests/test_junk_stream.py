@@ -68,7 +68,7 @@ CASES = {
                           "refused by TUF verification (length-mismatch)", "repository", True),
     # --max-file-size stays at its 4G default: only the reservation against the cache stops the junk.
     "cache-size": Case(("--cache-size", "40M"), 40 * MiB, 40 * MiB, 503, "cache-full",
-                       "cache full, cannot store new files", "resources", False),
+                       "cache full, cannot store new files", "ours", False),
 }
 
 
@@ -185,5 +185,5 @@ async def test_junk_streams_are_cut_at_their_bound_within_the_reserved_space(wor
         assert bool(named) == case.audited, log[-3000:]
     assert "Traceback" not in log
     assert_cache_clean(proxy.cache_dir, repo)  # nothing published but verified bytes, no temp file left
-    for path, got in zip((*WANTED, NORMAL), honest):
+    for path, got in zip((*WANTED, NORMAL), honest, strict=True):
         assert got.status == 200 and got.body == (repo.public_dir / path.lstrip("/")).read_bytes()

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from proxy.protocol.index import DistFile
 from proxy.mirror.select import (
     MAX_INCLUDE_DEPTH,
     FileFilter,
@@ -16,6 +15,7 @@ from proxy.mirror.select import (
     parse_requirement,
     read_requirements,
 )
+from proxy.protocol.index import DistFile
 
 
 def dist(filename: str, **kw: object) -> DistFile:
@@ -88,7 +88,7 @@ def test_requires_python_yanked_and_per_project_specifiers() -> None:
     pinned = parse_requirement("lib==1.0")
     assert FileFilter.of().keeps(dist("lib-1.0.tar.gz"), pinned)
     assert not FileFilter.of().keeps(dist("lib-1.1.tar.gz"), pinned)
-    with pytest.raises(SelectionError, match="X.Y"):
+    with pytest.raises(SelectionError, match=r"X\.Y"):
         FileFilter.of(python_versions=["three"])
     with pytest.raises(SelectionError, match="specifier"):
         FileFilter.of(spec="at least 2")

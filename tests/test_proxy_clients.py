@@ -65,8 +65,21 @@ def test_dependency_chain_installs_through_the_proxy(
     assert upstream.count(rf"/packages/[^/]+/{hashed}[^/]+\.whl") == 3
 
 
-def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(proxy: ProxyProcess, upstream: Upstream, tmp_path: Path) -> None:
-    r = pip("download", "--index-url", proxy.url, "-d", str(tmp_path / "d"), "app", "future-only", "--python-version", "3.11", "--only-binary=:all:")
+def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(
+    proxy: ProxyProcess, upstream: Upstream, tmp_path: Path
+) -> None:
+    r = pip(
+        "download",
+        "--index-url",
+        proxy.url,
+        "-d",
+        str(tmp_path / "d"),
+        "app",
+        "future-only",
+        "--python-version",
+        "3.11",
+        "--only-binary=:all:",
+    )
     assert r.returncode != 0 and "future-only" in r.stderr  # only release needs Python >= 4
     r = pip("download", "--index-url", proxy.url, "-d", str(tmp_path / "d"), "app")
     assert r.returncode == 0, r.stderr
@@ -74,7 +87,10 @@ def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(proxy: Proxy
     # pip resolved from .metadata: it never downloaded lib 1.0's wheel, only the chosen 1.1.
     assert upstream.count(r"/packages/lib/([0-9a-f]{64}\.)?lib-1\.0-py3-none-any\.whl") == 0
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
-        "app-1.0-py3-none-any.whl", "base-2.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl"]
+        "app-1.0-py3-none-any.whl",
+        "base-2.0-py3-none-any.whl",
+        "lib-1.1-py3-none-any.whl",
+    ]
 
 
 def test_html_and_json_clients_get_the_same_files(proxy: ProxyProcess, tmp_path: Path) -> None:
@@ -135,8 +151,9 @@ ATTACKS = ["tampered-wheel", "page-extra-version", "rolled-back-snapshot", "expi
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_attacks_make_pip_fail_and_the_proxy_names_the_reason(attack: str, tmp_path: Path, sample_repo: SampleRepo,
-                                                              upstream: Upstream) -> None:
+def test_attacks_make_pip_fail_and_the_proxy_names_the_reason(
+    attack: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
+) -> None:
     """pip fails showing the status (current pips print no reason phrase); the proxy's answer names the
     reason (status line, X-Tufproxy-Reason, body) and its audit log records it."""
     repo = sample_repo.repo

@@ -7,7 +7,7 @@ import http.client
 import json
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -84,7 +84,7 @@ def test_root_list_in_both_formats(proxy: ProxyProcess) -> None:
     status, _, body = request(proxy, "/simple/", Accept="application/vnd.pypi.simple.v1+json")
     assert status == 200 and [p["name"] for p in json.loads(body)["projects"]] == ["app", "base", "future-only", "lib"]
     status, _, body = request(proxy, "/simple/", Accept="text/html")
-    assert status == 200 and b'href="lib/"' in body or b"lib" in body
+    assert (status == 200 and b'href="lib/"' in body) or b"lib" in body
 
 
 @pytest.mark.parametrize("path,location", [("/simple/Future_Only/", "../future-only/"), ("/simple/lib", "lib/")])
@@ -121,7 +121,7 @@ def test_a_warm_file_larger_than_the_socket_buffers_arrives_whole_on_either_loop
             try:
                 conn.request("GET", path, headers=headers)
                 resp = conn.getresponse()
-                got = b"".join(iter(lambda: resp.read(1024), b""))
+                got = b"".join(iter(lambda resp=resp: resp.read(1024), b""))
             finally:
                 conn.close()
             assert resp.status in (200, 206) and resp.getheader("ETag") and got == want
@@ -205,7 +205,7 @@ def test_a_signed_page_linking_files_to_a_foreign_host_is_refused_not_followed(
     page = index.parse_project_html((repo.public_dir / "simple/base/index.html").read_bytes(), "base")
     foreign = index.with_urls(page, lambda f: f"http://127.0.0.2:9/{f.filename}")
     with repo._locked():
-        change = _Change(repo, datetime.now(timezone.utc))
+        change = _Change(repo, datetime.now(UTC))
         repo._write_page(change, foreign)
         change.commit()
     root = tmp_path / "root.json"

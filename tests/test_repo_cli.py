@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -139,7 +139,7 @@ def test_rotate_root_without_enough_old_keys_fails_and_changes_nothing(tmp_path:
 
 
 def test_refresh_resigns_only_what_is_past_half_its_lifetime(tmp_path: Path) -> None:
-    long_ago = datetime.now(timezone.utc) - timedelta(hours=20)
+    long_ago = datetime.now(UTC) - timedelta(hours=20)
     repo = Repository.init(tmp_path / "repo", bins=4, now=long_ago)
     report = repo.refresh()
     assert {"timestamp", "snapshot"} <= set(report.signed)

@@ -6,7 +6,7 @@ import hashlib
 import math
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -14,12 +14,12 @@ from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata
 
 from proxy.protocol import index
-from proxy.protocol.layout import consistent_name, core_metadata_target, file_target, project_page_target, PageFormat
+from proxy.protocol.layout import PageFormat, consistent_name, core_metadata_target, file_target, project_page_target
 from proxy.repository import Repository
 from tests.conftest import SampleRepo
 from tests.support.net import free_port, wait_for_port
-from tests.support.tufclient import reference_updater
 from tests.support.tree import all_targets, signed_timestamp
+from tests.support.tufclient import reference_updater
 from tests.support.upstream import Upstream
 
 
@@ -110,7 +110,7 @@ def test_rolled_back_snapshot_is_refused_by_reference_client(sample_repo: Sample
 
 
 def test_expired_timestamp_is_refused_by_reference_client(tmp_path: Path) -> None:
-    repo = Repository.init(tmp_path / "repo", bins=4, now=datetime.now(timezone.utc) - timedelta(days=2))
+    repo = Repository.init(tmp_path / "repo", bins=4, now=datetime.now(UTC) - timedelta(days=2))
     with Upstream(repo.public_dir) as up:
         updater = reference_updater(tmp_path / "client", up.url, (repo.metadata_dir / "1.root.json").read_bytes())
         with pytest.raises(tuf_exc.ExpiredMetadataError, match="timestamp"):
@@ -130,7 +130,10 @@ def test_plain_http_server_serves_a_tree_the_reference_client_accepts(sample_rep
         updater.refresh()
         info = updater.get_targetinfo("simple/app/index.html")
         assert info is not None
-        assert Path(updater.download_target(info)).read_bytes() == (sample_repo.repo.public_dir / "simple/app/index.html").read_bytes()
+        assert (
+            Path(updater.download_target(info)).read_bytes()
+            == (sample_repo.repo.public_dir / "simple/app/index.html").read_bytes()
+        )
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.storage.pagecache import IndexCache
-from proxy.storage.store import Blob, BlobStore
 from proxy.protocol.errors import StoreError, StoreFull, StoreUnwritable
 from proxy.protocol.hashing import UnsupportedHashes
+from proxy.storage.pagecache import IndexCache
+from proxy.storage.store import Blob, BlobStore
 
 
 def hashes_of(data: bytes) -> dict[str, str]:
@@ -216,10 +216,9 @@ async def test_store_full_when_blob_cannot_fit(tmp_path: Path) -> None:
     with pytest.raises(StoreFull):
         async with store.writer(2001):
             pass
-    with store.in_use(kept.sha256):
-        with pytest.raises(StoreFull):
-            async with store.writer(600):
-                pass
+    with store.in_use(kept.sha256), pytest.raises(StoreFull):
+        async with store.writer(600):
+            pass
     # Nothing was evicted for a blob that could not fit anyway.
     assert store.get(kept.sha256) == kept
     assert files_under(tmp_path / "tmp") == []

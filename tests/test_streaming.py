@@ -201,7 +201,7 @@ def _one_client_per_worker(proxy: ProxyProcess, upstream: FaultyUpstream) -> lis
     by_worker: dict[int, socket.socket] = {}
     for _ in range(64):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT)
-        pid = wait_for(lambda: _worker_of(sock, proxy.port, workers), WAIT, "a worker to accept the connection")
+        pid = wait_for(lambda sock=sock: _worker_of(sock, proxy.port, workers), WAIT, "a worker to accept the connection")
         if pid in by_worker:
             sock.close()
         else:

@@ -19,6 +19,7 @@ import proxy.trust.client as trust_client
 from proxy.repository import Expiry, Repository
 from proxy.repository.keys import ONLINE
 from proxy.repository.sample import build_wheel
+from proxy.transport.upstream import AiohttpFetcher
 from proxy.trust import (
     BadSignature,
     ExpiredMetadata,
@@ -31,11 +32,10 @@ from proxy.trust import (
     UpstreamUnreachable,
     VersionMismatch,
 )
-from proxy.transport.upstream import AiohttpFetcher
 from tests.conftest import SampleRepo
 from tests.support.net import free_port
 from tests.support.tree import all_targets, signed_timestamp
-from tests.support.trustenv import Env, bin_of, env, tampered  # noqa: F401 (env is a fixture)
+from tests.support.trustenv import Env, bin_of, env, tampered
 from tests.support.upstream import Upstream
 
 
@@ -407,11 +407,9 @@ async def test_failed_refresh_keeps_serving_the_previous_state(env: Env, tmp_pat
 async def test_mirrors_in_order(env: Env, sample_repo: SampleRepo, tmp_path: Path) -> None:
     with Upstream(sample_repo.repo.public_dir) as second:
         liar_meta = f"{env.up.url}metadata/"
-        env.up.replace(r"/metadata/timestamp\.json",
-                       tampered(env.meta("timestamp.json"), lambda s: s.update(version=99)))
+        env.up.replace(r"/metadata/timestamp\.json", tampered(env.meta("timestamp.json"), lambda s: s.update(version=99)))
         dead = f"http://127.0.0.1:{free_port()}/"  # nothing listens
-        mirrors = [Mirror(f"{dead}metadata/", dead),
-                   Mirror(liar_meta, env.up.url), Mirror(f"{second.url}metadata/", second.url)]
+        mirrors = [Mirror(f"{dead}metadata/", dead), Mirror(liar_meta, env.up.url), Mirror(f"{second.url}metadata/", second.url)]
         TrustedClient.initialize(tmp_path / "mirrored", sample_repo.root_bytes)
         client = TrustedClient(tmp_path / "mirrored", mirrors, env.fetcher)
         try:
@@ -419,7 +417,10 @@ async def test_mirrors_in_order(env: Env, sample_repo: SampleRepo, tmp_path: Pat
             assert client.status()["roles"]["timestamp"]["version"] == env.version("timestamp")
             assert second.count(r"/metadata/timestamp\.json") == 1
             assert [u.split("/")[2] for u in client.target_urls(target)] == [
-                dead.split("/")[2], env.up.url.split("/")[2], second.url.split("/")[2]]
+                dead.split("/")[2],
+                env.up.url.split("/")[2],
+                second.url.split("/")[2],
+            ]
             # Every mirror lying: the verification error, not "unreachable".
             second.replace(r"/metadata/timestamp\.json", env.meta("timestamp.json")[:-5])
             env.publish(tmp_path)

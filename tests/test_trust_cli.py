@@ -73,10 +73,25 @@ def test_refusals_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstre
     assert client("--metadata-dir", meta, "init", root).returncode == 0
 
     url = f"{upstream.url}metadata/"
-    upstream.replace(r"/packages/lib/[0-9a-f]{64}\.lib-1\.1-py3-none-any\.whl", b"x" * all_targets(sample_repo.repo)[WHEEL]["length"])
+    upstream.replace(
+        r"/packages/lib/[0-9a-f]{64}\.lib-1\.1-py3-none-any\.whl", b"x" * all_targets(sample_repo.repo)[WHEEL]["length"]
+    )
     targets = tmp_path / "targets"
-    done = client("--metadata-dir", meta, "--metadata-url", url, "--target-base-url", upstream.url,
-                  "--target-dir", targets, "--target-name", WHEEL, "--target-name", "simple/index.html", "download")
+    done = client(
+        "--metadata-dir",
+        meta,
+        "--metadata-url",
+        url,
+        "--target-base-url",
+        upstream.url,
+        "--target-dir",
+        targets,
+        "--target-name",
+        WHEEL,
+        "--target-name",
+        "simple/index.html",
+        "download",
+    )
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert "hash-mismatch" in line
@@ -98,8 +113,21 @@ def test_options_work_after_the_action_too(sample_repo: SampleRepo, upstream: Up
     assert client("init", "--metadata-dir", meta, root).returncode == 0
     url = f"{upstream.url}metadata/"
     other = next(p for p in all_targets(sample_repo.repo) if p != WHEEL)
-    done = client("--metadata-dir", meta, "--target-name", WHEEL, "download", "--metadata-url", url,
-                  "--target-name", other, "--target-base-url", upstream.url, "--target-dir", targets)
+    done = client(
+        "--metadata-dir",
+        meta,
+        "--target-name",
+        WHEEL,
+        "download",
+        "--metadata-url",
+        url,
+        "--target-name",
+        other,
+        "--target-base-url",
+        upstream.url,
+        "--target-dir",
+        targets,
+    )
     assert done.returncode == 0, done.stderr
     # Target names given before and after the action add up, in argument order.
     assert sorted(p.name for p in targets.iterdir()) == sorted(quote(t, safe="") for t in (WHEEL, other))

@@ -27,6 +27,9 @@ from tuf.api.metadata import (
     Timestamp,
 )
 
+from proxy.protocol.tufset import TopLevelSet
+from proxy.protocol.verify import DelegationIndex, VerifiedRole, verify_delegated, walk
+from proxy.transport.upstream import AiohttpFetcher
 from proxy.trust import (
     BadMetadata,
     BadSignature,
@@ -40,9 +43,6 @@ from proxy.trust import (
     UnknownTarget,
     VersionMismatch,
 )
-from proxy.protocol.tufset import TopLevelSet
-from proxy.protocol.verify import DelegationIndex, VerifiedRole, verify_delegated, walk
-from proxy.transport.upstream import AiohttpFetcher
 from tests.support.upstream import Upstream
 
 NOW = datetime.now(UTC).replace(microsecond=0)

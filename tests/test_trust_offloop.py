@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from proxy.protocol.tufset import TopLevelSet
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.protocol.tufset import TopLevelSet
 from proxy.transport.upstream import AiohttpFetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
 from tests.support.upstream import Upstream
 
 pytestmark = pytest.mark.slow  # signing 16,384 bins takes ~30 s on a loaded 2-core machine

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.trust import BadSignature
 from proxy.protocol.errors import MetadataPending
-from tests.support.trustenv import Env, env, tampered  # noqa: F401 (env is a fixture)
+from proxy.trust import BadSignature
+from tests.support.trustenv import Env, env, tampered
 from tests.support.upstream import Reply
 
 TS = r"/metadata/timestamp\.json"
@@ -122,7 +122,7 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
 
     env.up.override(TS, stalled)
     try:
-        await poll_until(lambda: client._due())
+        await poll_until(client._due)
         started = time.monotonic()
         assert (await client.get_target(known)).path == known  # a hit: starts the cycle, waits for nothing
         assert time.monotonic() - started < 0.4

@@ -11,7 +11,7 @@ from tuf.api.metadata import Metadata
 from proxy.trust import Rollback, TrustedClient
 from proxy.trust.slots import catch_up
 from tests.conftest import SampleRepo
-from tests.support.trustenv import Env, env, tampered  # noqa: F401 (env is a fixture)
+from tests.support.trustenv import Env, env, tampered
 
 
 def version(directory: Path, role: str) -> int:

@@ -24,12 +24,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.util.locks import FetchLocks
 from proxy.storage.pagecache import IndexCache
 from proxy.storage.store import BlobStore
+from proxy.util.locks import FetchLocks
 from tests.conftest import SampleRepo
-from tests.support.faults import process_tree
 from tests.support.clients import pip
+from tests.support.faults import process_tree
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 from tests.support.upstream import Reply, Upstream
@@ -288,7 +288,7 @@ async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
             got = await asyncio.gather(*(fetch(s, file_url(p, d)) for p, d in plan),
                                        *(fetch(s, f"{p.url}{n}/") for p in (one, two) for n in ("app", "lib", "base")))
         # Each file is its exact bytes, or refused as "cache full" while all room is in use: never wrong.
-        for (_, d), (status, digest) in zip(plan, got):
+        for (_, d), (status, digest) in zip(plan, got, strict=True):
             assert (status, digest) == (200, sha256(d)) or status == 503
         assert sum(status == 200 for status, _ in got[:len(plan)]) > len(plan) // 2
         assert {status for status, _ in got[len(plan):]} == {200}
@@ -307,7 +307,7 @@ async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
 
     # A page someone rewrote in the shared cache volume is caught too.
     pages = IndexCache(cache)
-    key = next(k for k in pages.keys() if k.startswith("simple/base/"))
+    key = next(k for k in pages.keys() if k.startswith("simple/base/"))  # noqa: SIM118 - IndexCache has keys(), no __iter__
     pages.set(key, b"<html>no base here</html>")
     pages.close()
     done = await asyncio.to_thread(verify_cache_command, cache)

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from proxy import __version__
-
+from proxy.protocol.errors import EXIT_ERROR, CommandError
 from proxy.util import logs
-from proxy.util.cmderror import EXIT_ERROR, CommandError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import diskcache
 
-from proxy.util.cmderror import CommandError
-from proxy.storage.pagecache import IndexCache
-from proxy.protocol.errors import RepositoryError
+from proxy.protocol.errors import CommandError, RepositoryError
 from proxy.protocol.hashing import verify_bytes
 from proxy.protocol.model import file_digest
+from proxy.storage.pagecache import IndexCache
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 

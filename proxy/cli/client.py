@@ -21,13 +21,12 @@ import logging
 from pathlib import Path
 from urllib.parse import quote
 
-from proxy.util.atomic import atomic_write
-from proxy.util.cmderror import EXIT_REFUSED, CommandError
-from proxy.trust.client import TrustedClient
-from proxy.protocol.errors import RepositoryError, TrustError
-from proxy.trust.fetch import Want, fetch_bytes
+from proxy.protocol.errors import EXIT_REFUSED, CommandError, RepositoryError, TrustError
 from proxy.protocol.model import Mirror, TrustConfig, VerifiedTarget
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
+from proxy.trust.client import TrustedClient
+from proxy.trust.fetch import Want, fetch_bytes
+from proxy.util.atomic import atomic_write
 
 # One explicit refresh per invocation; lookups after it must not refresh again.
 _CONFIG = TrustConfig(refresh_interval=3600.0, persist_bins=True)

@@ -22,11 +22,18 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.util import logs
-from proxy.util.atomic import atomic_write
-from proxy.storage.audit import AuditLog
-from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
-from proxy.util.cmderror import CommandError
+from proxy.cli.repo import _days, _guarded
+from proxy.gateway.app import GatewayApp
+from proxy.gateway.files import FileSource
+from proxy.gateway.freshness import keep_fresh
+from proxy.gateway.ledger import Ledger
+from proxy.gateway.listing import IndexClient
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
+from proxy.gateway.publisher import Publisher
+from proxy.gateway.service import Gateway
+from proxy.protocol.errors import CommandError
+from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.serving.config import (
     ConfigError,
     Option,
@@ -39,23 +46,16 @@ from proxy.serving.config import (
     read_config,
     resolve_values,
 )
-from proxy.gateway.app import GatewayApp
-from proxy.gateway.files import FileSource
-from proxy.gateway.freshness import keep_fresh
-from proxy.transport.indexhttp import IndexHTTP, strip_credentials
-from proxy.gateway.ledger import Ledger
-from proxy.gateway.listing import IndexClient
-from proxy.gateway.metrics import GatewayMetrics
-from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher
-from proxy.gateway.service import Gateway
-from proxy.util.locks import FetchLocks, Leadership
-from proxy.repository import Expiry, Repository, RepositoryError
-from proxy.cli.repo import _days, _guarded
 from proxy.serving.serve import stop_on_signals
-from proxy.storage.treepush import TreePush
-from proxy.trust.fetch import Pace
 from proxy.serving.workers import Started, Supervisor
+from proxy.storage.audit import AuditLog
+from proxy.storage.treepush import TreePush
+from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
+from proxy.transport.indexhttp import IndexHTTP, strip_credentials
+from proxy.trust.fetch import Pace
+from proxy.util import logs
+from proxy.util.atomic import atomic_write
+from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
@@ -149,7 +149,7 @@ def _open(directory: Path) -> Repository:
     return repo
 
 
-async def _pusher(values: dict, directory: Path, public: Path,  # type: ignore[type-arg]
+async def _pusher(values: dict, directory: Path, public: Path,
                   metrics: GatewayMetrics) -> TreePush | None:
     """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
     brought up to date before serving."""
@@ -177,7 +177,7 @@ class GatewayWorkers:
     """``gateway serve`` as a :class:`~proxy.serving.workers.WorkerApp`: the same gateway in every worker, sharing DIR."""
 
     directory: Path
-    values: dict  # type: ignore[type-arg]
+    values: dict
     policy: Policy
     name: str = "tufproxy gateway serving"
 
@@ -194,7 +194,7 @@ class GatewayWorkers:
         return started
 
 
-async def _start(directory: Path, values: dict, policy: Policy, sock: socket.socket | None,  # type: ignore[type-arg]
+async def _start(directory: Path, values: dict, policy: Policy, sock: socket.socket | None,
                  shared: Path | None) -> tuple[Started, int]:
     """Start one gateway process (on ``sock`` if given); with ``shared``, one of several workers sharing DIR."""
     repo = _open(directory)
@@ -249,7 +249,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     return Started(app.update_gauges, stop), runner.addresses[0][1]
 
 
-async def _serve(directory: Path, values: dict, policy: Policy) -> None:  # type: ignore[type-arg]
+async def _serve(directory: Path, values: dict, policy: Policy) -> None:
     started, port = await _start(directory, values, policy, None, None)
     stop = stop_on_signals()
     print(f"tufproxy gateway serving {directory / 'public'} on http://{values['listen'][0]}:{port}/ "
@@ -340,15 +340,17 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     finally:
         audit.close()
     versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
-    print(f"revoked {project} {args.filename or '(whole project)'}: "
-          + (f"published {versions} in {time.monotonic() - start:.2f}s" if versions else "was not published; kept out from now on"))
+    took = time.monotonic() - start
+    outcome = f"published {versions} in {took:.2f}s" if versions else "was not published; kept out from now on"
+    print(f"revoked {project} {args.filename or '(whole project)'}: {outcome}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy gateway`` and its subcommands."""
     gw = subparsers.add_parser(
-        "gateway", description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
+        "gateway",
+        description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
         "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
     )
@@ -356,29 +358,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR")
     p.add_argument("dir", metavar="DIR")
-    p.add_argument("--bins", type=int, default=DEFAULT_BINS,
-                   help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)")
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=DEFAULT_BINS,
+        help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
+    )
     p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
     p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
-    p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS",
-                   help="targets and bins lifetime (default: 365)")
-    p.add_argument("--online-expiry", type=_days, default=timedelta(days=1), metavar="DAYS",
-                   help="timestamp, snapshot and bin-n lifetime (default: 1; re-signed every eighth of it)")
+    p.add_argument(
+        "--offline-expiry",
+        type=_days,
+        default=timedelta(days=365),
+        metavar="DAYS",
+        help="targets and bins lifetime (default: 365)",
+    )
+    p.add_argument(
+        "--online-expiry",
+        type=_days,
+        default=timedelta(days=1),
+        metavar="DAYS",
+        help="timestamp, snapshot and bin-n lifetime (default: 1; re-signed every eighth of it)",
+    )
     p.set_defaults(func=_guarded(_cmd_init))
 
-    p = sub.add_parser("serve", help="serve DIR/public and fill it from the index on demand",
-                       description="Serve the signed tree in DIR/public over HTTP and publish projects into it on "
-                       "demand. Every setting is a flag, a TUFPROXY_<NAME> variable or a key of --config FILE.",
-                       epilog=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "serve",
+        help="serve DIR/public and fill it from the index on demand",
+        description="Serve the signed tree in DIR/public over HTTP and publish projects into it on "
+        "demand. Every setting is a flag, a TUFPROXY_<NAME> variable or a key of --config FILE.",
+        epilog=SERVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dir", metavar="DIR")
     add_arguments(p, OPTIONS)
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
 
-    p = sub.add_parser("policy", help="show the policy the gateway in DIR last started with",
-                       description="The effective policy (cooldown, project rules, private names) that "
-                       "'tufproxy gateway serve DIR' recorded when it last started.")
+    p = sub.add_parser(
+        "policy",
+        help="show the policy the gateway in DIR last started with",
+        description="The effective policy (cooldown, project rules, private names) that "
+        "'tufproxy gateway serve DIR' recorded when it last started.",
+    )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
     p.set_defaults(func=_guarded(_cmd_policy))
@@ -388,9 +411,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_guarded(_cmd_ledger))
 
-    p = sub.add_parser("revoke", help="remove a project or one file from the signed tree now, and keep it out",
-                       description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
-                       "later refreshes keep it out, and write an audit record. Works beside a running gateway.")
+    p = sub.add_parser(
+        "revoke",
+        help="remove a project or one file from the signed tree now, and keep it out",
+        description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
+        "later refreshes keep it out, and write an audit record. Works beside a running gateway.",
+    )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("project", metavar="PROJECT")
     p.add_argument("filename", metavar="FILENAME", nargs="?")

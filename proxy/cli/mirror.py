@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from proxy.util.cmderror import CommandError
-from proxy.serving.config import ConfigError, parse_datetime, parse_size
 from proxy.mirror.progress import Progress
 from proxy.mirror.select import (
     FileFilter,
@@ -21,7 +19,9 @@ from proxy.mirror.select import (
 )
 from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
+from proxy.protocol.errors import CommandError
 from proxy.protocol.profiles import get_profile
+from proxy.serving.config import ConfigError, parse_datetime, parse_size
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")
@@ -127,45 +127,93 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Through a 'tufproxy gateway' (--profile gateway), selected projects it has not published yet are "
         "published first, and each file is verified against its signed page's hashes.",
     )
-    p.add_argument("--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)")
+    p.add_argument(
+        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)"
+    )
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")
     p.add_argument("--dest", required=True, metavar="DIR", help="the mirror tree to write (created if absent)")
-    p.add_argument("--metadata-path", default="metadata/", metavar="PATH", help="where TUF metadata lives, relative to the upstream (default: metadata/)")
-    p.add_argument("--profile", choices=_PROFILES, default="tufproxy", help="the upstream's layout: 'gateway' for a "
-                   "'tufproxy gateway' (a selected project it has not published yet is published first, by the "
-                   "edge's miss protocol; files are verified against their signed page's hashes) (default: tufproxy)")
+    p.add_argument(
+        "--metadata-path",
+        default="metadata/",
+        metavar="PATH",
+        help="where TUF metadata lives, relative to the upstream (default: metadata/)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=_PROFILES,
+        default="tufproxy",
+        help="the upstream's layout: 'gateway' for a "
+        "'tufproxy gateway' (a selected project it has not published yet is published first, by the "
+        "edge's miss protocol; files are verified against their signed page's hashes) (default: tufproxy)",
+    )
     sel = p.add_argument_group("selection")
-    sel.add_argument("--project", action="append", metavar="NAME[SPEC]", help="a project to mirror, optionally with versions ('lib>=1.0'); repeatable")
-    sel.add_argument("--requirements", action="append", metavar="FILE", help="mirror the projects of a requirements file and "
-                     "the files it includes with -r (simple version specifiers honoured)")
+    sel.add_argument(
+        "--project",
+        action="append",
+        metavar="NAME[SPEC]",
+        help="a project to mirror, optionally with versions ('lib>=1.0'); repeatable",
+    )
+    sel.add_argument(
+        "--requirements",
+        action="append",
+        metavar="FILE",
+        help="mirror the projects of a requirements file and the files it includes with -r (simple version specifiers honoured)",
+    )
     sel.add_argument("--all", action="store_true", help="mirror every project of the upstream's root list")
     flt = p.add_argument_group("filters")
     flt.add_argument("--version-spec", metavar="SPEC", help="only versions matching this PEP 440 specifier, e.g. '>=2.0'")
-    flt.add_argument("--platform", action="append", metavar="TAG", help="only wheels for this platform tag (and 'any'); repeatable")
-    flt.add_argument("--abi", action="append", metavar="TAG", help="only wheels for this ABI tag (and 'none', 'abi3'); repeatable")
-    flt.add_argument("--python-version", action="append", metavar="X.Y", help="only wheels (and Requires-Python) that fit this Python; repeatable")
+    flt.add_argument(
+        "--platform", action="append", metavar="TAG", help="only wheels for this platform tag (and 'any'); repeatable"
+    )
+    flt.add_argument(
+        "--abi", action="append", metavar="TAG", help="only wheels for this ABI tag (and 'none', 'abi3'); repeatable"
+    )
+    flt.add_argument(
+        "--python-version",
+        action="append",
+        metavar="X.Y",
+        help="only wheels (and Requires-Python) that fit this Python; repeatable",
+    )
     flt.add_argument("--no-sdist", action="store_true", help="skip source distributions")
     flt.add_argument("--exclude-yanked", action="store_true", help="skip yanked files (PEP 592)")
     run = p.add_argument_group("run")
     run.add_argument("--jobs", type=int, default=8, metavar="N", help="parallel downloads (default: 8)")
-    run.add_argument("--keep-going", action="store_true", help="continue past refused files and unknown projects; exit 0 if only those went wrong")
-    run.add_argument("--resign-with", metavar="REPO_DIR", help="also publish the files in this 'tufproxy repo' repository, signed with its keys")
+    run.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="continue past refused files and unknown projects; exit 0 if only those went wrong",
+    )
+    run.add_argument(
+        "--resign-with",
+        metavar="REPO_DIR",
+        help="also publish the files in this 'tufproxy repo' repository, signed with its keys",
+    )
     run.add_argument("--audit-log", metavar="FILE", help="where refusals are recorded (default: DEST/.mirror/audit.log)")
     run.add_argument("--max-file-size", default="4G", metavar="SIZE", help="largest file taken (default: 4G)")
     p.set_defaults(func=_cmd_sync)
 
     p = sub.add_parser(
-        "verify", help="re-verify a whole tree against its metadata: missing, corrupt and extra files",
+        "verify",
+        help="re-verify a whole tree against its metadata: missing, corrupt and extra files",
         description="Load DIR's metadata as a TUF client pinned to --root would, then re-hash every file. "
         "Exit status 0 only if the tree is sound. Run it after carrying media across an air gap.",
     )
     p.add_argument("dir", metavar="DIR", help="a tree written by 'mirror sync', or a 'tufproxy repo' public/ directory")
-    p.add_argument("--root", metavar="FILE", help="the root.json to pin (default: the oldest N.root.json in DIR/metadata, which proves integrity only)")
+    p.add_argument(
+        "--root",
+        metavar="FILE",
+        help="the root.json to pin (default: the oldest N.root.json in DIR/metadata, which proves integrity only)",
+    )
     p.add_argument("--strict", action="store_true", help="extra files make the tree unsound too")
     p.add_argument("--jobs", type=int, default=8, metavar="N", help="files hashed in parallel (default: 8)")
-    p.add_argument("--allow-expired-until", metavar="DATE", help="operator override: check a tree whose metadata "
-                   "expired in transit (everything but expiry is verified; each use is reported)")
-    p.add_argument("--profile", choices=_PROFILES, help="the tree's layout (default: the one its last sync "
-                   "recorded, else tufproxy)")
+    p.add_argument(
+        "--allow-expired-until",
+        metavar="DATE",
+        help="operator override: check a tree whose metadata "
+        "expired in transit (everything but expiry is verified; each use is reported)",
+    )
+    p.add_argument(
+        "--profile", choices=_PROFILES, help="the tree's layout (default: the one its last sync recorded, else tufproxy)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=_cmd_verify)

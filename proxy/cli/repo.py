@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError
 from proxy.protocol.profiles import PROFILES
 from proxy.repository.keys import MissingKey
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
@@ -110,16 +110,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
         return 0
     print(f"repository {status['path']} (serve {status['served_tree']})")
-    for role, info in status["roles"].items():  # type: ignore[union-attr]
+    for role, info in status["roles"].items():
         flag = "  EXPIRED" if info["expired"] else ""
         print(f"  {role:<10} v{info['version']:<6} expires {info['expires']}{flag}")
     bins = status["bins"]
-    print(f"  bin-n      {bins['count']} roles, earliest expiry {bins['earliest_expiry']}")  # type: ignore[index]
+    print(f"  bin-n      {bins['count']} roles, earliest expiry {bins['earliest_expiry']}")
     print(f"  {status['targets']} targets, {status['projects']} projects")
     return 0
 
 
-def _guarded(func):  # type: ignore[no-untyped-def]
+def _guarded(func):
     """Signer errors become one line on stderr and exit 2."""
 
     def run(args: argparse.Namespace) -> int:
@@ -153,8 +153,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
     p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
-    p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="targets and bins lifetime (default: 365)")
-    p.add_argument("--online-expiry", type=_days, default=timedelta(days=1), metavar="DAYS", help="timestamp, snapshot and bin-n lifetime (default: 1)")
+    p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS",
+                   help="targets and bins lifetime (default: 365)")
+    p.add_argument(
+        "--online-expiry",
+        type=_days,
+        default=timedelta(days=1),
+        metavar="DAYS",
+        help="timestamp, snapshot and bin-n lifetime (default: 1)",
+    )
     p.set_defaults(func=_guarded(_cmd_init))
 
     p = sub.add_parser("add", help="add wheels and sdists; re-sign their bins, pages, snapshot, timestamp")

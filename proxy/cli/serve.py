@@ -15,12 +15,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.util import logs
-
+from proxy.protocol.errors import CommandError
 from proxy.serving import workers
-from proxy.util.cmderror import CommandError
 from proxy.serving.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
 from proxy.serving.serve import run_loop, start, stop_on_signals
+from proxy.util import logs
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -45,7 +44,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_DISTS = (
+DEMO_DISTS: tuple[tuple[str, str, list[str]], ...] = (
     # (name, version, requires): a dependency chain pip must resolve through the proxy.
     ("demo-app", "1.0", ["demo-lib>=1.0"]),
     ("demo-lib", "1.0", ["demo-base"]),
@@ -142,7 +141,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Build (or reuse) a signed repository of real distributions in DIR, serve it as an "
         "untrusted mirror on a loopback port, start tufproxy in front of it, and print the pip line to try.",
     )
-    p.add_argument("--dir", default="tufproxy-demo", help="where the repository, cache and audit log go (default: ./tufproxy-demo)")
+    p.add_argument("--dir", default="tufproxy-demo",
+                   help="where the repository, cache and audit log go (default: ./tufproxy-demo)")
     p.add_argument("--dists", metavar="DIR", help="sign these wheels/sdists instead of the built-in sample set")
-    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="proxy address (default: 127.0.0.1:8080; port 0 picks one)")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="proxy address (default: 127.0.0.1:8080; port 0 picks one)",
+    )
     p.set_defaults(func=_cmd_demo)

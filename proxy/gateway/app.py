@@ -23,6 +23,7 @@ index lied (502), the index is unreachable (502, reason
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -32,16 +33,11 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.protocol import index
-
-from proxy.serving import refusals
-from proxy.storage.audit import AuditWriteError
 from proxy.gateway.files import FileSource
-from proxy.gateway.listing import PageRefused
 from proxy.gateway.service import Gateway, NotListed
+from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
 from proxy.util.metrics import CONTENT_TYPE_LATEST
-from proxy.protocol.errors import TrustError
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +45,6 @@ PUBLISH_PREFIX = "/_tufproxy/publish/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _NO_CACHE = {"Cache-Control": "no-cache"}
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
-
-
-def _status(error: Exception) -> tuple[int, str]:
-    """The one table: a refusal's HTTP status and reason slug."""
-    if isinstance(error, NotListed):
-        return 404, "not-found"
-    if isinstance(error, PageRefused):
-        return 502, error.reason
-    if isinstance(error, TrustError):  # a file the index lied about or withheld: the edge's rows
-        return refusals.row(error).status, error.reason
-    if isinstance(error, AuditWriteError):
-        return 500, "audit-unwritable"
-    if isinstance(error, OSError):
-        return 503, "gateway-storage"
-    return 500, "internal"
 
 
 class GatewayApp:
@@ -98,12 +79,19 @@ class GatewayApp:
             response = await handler(request)
         except web.HTTPException as e:
             response = e
-        except (NotListed, PageRefused, TrustError, OSError) as e:
-            status, reason = _status(e)
-            log.warning("%s %s -> %d %s: %s", request.method, request.path, status, reason, e)
-            response = web.json_response({"reason": reason, "detail": str(e)[:500]}, status=status,
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every refusal answers from the one table; an undeclared error is our bug
+            r, reason = refusals.row(e), refusals.reason_of(e)
+            if r is refusals.UNEXPECTED:
+                log.error("%s %s -> 500: internal error", request.method, request.path, exc_info=e)
+                detail = f"internal error ({type(e).__name__})"
+            else:
+                log.warning("%s %s -> %d %s: %s", request.method, request.path, r.status, reason, e)
+                detail = str(e)[:500]
+            response = web.json_response({"reason": reason, "fault": r.kind, "detail": detail}, status=r.status,
                                          headers={"X-Tufproxy-Reason": reason},
-                                         reason=f"{reason}: {str(e)[:200]}".encode("ascii", "replace").decode())
+                                         reason=refusals.phrase(f"{reason}: {detail[:200]}"))
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response
 

@@ -38,15 +38,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.storage.audit import AuditLog
-from proxy.storage.downloads import Download, Tee
-from proxy.transport.indexhttp import IndexHTTP
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.protocol.layout import core_metadata_target, file_target
-from proxy.storage.store import Blob
-from proxy.serving.streaming import first_bytes, send_download
 from proxy.protocol.errors import TrustError
+from proxy.protocol.layout import core_metadata_target, file_target
+from proxy.serving.streaming import first_bytes, send_download
+from proxy.storage.audit import AuditLog
+from proxy.storage.downloads import Download, Tee
+from proxy.storage.store import Blob
+from proxy.transport.indexhttp import IndexHTTP
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,10 @@ class FileSource:
         if core:
             if not pin.core_metadata:
                 raise web.HTTPNotFound(reason="no core metadata published for this file")
-            want, url = Want(target, pin.core_metadata, MAX_CORE_METADATA, False, f"gateway pin from {pin.index}"), pin.url + ".metadata"
+            want, url = (
+                Want(target, pin.core_metadata, MAX_CORE_METADATA, False, f"gateway pin from {pin.index}"),
+                pin.url + ".metadata",
+            )
         else:
             length = pin.size if pin.size is not None else self.max_file_size
             want, url = Want(target, pin.hashes, length, pin.size is not None, f"gateway pin from {pin.index}"), pin.url
@@ -112,14 +115,23 @@ class FileSource:
         try:
             download.writing(tmp)
             try:
-                digests = await fetch_verified(self.http, download.want, [url], Tee(FileSink(fd), download),
-                                               pace=self.pace, also=("sha256",))
+                digests = await fetch_verified(
+                    self.http, download.want, [url], Tee(FileSink(fd), download), pace=self.pace, also=("sha256",)
+                )
             except TrustError as e:  # the index lied, or could not be reached: one audit record, one count
                 log.warning("refused %s: %s", download.key, e)
                 self.metrics.files.labels("refused").inc()
                 self.metrics.refusals.labels(e.reason).inc()
-                self.audit.refused(reason=e.reason, target=download.key, upstream_url=url, client=client,
-                                   request_path=request_path, expected=e.expected, actual=e.actual, detail=str(e))
+                self.audit.refused(
+                    reason=e.reason,
+                    target=download.key,
+                    upstream_url=url,
+                    client=client,
+                    request_path=request_path,
+                    expected=e.expected,
+                    actual=e.actual,
+                    detail=str(e),
+                )
                 raise
             await asyncio.to_thread(os.fsync, fd)
             os.replace(tmp, path)

@@ -25,12 +25,12 @@ import re
 import time
 from pathlib import Path
 
-from tuf.api.metadata import Metadata
+from tuf.api.metadata import Metadata, Snapshot, Timestamp
 
 from proxy.gateway.service import Gateway
-from proxy.util.locks import Leadership
-from proxy.repository import Repository
 from proxy.protocol.model import file_digest
+from proxy.repository import Repository
+from proxy.util.locks import Leadership
 
 log = logging.getLogger(__name__)
 _VERSIONED = re.compile(r"([0-9]+)\.(.+)\.json")
@@ -59,7 +59,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
             try:
                 await gateway.publisher.resign()
                 await asyncio.to_thread(collect_garbage, repo, grace)
-            except Exception as e:  # keep the loop alive; the next tick retries
+            except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("re-signing online roles failed: %s", e)
             else:
                 last_resign = now
@@ -70,7 +70,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
             try:
                 changed = await gateway.refresh(batch)
                 log.info("refreshed %d page(s), %d published", len(batch), changed)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("page refresh failed: %s", e)
         await asyncio.sleep(tick)
 
@@ -78,9 +78,9 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
 def collect_garbage(repo: Repository, grace: float) -> int:
     """Remove metadata versions and hashed pages no current metadata references; how many files."""
     cutoff = time.time() - grace
-    timestamp = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
+    timestamp: Metadata[Timestamp] = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
     snapshot_version = timestamp.signed.snapshot_meta.version
-    snapshot = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes())
+    snapshot: Metadata[Snapshot] = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes())
     current = {"snapshot": snapshot_version} | {k.removesuffix(".json"): v.version for k, v in snapshot.signed.meta.items()}
     versions: dict[str, list[tuple[int, os.DirEntry[str]]]] = {}
     for entry in os.scandir(repo.metadata_dir):

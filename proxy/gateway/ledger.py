@@ -87,7 +87,7 @@ class Ledger:
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record["kind"]
         if kind == "pin":
-            fields = {k: record.get(k) for k in Pin.__dataclass_fields__}
+            fields: dict[str, Any] = {k: record.get(k) for k in Pin.__dataclass_fields__}
             pin = Pin(**{**fields, "time": record.get("time") or ""})
             self.pins.setdefault((pin.project, pin.filename), pin)
         elif kind == "project":

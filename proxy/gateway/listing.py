@@ -33,10 +33,11 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from proxy.protocol import index
-from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
 from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
+from proxy.protocol import index
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
+from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
 from proxy.transport.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
@@ -45,14 +46,23 @@ ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+ht
 class PageRefused(Exception):
     """The index answered with a page we will not sign; ``reason`` is the slug."""
 
+    reason = "page-refused"  # each instance names its own
+    fault = Fault.REPOSITORY
+    # Reasons that are our configuration's doing, not the index's (a missing --files-origin).
+    OPERATOR_REASONS = frozenset({"foreign-origin"})
+
     def __init__(self, reason: str, message: str, url: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.url = url
+        if reason in self.OPERATOR_REASONS:
+            self.fault = Fault.OPERATOR
 
 
 class IndexUnreachable(PageRefused):
     """No usable answer from the index (network, timeout, 5xx)."""
+
+    fault = Fault.UPSTREAM
 
     def __init__(self, message: str, url: str | None = None) -> None:
         super().__init__("upstream-unreachable", message, url)

@@ -20,28 +20,50 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("tufproxy_gateway_requests_total", "Requests by route and status", ["route", "status"], registry=r)
-        self.pages_fetched = Counter("tufproxy_gateway_pages_fetched_total", "Index pages fetched, by outcome",
-                                     ["outcome"], registry=r)
-        self.publishes = Counter("tufproxy_gateway_publishes_total", "Batches signed (one snapshot and timestamp each)", registry=r)
-        self.publish_seconds = Histogram("tufproxy_gateway_publish_duration_seconds", "Time to sign and write one batch",
-                                         buckets=_BUCKETS, registry=r)
+        self.requests = Counter(
+            "tufproxy_gateway_requests_total", "Requests by route and status", ["route", "status"], registry=r
+        )
+        self.pages_fetched = Counter(
+            "tufproxy_gateway_pages_fetched_total", "Index pages fetched, by outcome", ["outcome"], registry=r
+        )
+        self.publishes = Counter(
+            "tufproxy_gateway_publishes_total", "Batches signed (one snapshot and timestamp each)", registry=r
+        )
+        self.publish_seconds = Histogram(
+            "tufproxy_gateway_publish_duration_seconds", "Time to sign and write one batch", buckets=_BUCKETS, registry=r
+        )
         self.published_projects = Counter("tufproxy_gateway_published_projects_total", "Project pages signed", registry=r)
-        self.pins_refused = Counter("tufproxy_gateway_pins_refused_total",
-                                    "Listed files left out because they differ from their pin (upstream-changed-file)", registry=r)
+        self.pins_refused = Counter(
+            "tufproxy_gateway_pins_refused_total",
+            "Listed files left out because they differ from their pin (upstream-changed-file)",
+            registry=r,
+        )
         self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
-        self.policy_hidden = Gauge("tufproxy_gateway_policy_hidden_files",
-                                   "Files the policy leaves out of signed pages now, by rule", ["rule"], registry=r,
-                                   multiprocess_mode="livemax")
-        self.timestamp_version = Gauge("tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r,
-                                       multiprocess_mode="livemax")
-        self.timestamp_expiry = Gauge("tufproxy_gateway_timestamp_expiry_seconds", "Seconds until the published timestamp expires",
-                                      registry=r, multiprocess_mode="livemax")
-        self.usage_entries = Gauge("tufproxy_gateway_usage_entries", "Entries kept per project name, by structure "
-                                   "(used, fetched, absent; each bounded, oldest evicted)", ["structure"], registry=r,
-                                   multiprocess_mode="livemax")
+        self.policy_hidden = Gauge(
+            "tufproxy_gateway_policy_hidden_files",
+            "Files the policy leaves out of signed pages now, by rule",
+            ["rule"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.timestamp_version = Gauge(
+            "tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r, multiprocess_mode="livemax"
+        )
+        self.timestamp_expiry = Gauge(
+            "tufproxy_gateway_timestamp_expiry_seconds",
+            "Seconds until the published timestamp expires",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.usage_entries = Gauge(
+            "tufproxy_gateway_usage_entries",
+            "Entries kept per project name, by structure (used, fetched, absent; each bounded, oldest evicted)",
+            ["structure"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
         self.bucket = BucketMetrics(r)  # the push to --store
 

@@ -19,12 +19,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from proxy.protocol import index
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.listing import Listing
 from proxy.gateway.policy import Policy, Trimmed
-from proxy.protocol.layout import page_file_href
+from proxy.protocol import index
 from proxy.protocol.hashing import ACCEPTED
+from proxy.protocol.layout import page_file_href
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from proxy.serving.config import ConfigError, Option
 from proxy.protocol.index import ProjectPage
+from proxy.serving.config import ConfigError, Option
 
 # Rule slugs: audit records and metric labels (a bounded set).
 RULE_MIN_RELEASE_AGE = "min-release-age"

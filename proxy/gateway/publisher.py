@@ -122,7 +122,7 @@ class Publisher:
             start = time.monotonic()
             try:
                 signed = await asyncio.to_thread(self._sign, pages, resign)
-            except Exception as e:  # the signer refused or the disk failed: every waiter hears why
+            except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
                 for w in waiters:
                     if not w.done():

@@ -23,21 +23,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from packaging.utils import canonicalize_name
 
-from proxy.protocol import index
-from proxy.storage.audit import AuditLog
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.publisher import Publisher
+from proxy.protocol import index
+from proxy.protocol.errors import Fault
+from proxy.storage.audit import AuditLog
 from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class Recent(OrderedDict[str, float]):
 
 class NotListed(Exception):
     """No configured index lists the project (or it is revoked)."""
+
+    reason = "not-found"
+    fault = Fault.NOT_FOUND
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,7 @@ class Gateway:
         """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""
         self.ledger.reload()
         pages: dict[str, index.ProjectPage | None] = {}
-        for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects))):
+        for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects)), strict=True):
             if isinstance(result, Refusal):
                 # Denied or claimed since it was signed (a new rule): unpublished now.
                 self._refused_by_policy(project, result)

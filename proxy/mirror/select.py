@@ -27,12 +27,16 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.index import DistFile
 from proxy.protocol.layout import is_valid_project_name
 
 
 class SelectionError(ValueError):
     """A project name, requirement or filter the user gave is unusable."""
+
+    reason = "bad-selection"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,17 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
+from proxy.mirror.progress import Counts, Progress
+from proxy.mirror.select import FileFilter, Wanted
+from proxy.mirror.tree import MirrorTree, verify_root_chain
 from proxy.protocol import index
-from proxy.storage.audit import AuditLog
-from proxy.serving.edge import MissProtocol
+from proxy.protocol.errors import (
+    BadMetadata,
+    Fault,
+    RepositoryError,
+    TrustError,
+    UnknownTarget,
+)
 from proxy.protocol.layout import (
     PageFormat,
     core_metadata_target,
@@ -56,12 +64,6 @@ from proxy.protocol.layout import (
     project_page_target,
     root_page_target,
 )
-from proxy.transport.local import LocalFetcher
-from proxy.util.locks import FetchLocks
-from proxy.mirror.progress import Counts, Progress
-from proxy.mirror.select import FileFilter, Wanted
-from proxy.mirror.tree import MirrorTree, verify_root_chain
-from proxy.trust.pagefiles import MAX_FILE_SIZE, file_urls, file_want
 from proxy.protocol.profiles import TUFPROXY, Profile
 from proxy.repository import (
     ChangeReport,
@@ -70,15 +72,14 @@ from proxy.repository import (
     inspect_distribution,
 )
 from proxy.repository import RepositoryError as SignerError
-from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
-from proxy.protocol.errors import (
-    BadMetadata,
-    RepositoryError,
-    TrustError,
-    UnknownTarget,
-)
-from proxy.trust.fetch import Observer, Want, fetch_verified
+from proxy.serving.edge import MissProtocol
+from proxy.storage.audit import AuditLog
+from proxy.transport.local import LocalFetcher
 from proxy.transport.upstream import AiohttpFetcher, DownloadError, Fetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
+from proxy.trust.fetch import Observer, Want, fetch_verified
+from proxy.trust.pagefiles import MAX_FILE_SIZE, file_urls, file_want
+from proxy.util.locks import FetchLocks
 
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
@@ -90,6 +91,9 @@ _PUBLISH_DEADLINE = 60.0
 
 class MirrorError(Exception):
     """The sync cannot proceed at all (bad root, unusable upstream metadata, signer refused)."""
+
+    reason = "mirror-error"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ class _Sync:
         self.stopped = False  # a refusal without keep_going: schedule nothing new
         self.mirrored: list[Want] = []  # every target (or page-covered file) now in the tree, for plain names
 
-    def _refuse(self, path: str, error: RepositoryError, url: str | None = None, where: str = "") -> None:
+    def _refuse(self, path: str, error: TrustError, url: str | None = None, where: str = "") -> None:
         detail = f"{where}{error}"
         self.audit.refused(component="mirror-sync", reason=error.reason, target=path, role=error.role,
                            expected=error.expected, actual=error.actual, upstream_url=url, detail=detail)
@@ -259,8 +263,9 @@ class _Sync:
             pass  # reported by the lookup below
         found = await asyncio.gather(*(self.page(project_page_target(wanted.project, f), f is PageFormat.JSON)
                                        for f in _PAGE_FORMATS))
-        data = None if found[0] is None else self.read_page(found[0])
-        if data is None:
+        signed = found[0]
+        data = None if signed is None else self.read_page(signed)
+        if signed is None or data is None:
             return None
         try:
             page = index.parse_project_json(data, wanted.project)
@@ -268,7 +273,7 @@ class _Sync:
             self.progress.failed(json_path, f"signed page does not parse: {e}")
             return None
         kept = [d for d in page.files if self.options.filter.keeps(d, wanted)]
-        return _Selected(wanted, found[0], page, kept)
+        return _Selected(wanted, signed, page, kept)
 
     async def published(self, wanted: list[Wanted]) -> list[Wanted]:
         """Through a gateway: have it publish each project no signed page lists yet (the miss protocol).
@@ -343,11 +348,15 @@ class _Sync:
         await asyncio.gather(*(self.fetch(t, urls) for t, urls in items))
 
     def through_page(self, path: str, s: _Selected, dist: index.DistFile, core: bool) -> tuple[Want, list[str]] | None:
-        """What a file the signed page vouches for must be, and its URLs; None (refused) when the entry vouches for nothing usable."""
+        """What a file the signed page vouches for must be, and its URLs.
+
+        None (refused) when the entry vouches for nothing usable.
+        """
         try:
             want = file_want(path, s.target, dist, core=core, max_file_size=self.options.max_file_size)
-            return want, file_urls(path, self.trust.target_urls(s.target), dist, core=core,
-                                   origins=tuple(m.targets_url for m in self.trust.mirrors))
+            return want, file_urls(
+                path, self.trust.target_urls(s.target), dist, core=core, origins=tuple(m.targets_url for m in self.trust.mirrors)
+            )
         except RepositoryError as e:
             self._refuse(path, e)
             return None
@@ -452,12 +461,20 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             except TrustError as e:
                 raise MirrorError(f"{options.root} is not a valid self-signed root: {e}") from e
         try:
-            trust = TrustedClient(tree.trust_dir, [mirror], fetcher,
-                                  TrustConfig(refresh_interval=_ONE_SNAPSHOT, persist_bins=True))
+            trust = TrustedClient(
+                tree.trust_dir, [mirror], fetcher, TrustConfig(refresh_interval=_ONE_SNAPSHOT, persist_bins=True)
+            )
             await trust.refresh(force=True)
         except RepositoryError as e:
-            audit.refused(component="mirror-sync", reason=e.reason, role=e.role, expected=e.expected,
-                          actual=e.actual, upstream_url=mirror.metadata_url, detail=str(e))
+            audit.refused(
+                component="mirror-sync",
+                reason=e.reason,
+                role=e.role,
+                expected=e.expected,
+                actual=e.actual,
+                upstream_url=mirror.metadata_url,
+                detail=str(e),
+            )
             raise MirrorError(f"upstream metadata refused ({e.reason}): {e}") from e
         except TrustError as e:
             raise MirrorError(f"cannot load upstream metadata: {e}") from e

@@ -41,11 +41,11 @@ from urllib.parse import quote
 from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 
-from proxy.util.atomic import atomic_link, atomic_write, fsync_dir
-from proxy.protocol.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
 from proxy.protocol.errors import BadMetadata, BadSignature, RepositoryError
-from proxy.trust.fetch import FileSink, Want
 from proxy.protocol.hashing import StreamingVerifier
+from proxy.protocol.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
+from proxy.trust.fetch import FileSink, Want
+from proxy.util.atomic import atomic_link, atomic_write, fsync_dir
 
 STATE_DIR = MIRROR_STATE_DIR
 MANIFEST = MIRROR_MANIFEST

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
 from proxy.protocol import index
+from proxy.protocol.errors import RepositoryError, TrustError, UnknownTarget
 from proxy.protocol.layout import (
     METADATA_DIR,
     BadRequestPath,
@@ -40,14 +42,12 @@ from proxy.protocol.layout import (
     project_page_target,
     root_page_target,
 )
-from proxy.transport.local import LocalFetcher
-from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
-from proxy.trust.pagefiles import MAX_FILE_SIZE, file_want
-from proxy.protocol.profiles import TUFPROXY, Profile, get_profile
-from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.protocol.errors import RepositoryError, TrustError, UnknownTarget
-from proxy.trust.fetch import Want
 from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.profiles import TUFPROXY, Profile, get_profile
+from proxy.transport.local import LocalFetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.fetch import Want
+from proxy.trust.pagefiles import MAX_FILE_SIZE, file_want
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
 _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
@@ -83,14 +83,14 @@ def _default_root(directory: Path) -> Path:
     return roots[0][1]
 
 
-def _manifest(directory: Path) -> dict | None:  # type: ignore[type-arg]
+def _manifest(directory: Path) -> dict | None:
     path = directory / STATE_DIR / MANIFEST
     return json.loads(path.read_bytes()) if path.exists() else None
 
 
 class _Verifier:
     def __init__(self, directory: Path, trust: TrustedClient, jobs: int, profile: Profile,
-                 manifest: dict | None) -> None:  # type: ignore[type-arg]
+                 manifest: dict | None) -> None:
         self.directory = directory
         self.trust = trust
         self.profile = profile

@@ -4,8 +4,10 @@ The Simple Repository API as data (:mod:`~proxy.protocol.index`), where things l
 (:mod:`~proxy.protocol.layout`, :mod:`~proxy.protocol.profiles`), request heads in raw bytes
 (:mod:`~proxy.protocol.requesthead`), TUF verification over python-tuf (:mod:`~proxy.protocol.tufset`,
 :mod:`~proxy.protocol.verify`), the one hash check (:mod:`~proxy.protocol.hashing`), the trust core's
-value types (:mod:`~proxy.protocol.model`) and every refusal's type (:mod:`~proxy.protocol.errors`).
+value types (:mod:`~proxy.protocol.model`), every error's type and whose fault it is
+(:mod:`~proxy.protocol.errors`), and the one table that turns a refusal into a status, an audit
+decision and a metric label (:mod:`~proxy.protocol.refusals`).
 Everything here is testable with plain bytes; ``import proxy.protocol`` never loads aiohttp.
 """
 
-__all__ = ["errors", "hashing", "index", "layout", "model", "profiles", "requesthead", "tufset", "verify"]
+__all__ = ["errors", "hashing", "index", "layout", "model", "profiles", "refusals", "requesthead", "tufset", "verify"]

@@ -1,6 +1,12 @@
-"""Why the trust core refused: one exception class per refusal.
+"""Every refusal's type, and whose fault it is.
 
-Three families.  :class:`RepositoryError` means the upstream served something
+Each error class of ``proxy`` carries a ``reason`` slug (stable: metric
+labels, audit records, ``X-Tufproxy-Reason``) and a :class:`Fault`: who is
+to blame.  :mod:`proxy.protocol.refusals` turns the pair into the HTTP
+status, the audit decision and the metric label, for the edge and the
+gateway alike; an exception without a fault is a bug of ours.
+
+The trust core's three families.  :class:`RepositoryError` means the upstream served something
 its keys do not vouch for (or vouch for no longer): a lie, a replay, a
 freeze.  :class:`UpstreamUnreachable` means no mirror answered usably.
 :class:`NotFound` means the thing does not exist (no signed target, or no
@@ -12,13 +18,26 @@ expected, actual) as attributes so callers never parse messages.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, ClassVar
+
+
+class Fault(StrEnum):
+    """Whose fault a refusal is: the metric label ``kind`` and the audit record's ``fault``."""
+
+    REPOSITORY = "repository"  # the repository or index served what its keys or pages do not vouch for
+    UPSTREAM = "upstream"  # unreachable, broken, or not ready yet
+    NOT_FOUND = "not-found"  # the thing does not exist
+    OURS = "ours"  # our resources (disk, cache, bucket, load) or our bug
+    OPERATOR = "operator"  # our configuration does not allow it
+    CLIENT = "client"  # the client asked badly
 
 
 class TrustError(Exception):
     """Root of every refusal the trust core raises."""
 
     reason: ClassVar[str] = "trust-error"
+    fault: ClassVar[Fault] = Fault.UPSTREAM
 
     def __init__(
         self,
@@ -40,6 +59,7 @@ class RepositoryError(TrustError):
     """The upstream served metadata or data we must not trust."""
 
     reason = "repository-error"
+    fault = Fault.REPOSITORY
 
 
 class BadSignature(RepositoryError):
@@ -114,6 +134,7 @@ class NotFound(TrustError):
     """What was asked for does not exist: a 404, nobody's fault."""
 
     reason = "not-found"
+    fault = Fault.NOT_FOUND
 
 
 class UnknownTarget(NotFound):
@@ -159,6 +180,7 @@ class RefreshFailed(TrustError):
     """A refresh cycle failed for a reason of ours, not the repository's (a full disk, a bug): logged and retried."""
 
     reason = "refresh-failed"
+    fault = Fault.OURS
 
 
 # Our resources: never the upstream's fault.
@@ -167,6 +189,7 @@ class StoreError(Exception):
     """Base of every error the store raises (our resources, never the upstream's fault)."""
 
     reason = "store-error"
+    fault = Fault.OURS
 
 
 class StoreFull(StoreError):
@@ -185,6 +208,7 @@ class ClientMistake(Exception):
     """The client asked badly (a path or an Accept header we do not serve)."""
 
     reason = "client-error"
+    fault = Fault.CLIENT
     status = 400
 
 
@@ -203,3 +227,26 @@ class Busy(StoreError):
 
     reason = "busy"
 
+
+# The command line: every subcommand raises CommandError for a failure the user can act on;
+# proxy.cli.main prints it as one line on stderr.
+# Exit statuses, as grep has them: 1 is a negative answer (refusals, an unsound
+# tree), 2 an error that stopped the command (always one line on stderr).
+EXIT_REFUSED = 1
+EXIT_ERROR = 2
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line on stderr, exit status ``exit_status``.
+
+    :data:`EXIT_ERROR` unless the command's contract says otherwise (``tufproxy
+    client`` answers a refused update with :data:`EXIT_REFUSED`, as TUF's
+    conformance CLI requires).
+    """
+
+    reason = "command-error"
+    fault = Fault.OPERATOR
+
+    def __init__(self, message: str, exit_status: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from proxy.protocol.errors import HashMismatch, LengthMismatch, RepositoryError
 
@@ -36,10 +35,10 @@ class UnsupportedHashes(RepositoryError):
     reason = "unsupported-hash"
 
 
-def new_hash(algorithm: str) -> Any:
+def new_hash(algorithm: str) -> hashlib._Hash:
     """A hashlib object for one of :data:`ACCEPTED` (anything else: :class:`UnsupportedHashes`)."""
     if algorithm == "blake2b-256":
-        return hashlib.blake2b(digest_size=32)
+        return hashlib.blake2b(digest_size=32)  # type: ignore[return-value]  # typeshed: no common base
     if algorithm not in ACCEPTED:
         raise UnsupportedHashes(f"unsupported hash algorithm {algorithm!r}")
     return hashlib.new(algorithm)

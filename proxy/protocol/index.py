@@ -32,6 +32,7 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from packaging.utils import canonicalize_name
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import MAX_FILENAME_LENGTH
 
 API_VERSION = "1.1"
@@ -48,6 +49,9 @@ _PREFERRED_HASH = "sha256"
 
 class IndexParseError(ValueError):
     """An index page is malformed, hostile, or of an unsupported API version."""
+
+    reason = "bad-page"
+    fault = Fault.REPOSITORY
 
 
 @dataclass(frozen=True)

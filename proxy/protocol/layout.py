@@ -39,6 +39,8 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from proxy.protocol.errors import Fault
+
 METADATA_DIR = "metadata"
 # A synced mirror's own state (never served) and the manifest in it that records the sync's profile.
 MIRROR_STATE_DIR = ".mirror"
@@ -159,6 +161,9 @@ class TargetRequest:
 class BadRequestPath(ValueError):
     """The client's path names nothing a repository can hold."""
 
+    reason = "bad-path"
+    fault = Fault.CLIENT
+
 
 # A pure function of the path, and hot: a warm proxy sees the same paths again and again.
 # Only successful parses are cached (lru_cache does not keep exceptions).
@@ -186,7 +191,8 @@ def parse_request_path(path: str) -> TargetRequest:
         name = parts[1]
         if not is_valid_project_name(name):
             raise BadRequestPath(f"not a valid project name: {name[:80]!r}")
-        return TargetRequest(TargetKind.PROJECT_INDEX, canonicalize_name(name), requested_name=name, trailing_slash=len(parts) == 3)
+        return TargetRequest(TargetKind.PROJECT_INDEX, canonicalize_name(name), requested_name=name,
+                             trailing_slash=len(parts) == 3)
     if len(parts) == 3 and parts[0] == "packages":
         project, filename = parts[1], parts[2]
         if not is_valid_project_name(project) or canonicalize_name(project) != project:

@@ -9,9 +9,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.protocol.layout import consistent_name
 from proxy.protocol.errors import ExpiredMetadata
 from proxy.protocol.hashing import new_hash, verify_bytes
+from proxy.protocol.layout import consistent_name
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,14 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from proxy.protocol.layout import MIRROR_MANIFEST, MIRROR_STATE_DIR, PageFormat, consistent_name, project_page_target, root_page_target
+from proxy.protocol.layout import (
+    MIRROR_MANIFEST,
+    MIRROR_STATE_DIR,
+    PageFormat,
+    consistent_name,
+    project_page_target,
+    root_page_target,
+)
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _guard(
         except Exception:  # noqa: BLE001 (bytes too odd to describe further: tuf's message says enough)
             mapped = None
         raise mapped or errors.BadMetadata(f"{role}: {e}", role=role) from e
-    except Exception as e:  # noqa: BLE001
-        # tuf raises ValueError, TypeError, KeyError, AttributeError... for structurally
-        # odd but parseable metadata: all of them the repository's fault, none a crash.
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        # tuf raises these for structurally odd but parseable metadata: the repository's fault,
+        # never a crash.  Anything else is a bug of ours and must not be blamed on the repository.
         raise errors.BadMetadata(f"{role}: invalid metadata: {type(e).__name__}: {e}", role=role) from e

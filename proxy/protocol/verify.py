@@ -87,7 +87,7 @@ def verify_delegated(
         delegator.verify_delegate(role, md.signed_bytes, md.signatures)
     except tuf_exc.UnsignedMetadataError as e:
         raise errors.BadSignature(f"{role}: {e}", role=role) from e
-    except Exception as e:  # noqa: BLE001 (odd but parseable metadata is the repository's fault, never a crash)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # odd but parseable metadata
         raise errors.BadMetadata(f"{role}: cannot verify: {type(e).__name__}: {e}", role=role) from e
     version = md.signed.version
     if version < meta.version:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import SDIST_SUFFIXES, is_valid_filename, is_valid_project_name, project_and_version
 
 # Core metadata files are small; a bigger one is hostile or broken.
@@ -25,6 +26,9 @@ MAX_CORE_METADATA = 16 * 2**20
 
 class NotADistribution(ValueError):
     """The file is not a wheel or sdist we can read."""
+
+    reason = "not-a-distribution"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

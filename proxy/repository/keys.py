@@ -16,6 +16,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from securesystemslib.signer import CryptoSigner
 
+from proxy.protocol.errors import Fault
 from proxy.util.atomic import atomic_write
 
 ONLINE = "online"
@@ -25,6 +26,9 @@ BINS = "bins"
 
 class MissingKey(Exception):
     """A role's private key is not in the key directory."""
+
+    reason = "missing-key"
+    fault = Fault.OPERATOR
 
 
 class KeyStore:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-
 # 2020-01-01T00:00:00Z: every member of every archive we build carries this time.
 _EPOCH = 1577836800
 _ZIP_EPOCH = (2020, 1, 1, 0, 0, 0)

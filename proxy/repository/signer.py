@@ -38,8 +38,9 @@ import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from securesystemslib.signer import Signer
 from tuf.api.metadata import (
@@ -58,7 +59,7 @@ from tuf.api.serialization import DeserializationError
 from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
-from proxy.util.atomic import atomic_link, atomic_write
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     PageFormat,
     core_metadata_target,
@@ -68,10 +69,11 @@ from proxy.protocol.layout import (
     project_of_filename,
     root_page_target,
 )
-from proxy.protocol.profiles import Profile, get_profile
 from proxy.protocol.model import file_digest
+from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
+from proxy.util.atomic import atomic_link, atomic_write
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
@@ -82,6 +84,9 @@ _SERIALIZER = JSONSerializer(compact=True)
 
 class RepositoryError(Exception):
     """A signer operation was refused; the repository is left as it was."""
+
+    reason = "signer-refused"
+    fault = Fault.OPERATOR
 
 
 class DuplicateFile(RepositoryError):
@@ -144,7 +149,7 @@ class ChangeReport:
 
 
 def _now(now: datetime | None) -> datetime:
-    return (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    return (now or datetime.now(UTC)).replace(microsecond=0)
 
 
 def _is_bin(role: str) -> bool:
@@ -228,7 +233,8 @@ class _Change:
         staged: list[tuple[Path, bytes]] = []
         if self.root_dirty:
             self._sign_root()
-            staged.append((repo.metadata_dir / metadata_filename("root", self.root.signed.version), self.root.to_bytes(_SERIALIZER)))
+            root_file = repo.metadata_dir / metadata_filename("root", self.root.signed.version)
+            staged.append((root_file, self.root.to_bytes(_SERIALIZER)))
         # Delegated roles first (bin-n, then bins, then targets), so snapshot lists their new versions.
         for name in sorted(self.dirty, key=lambda r: (not _is_bin(r), r != BINS_ROLE, r)):
             md = self.role(name)
@@ -244,19 +250,19 @@ class _Change:
         self._sign("timestamp", self.timestamp)
 
         plain_links: list[tuple[Path, Path]] = []
-        for path, data in self.plain.items():
-            _write(repo.public_dir / path, data)
-        for target_path, data in self.content.items():
+        for plain, content in self.plain.items():
+            _write(repo.public_dir / plain, content)
+        for target_path, file_bytes in self.content.items():
             info = self.get_target(target_path)
             assert info is not None
             digests = list(info.hashes.values())
             first = repo.served_path(target_path, digests[0])
-            _write(first, data)
+            _write(first, file_bytes)
             for digest in digests[1:]:
                 atomic_link(first, repo.served_path(target_path, digest))
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
-        for path, data in staged:
-            atomic_write(path, data, durable=False)
+        for metadata_file, signed in staged:
+            atomic_write(metadata_file, signed, durable=False)
         # Everything the new timestamp reaches must be on disk before it is.
         os.sync()
         # The commit point: from here on clients see the new state.
@@ -264,8 +270,8 @@ class _Change:
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
         if self.root_dirty:
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
-        for first, plain in plain_links:
-            atomic_link(first, plain)
+        for served, plain_name in plain_links:
+            atomic_link(served, plain_name)
         return self.report
 
     def _sign_root(self) -> None:
@@ -409,8 +415,10 @@ class Repository:
         # repository.json last: its presence means "a complete repository".
         atomic_write(
             path / "repository.json",
-            json.dumps({"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout,
-                        "clock_versions": clock_versions}, indent=2).encode(),
+            json.dumps(
+                {"bins": bins, "expiry": settings.expiry.to_json(), "layout": settings.layout, "clock_versions": clock_versions},
+                indent=2,
+            ).encode(),
         )
         if profile.root_list_signed:
             # An empty index, so pip pointed at a new repository sees no projects rather than 404.
@@ -426,8 +434,12 @@ class Repository:
         path = Path(path)
         try:
             raw = json.loads((path / "repository.json").read_bytes())
-            settings = Settings(bins=int(raw["bins"]), expiry=Expiry.from_json(raw["expiry"]), layout=raw.get("layout", "tufproxy"),
-                                clock_versions=bool(raw.get("clock_versions", False)))
+            settings = Settings(
+                bins=int(raw["bins"]),
+                expiry=Expiry.from_json(raw["expiry"]),
+                layout=raw.get("layout", "tufproxy"),
+                clock_versions=bool(raw.get("clock_versions", False)),
+            )
         except FileNotFoundError:
             raise RepositoryError(f"{path} is not a repository (no repository.json; run 'tufproxy repo init {path}')") from None
         except (ValueError, KeyError, TypeError) as e:
@@ -623,7 +635,9 @@ class Repository:
                         os.unlink(self.public_dir / self.plain_name(self.profile.page_target(project, fmt)))
             return report
 
-    def remove(self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None) -> ChangeReport:
+    def remove(
+        self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None
+    ) -> ChangeReport:
         """Yank a file (PEP 592: stays installable when pinned) or delete it outright."""
         when = _now(now)
         with self._locked():
@@ -730,7 +744,7 @@ class Repository:
         change.dirty.add(delegator)
         change.dirty.update(_bin_names(change))
 
-    def status(self, now: datetime | None = None) -> dict[str, object]:
+    def status(self, now: datetime | None = None) -> dict[str, Any]:
         """Versions and expiries of every top-level role, bin expiry range, counts."""
         when = _now(now)
         change = _Change(self, when)
@@ -741,7 +755,11 @@ class Repository:
             ("snapshot", change.snapshot),
             *((name, change.role(name)) for name in dict.fromkeys((TARGETS, self.profile.bin_delegator))),
         ):
-            roles[name] = {"version": md.signed.version, "expires": md.signed.expires.isoformat(), "expired": md.signed.is_expired(when)}
+            roles[name] = {
+                "version": md.signed.version,
+                "expires": md.signed.expires.isoformat(),
+                "expired": md.signed.is_expired(when),
+            }
         bin_versions = {k[:-5]: v.version for k, v in change.snapshot.signed.meta.items() if _is_bin(k)}
         targets = 0
         earliest: datetime | None = None

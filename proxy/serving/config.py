@@ -18,14 +18,18 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.transport.bucket import BucketConfigError, parse_store_url
+from proxy.protocol.errors import Fault
 from proxy.protocol.profiles import Profile, get_profile, recorded_profile
+from proxy.transport.bucket import BucketConfigError, parse_store_url
 
 ENV_PREFIX = "TUFPROXY_"
 
 
 class ConfigError(ValueError):
     """A setting has a value we cannot use."""
+
+    reason = "bad-configuration"
+    fault = Fault.OPERATOR
 
 
 def parse_size(value: str | int) -> int:
@@ -289,7 +293,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError("--upstream and --repository exclude each other")
     _ = config.root_file  # --upstream without --root fails here, not later in a worker
     try:
-        config.layout
+        _ = config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
     if config.gateway_url is not None and not config.layout.miss_protocol:

@@ -27,8 +27,8 @@ from typing import Protocol
 
 import aiohttp
 
-from proxy.util.locks import FetchLocks
 from proxy.protocol.errors import MetadataPending, UnknownTarget, UpstreamUnreachable
+from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
 

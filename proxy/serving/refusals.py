@@ -1,77 +1,23 @@
-"""The one error table: each refusal type -> HTTP status, reason slug, audit record, metric label.
+"""The edge's refusals applied: the one table's row -> audit record, metric, and the answer to send.
 
-Whose fault it was decides everything, in one place.  :data:`TABLE` is read
-top to bottom and the first row whose type matches wins; every refusal the
-proxy can give has a row.  :class:`Refusals` applies a row: it writes the
-audit record (when the row says so) and counts the metric, and returns
-what the HTTP layer sends.  Nothing here knows aiohttp.
+Which row a refusal gets is decided in :mod:`proxy.protocol.refusals` (the
+gateway answers from the same table).  :class:`Refusals` applies it: it
+writes the audit record (when the row says so), counts the metric by whose
+fault, and returns what the HTTP layer sends.  Nothing here knows aiohttp.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
+from proxy.protocol.errors import Fault, MetadataPending
+from proxy.protocol.refusals import UNEXPECTED, fault_of, phrase, reason_of, row
 from proxy.storage.audit import AuditLog, AuditWriteError
-from proxy.transport.bucket import BucketUnavailable
-from proxy.util.metrics import Metrics
-from proxy.protocol.errors import BadPath, Busy, ClientMistake, NotAcceptable, StoreError, StoreFull
 from proxy.trust import TrustedClient
-from proxy.protocol.errors import (
-    ExpiredMetadata,
-    MetadataPending,
-    NotFound,
-    RepositoryError,
-    TrustError,
-    UpstreamUnreachable,
-)
+from proxy.util.metrics import Metrics
 
 log = logging.getLogger(__name__)
-# Reason phrases travel in the status line: printable ASCII, bounded.
-_REASON_RE = re.compile(r"[^\x20-\x7e]")
-
-
-
-
-@dataclass(frozen=True)
-class Row:
-    """What one kind of refusal becomes.  ``kind``: the metric label (whose fault)."""
-
-    status: int
-    kind: str
-    prefix: str  # reason phrase: "<prefix>: <error>"
-    audit: bool  # write a refusal record to the audit log
-
-
-TABLE: tuple[tuple[type[BaseException], Row], ...] = (
-    (MetadataPending, Row(503, "pending", "trusted metadata is being refreshed, retry", audit=False)),
-    (ExpiredMetadata, Row(503, "repository", "trusted metadata expired and cannot be refreshed", audit=True)),
-    (NotFound, Row(404, "not-found", "not found", audit=False)),
-    (RepositoryError, Row(502, "repository", "refused by TUF verification", audit=True)),
-    (UpstreamUnreachable, Row(502, "upstream", "upstream unreachable", audit=True)),
-    (TrustError, Row(503, "upstream", "no trusted metadata yet", audit=True)),
-    (StoreFull, Row(503, "resources", "cache full, cannot store new files", audit=False)),
-    (BucketUnavailable, Row(503, "resources", "shared bucket unreachable, retry", audit=False)),
-    (Busy, Row(503, "resources", "too many downloads in progress, retry", audit=False)),
-    (StoreError, Row(500, "resources", "internal store error", audit=False)),
-    (AuditWriteError, Row(500, "resources", "audit log unwritable: refusing to serve", audit=False)),
-    (NotAcceptable, Row(406, "client", "none of the Accept types is served: try "
-                                       "application/vnd.pypi.simple.v1+json or text/html", audit=False)),
-    (ClientMistake, Row(404, "client", "not found", audit=False)),
-)
-
-
-def row(error: BaseException) -> Row:
-    """The table's row for ``error`` (every refusal type has one)."""
-    for kind, found in TABLE:
-        if isinstance(error, kind):
-            return found
-    raise TypeError(f"no refusal row for {type(error).__name__}")
-
-
-def reason_slug(error: BaseException) -> str:
-    return getattr(error, "reason", type(error).__name__)
 
 
 @dataclass(frozen=True)
@@ -97,7 +43,7 @@ class Asker:
 
 
 class Refusals:
-    """Applies :data:`TABLE`: audit record, metric, and the answer to send."""
+    """Applies the one table (:func:`proxy.protocol.refusals.row`): audit record, metric, answer."""
 
     def __init__(self, audit: AuditLog, metrics: Metrics, trust: TrustedClient) -> None:
         self.audit = audit
@@ -107,12 +53,15 @@ class Refusals:
     def answer(self, asker: Asker, error: BaseException) -> Answer:
         """Record ``error`` as the table says and return what to send."""
         r = row(error)
-        slug = reason_slug(error)
+        slug = reason_of(error)
         if isinstance(error, AuditWriteError):
             log.error("failing closed: %s", error)
             text = r.prefix
+        elif r is UNEXPECTED:
+            log.error("%s: internal error", asker.path, exc_info=error)
+            text = f"{r.prefix} ({type(error).__name__})"
         else:
-            detail = f" ({slug})" if isinstance(error, RepositoryError) else ""
+            detail = f" ({slug})" if r.fault in (Fault.REPOSITORY, Fault.OPERATOR) else ""
             text = f"{r.prefix}{detail}: {error}"
         self.metrics.refusals.labels(r.kind, slug).inc()
         if r.audit and not asker.audited:
@@ -122,12 +71,12 @@ class Refusals:
         headers = {"X-Tufproxy-Reason": slug}
         if isinstance(error, MetadataPending):
             headers["Retry-After"] = str(error.retry_after)
-        return Answer(r.status, _REASON_RE.sub("?", text)[:300], slug, text, headers)
+        return Answer(r.status, phrase(text), slug, text, headers)
 
     def record(self, asker: Asker, error: BaseException, url: str | None) -> None:
         """One audit record of a refusal (a mirror's lie, or the request's answer)."""
-        slug = reason_slug(error)
-        if isinstance(error, RepositoryError):
+        slug = reason_of(error)
+        if fault_of(error) is Fault.REPOSITORY:
             self.metrics.verification_failures.labels(slug).inc()
         self.audit.refused(
             request_id=asker.request_id,
@@ -137,6 +86,7 @@ class Refusals:
             role=getattr(error, "role", None),
             upstream_url=url,
             reason=slug,
+            fault=fault_of(error).value,
             message=str(error),
             expected=getattr(error, "expected", None),
             actual=getattr(error, "actual", None),
@@ -144,7 +94,7 @@ class Refusals:
         )
         asker.audited = True
 
-    def refresh_refused(self, error: RepositoryError) -> None:
+    def refresh_refused(self, error: BaseException) -> None:
         """A refresh cycle refused metadata: that update is aborted and the live state kept (audited, counted)."""
         self.record(Asker(request_id="refresh", client=None, path="(metadata refresh)"), error, None)
 

@@ -39,8 +39,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from proxy.protocol import index
-from proxy.storage.audit import AuditLog, AuditWriteError
-from proxy.storage.downloads import Download, Downloads
+from proxy.protocol.errors import (
+    BadPath,
+    ClientMistake,
+    LengthMismatch,
+    NotAcceptable,
+    RepositoryError,
+    StoreError,
+    TrustError,
+    UnknownTarget,
+    UpstreamUnreachable,
+)
+from proxy.protocol.hashing import accepted_hashes, verify_bytes
 from proxy.protocol.layout import (
     BadRequestPath,
     PageFormat,
@@ -51,21 +61,17 @@ from proxy.protocol.layout import (
     parse_request_path,
     version_of_filename,
 )
-from proxy.util.metrics import Metrics
-from proxy.trust.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
 from proxy.protocol.profiles import TUFPROXY, Profile
-
 from proxy.serving.refusals import Asker, Refusals
-
-from proxy.protocol.errors import BadPath, ClientMistake, NotAcceptable
+from proxy.storage.audit import AuditLog, AuditWriteError
+from proxy.storage.downloads import Download, Downloads
 from proxy.storage.pagecache import HotPages, IndexCache
 from proxy.storage.store import Blob, BlobStore
-from proxy.protocol.errors import StoreError
-from proxy.trust import TrustedClient, VerifiedTarget
-from proxy.protocol.errors import LengthMismatch, RepositoryError, TrustError, UnknownTarget, UpstreamUnreachable
-from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
-from proxy.protocol.hashing import accepted_hashes, verify_bytes
 from proxy.transport.upstream import Fetcher
+from proxy.trust import TrustedClient, VerifiedTarget
+from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
+from proxy.trust.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
+from proxy.util.metrics import Metrics
 
 if TYPE_CHECKING:
     from proxy.storage.tiered import SharedTier
@@ -86,7 +92,6 @@ _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
 _READY_PLANS_SIZE = 8192
-_UNPLANNED = object()
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
@@ -280,12 +285,14 @@ class Resolver:
         remembered under the live trusted state (expiry checked now) and its page kept rendered
         (or the client's ETag naming it).  None: :meth:`resolve` it (which may fetch, wait or refuse).
         """
-        plan = self._ready_plans.get((path, accept), _UNPLANNED)
-        if plan is _UNPLANNED:
+        plans, key = self._ready_plans, (path, accept)
+        if key in plans:
+            plan = plans[key]
+        else:
             plan = self._ready_plan(path, accept)
-            if len(self._ready_plans) >= _READY_PLANS_SIZE:
-                del self._ready_plans[next(iter(self._ready_plans))]
-            self._ready_plans[(path, accept)] = plan
+            if len(plans) >= _READY_PLANS_SIZE:
+                del plans[next(iter(plans))]
+            plans[key] = plan
         if plan is None:
             return None
         route, media, target_path = plan

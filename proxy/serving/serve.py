@@ -24,27 +24,25 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.storage.audit import AuditLog
-from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
+from proxy.protocol.model import ExpiryOverride
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
-from proxy.transport.local import LocalFetcher
-from proxy.util.locks import FetchLocks
-from proxy.util.metrics import Metrics
 from proxy.serving.resolver import ProxySettings, Resolver
 from proxy.serving.server import Proxy
-from proxy.trust.fetch import Pace
+from proxy.storage.audit import AuditLog
 from proxy.storage.pagecache import IndexCache
 from proxy.storage.store import BlobStore
-from proxy.protocol.errors import StoreError
 from proxy.storage.tiered import SharedTier
+from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
+from proxy.transport.local import LocalFetcher
+from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
-from proxy.protocol.errors import ExpiredMetadata, TrustError
+from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.slots import catch_up
-from proxy.protocol.model import ExpiryOverride
-from proxy.transport.upstream import AiohttpFetcher, Fetcher
+from proxy.util.locks import FetchLocks
+from proxy.util.metrics import Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,7 +145,8 @@ def _seed_metadata_dir(metadata_dir: Path, config: ServeConfig, slots: list[Path
         raise CommandError(f"{config.root_file} is not a valid self-signed root: {e}") from e
 
 
-async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[Mirror], trust_config: TrustConfig) -> TrustedClient:
+async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[Mirror],
+                          trust_config: TrustConfig) -> TrustedClient:
     """A trusted-metadata directory of this process's own, seeded from the pinned root if new.
 
     Slot 0 is ``cache/metadata``, what a single process always used; other
@@ -226,22 +225,45 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     if file_fetcher is not fetcher:
         opened.push_async_callback(file_fetcher.close)
     layout = config.layout
-    trust = await _trusted_client(config, fetcher, mirrors,
-                                  TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
-                                              served_name=layout.served_name,
-                                              expiry_override=_expiry_override(config.allow_expired_until, audit)))
+    trust = await _trusted_client(
+        config,
+        fetcher,
+        mirrors,
+        TrustConfig(
+            refresh_interval=config.refresh_interval,
+            miss_wait=config.miss_wait,
+            served_name=layout.served_name,
+            expiry_override=_expiry_override(config.allow_expired_until, audit),
+        ),
+    )
     opened.callback(trust.close)
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
     on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
-    settings = ProxySettings(max_file_size=config.max_file_size,
-                             upstream_freshness=max(3 * config.refresh_interval, 30.0),
-                             verify_before_send=config.verify_before_send,
-                             max_connections=config.max_connections,
-                             client_idle_timeout=config.client_timeout,
-                             pace=Pace(stall=config.read_timeout, min_rate=config.min_rate))
+    settings = ProxySettings(
+        max_file_size=config.max_file_size,
+        upstream_freshness=max(3 * config.refresh_interval, 30.0),
+        verify_before_send=config.verify_before_send,
+        max_connections=config.max_connections,
+        client_idle_timeout=config.client_timeout,
+        pace=Pace(stall=config.read_timeout, min_rate=config.min_rate),
+    )
     shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
-    proxy = Proxy(Resolver(trust, file_fetcher, store, pages, audit, metrics, settings, layout,
-                           tuple(config.files_url), on_miss=on_miss, page_fetcher=page_fetcher, shared=shared))
+    proxy = Proxy(
+        Resolver(
+            trust,
+            file_fetcher,
+            store,
+            pages,
+            audit,
+            metrics,
+            settings,
+            layout,
+            tuple(config.files_url),
+            on_miss=on_miss,
+            page_fetcher=page_fetcher,
+            shared=shared,
+        )
+    )
     trust.on_refused = proxy.resolver.refusals.refresh_refused
     try:
         await trust.refresh()
@@ -272,19 +294,22 @@ async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
         raise CommandError(str(e)) from None
     except BucketUnavailable as e:
         log.warning("%s (starting anyway)", e)
-    log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir,
-             bucket.aws.source)
+    log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir, bucket.aws.source)
     return bucket
 
 
-def _bucket_tier(config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher,
-                 page_fetcher: Fetcher) -> tuple[SharedTier | None, Fetcher, Fetcher]:
+def _bucket_tier(
+    config: ServeConfig, bucket: Bucket | None, file_fetcher: Fetcher, page_fetcher: Fetcher
+) -> tuple[SharedTier | None, Fetcher, Fetcher]:
     """With ``--store s3://...``: the bucket behind the local store and page cache, read as the first mirror
     of files and pages (the fetchers returned read its URLs from it)."""
     if bucket is None:
         return None, file_fetcher, page_fetcher
-    return (SharedTier(bucket, config.s3_lease_seconds, config.s3_wait), BucketFetcher(bucket, file_fetcher),
-            BucketFetcher(bucket, page_fetcher))
+    return (
+        SharedTier(bucket, config.s3_lease_seconds, config.s3_wait),
+        BucketFetcher(bucket, file_fetcher),
+        BucketFetcher(bucket, page_fetcher),
+    )
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

@@ -24,12 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.protocol.errors import StoreError
+from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
 from proxy.serving.connections import BoundedRunner, ClientBounds
-from proxy.util.logs import new_request_id, request_id
-from proxy.util.metrics import CONTENT_TYPE_LATEST
 from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
+    UPSTREAM_FAILURES,
     Ask,
     CachedFile,
     NotModified,
@@ -38,11 +39,10 @@ from proxy.serving.resolver import (
     Refused,
     Resolver,
     Streamed,
-    UPSTREAM_FAILURES,
 )
-from proxy.protocol.requesthead import SimpleHead
-from proxy.protocol.errors import StoreError
 from proxy.serving.streaming import first_bytes, send_download
+from proxy.util.logs import new_request_id, request_id
+from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 # Headers that need the whole file on disk (FileResponse answers them): no streaming then.
@@ -210,7 +210,7 @@ class Proxy:
 
 
 def _asks_whole_file(headers: Any) -> bool:
-    for name in _WHOLE_FILE_HEADERS:  # a loop, not any(): this runs on every request
+    for name in _WHOLE_FILE_HEADERS:  # noqa: SIM110 - a loop, not any(): this runs on every request
         if name in headers:
             return True
     return False
@@ -234,7 +234,7 @@ class _PinnedFileResponse(web.FileResponse):
         self._decision = decision
         self._clients = clients
 
-    async def prepare(self, request: web.BaseRequest):  # type: ignore[no-untyped-def]
+    async def prepare(self, request: web.BaseRequest):
         self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)

@@ -43,15 +43,15 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from proxy.util import metrics
-from proxy.util.cmderror import EXIT_ERROR, CommandError
+from proxy.protocol.errors import EXIT_ERROR, CommandError
 from proxy.serving.config import ServeConfig
 from proxy.serving.serve import DRAIN_SECONDS, bind, run_loop, start
+from proxy.util import metrics
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +122,18 @@ class Started:
 class WorkerApp(Protocol):
     """What the supervisor runs in each worker."""
 
-    listen: tuple[str, int]
-    state_dir: Path  # shared by the workers; multiprocess metrics go under state_dir/metrics
-    name: str  # for the line that says the workers serve
+    @property
+    def listen(self) -> tuple[str, int]: ...
+
+    @property
+    def state_dir(self) -> Path:
+        """Shared by the workers; multiprocess metrics go under state_dir/metrics."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """For the line that says the workers serve."""
+        ...
 
     async def start(self, sock: socket.socket) -> Started:
         """Serve on ``sock``; a :class:`CommandError` says why it cannot."""
@@ -379,7 +388,7 @@ class Supervisor:
             code = run_loop(_worker_main(self.app, sock, self._ready_w, self._alive_r), uvloop)
         except KeyboardInterrupt:
             code = 130
-        except Exception:  # a worker must never return into the supervisor's code
+        except Exception:  # noqa: BLE001 - a worker must never return into the supervisor's code
             traceback.print_exc()
         finally:
             sys.stdout.flush()

@@ -15,16 +15,19 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
-from proxy.util.cmderror import CommandError
+from proxy.protocol.errors import CommandError, Fault
 
 
 class AuditWriteError(OSError):
     """A record could not be written: the caller must refuse the request."""
+
+    reason = "audit-unwritable"
+    fault = Fault.OURS
 
 
 def redact_url(url: str) -> str:
@@ -53,8 +56,8 @@ class AuditLog:
             self._stream = os.fdopen(fd, "a", buffering=1)
 
     def _write(self, record: dict[str, Any]) -> None:
-        record = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), **record}
-        if "upstream_url" in record and record["upstream_url"]:
+        record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), **record}
+        if record.get("upstream_url"):
             record["upstream_url"] = redact_url(str(record["upstream_url"]))
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
         try:

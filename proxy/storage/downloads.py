@@ -40,13 +40,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.util.locks import FetchLocks, Held
-from proxy.protocol.errors import Busy
-from proxy.storage.store import Blob, BlobStore, BlobWriter
-from proxy.protocol.errors import RepositoryError
-from proxy.trust.fetch import Observer, Pace, Sink, Want, fetch_verified
+from proxy.protocol.errors import Busy, RepositoryError
 from proxy.protocol.hashing import StreamingVerifier
+from proxy.storage.store import Blob, BlobStore, BlobWriter
 from proxy.transport.upstream import Fetcher
+from proxy.trust.fetch import Observer, Pace, Sink, Want, fetch_verified
+from proxy.util.locks import FetchLocks, Held
 
 if TYPE_CHECKING:
     from proxy.storage.tiered import SharedTier
@@ -195,7 +194,7 @@ class _Follower:
             return moved
         verifier = self.verifier
         n = min(verifier.length - verifier.received, os.fstat(self.fd).st_size - verifier.received, _FOLLOW_READ)
-        if n > 0 and await asyncio.to_thread(self._take, verifier.received, n):
+        if n > 0 and await asyncio.to_thread(self._take, verifier.received, n) > 0:
             self.download.available = verifier.received
             self.download._notify()
             moved = True
@@ -364,7 +363,7 @@ class Downloads:
                 await tee.close()
 
     @contextlib.asynccontextmanager
-    async def _slot(self, exact: bool):  # type: ignore[no-untyped-def]
+    async def _slot(self, exact: bool):
         if exact:
             yield
             return

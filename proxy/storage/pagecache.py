@@ -15,9 +15,8 @@ from typing import Generic, TypeVar
 
 import diskcache
 
-from proxy.storage.store import disk_error
-
 from proxy.protocol.errors import StoreUnwritable
+from proxy.storage.store import disk_error
 
 
 class IndexCache:

@@ -42,13 +42,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-
-from proxy.protocol.errors import StoreError, StoreFull, StoreUnwritable
+from proxy.protocol.errors import RepositoryError, StoreError, StoreFull, StoreUnwritable
+from proxy.protocol.hashing import StreamingVerifier, UnsupportedHashes
+from proxy.trust.fetch import pwrite_all
 from proxy.util.atomic import fsync_dir
 from proxy.util.locks import try_flock
-from proxy.protocol.errors import RepositoryError
-from proxy.trust.fetch import pwrite_all
-from proxy.protocol.hashing import StreamingVerifier, UnsupportedHashes
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Re-hashing reads this much at a time.
@@ -482,7 +480,7 @@ class BlobWriter:
                 # clean up when it is done, not under its feet.
                 pending.add_done_callback(lambda _: self._cleanup())
                 raise
-            except BaseException:  # already reported to the caller, or moot
+            except BaseException:  # noqa: BLE001 - already reported to the caller, or moot
                 pass
         self._cleanup()
 

@@ -43,9 +43,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from proxy.transport.bucket import Bucket, BucketUnavailable
-from proxy.storage.store import Blob
 from proxy.protocol.errors import RepositoryError
+from proxy.storage.store import Blob
+from proxy.transport.bucket import Bucket, BucketUnavailable
 from proxy.trust.fetch import Observer, Want
 
 log = logging.getLogger(__name__)

@@ -32,12 +32,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.protocol.errors import Fault
+
 _ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 _OTHER_WAYS = ("role_arn", "credential_process", "sso_session", "sso_start_url", "sso_account_id")
 
 
 class ProfileError(ValueError):
     """A shared file or profile that cannot be used as found (one line, no secrets)."""
+
+    reason = "bucket-credentials"
+    fault = Fault.OPERATOR
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from proxy.protocol.errors import Fault, StoreError
 from proxy.transport.awsprofile import AwsSettings, ProfileError, resolve
-from proxy.util.metrics import BucketMetrics
-from proxy.protocol.errors import StoreError
 from proxy.transport.upstream import ByteStream, DownloadHTTPError, DownloadLengthError, Fetcher
+from proxy.util.metrics import BucketMetrics
 
 _CHUNK = 256 * 1024
 
@@ -44,9 +44,14 @@ class BucketUnavailable(StoreError):
 class BucketDenied(BucketUnavailable):
     """The bucket refused our credentials (wrong keys, or not allowed): a configuration error at start-up."""
 
+    reason = "bucket-denied"
+
 
 class BucketConfigError(ValueError):
     """``--store`` cannot be used as given (bad URL, S3 client not installed)."""
+
+    reason = "bucket-config"
+    fault = Fault.OPERATOR
 
 
 def parse_store_url(url: str) -> tuple[str, str]:
@@ -66,8 +71,13 @@ class Bucket:
             from obstore.store import S3Store
         except ImportError:
             raise BucketConfigError("--store s3://... needs the S3 client: pip install 'tufproxy[s3]'") from None
-        from obstore.exceptions import (AlreadyExistsError, NotFoundError, PermissionDeniedError, PreconditionError,
-                                        UnauthenticatedError)
+        from obstore.exceptions import (
+            AlreadyExistsError,
+            NotFoundError,
+            PermissionDeniedError,
+            PreconditionError,
+            UnauthenticatedError,
+        )
         self._obstore = obstore
         self._denied = (PermissionDeniedError, UnauthenticatedError)
         # obstore raises the built-in FileNotFoundError/FileExistsError for some calls, its own for others.
@@ -92,7 +102,7 @@ class Bucket:
                                   # Two tries, bounded: a request waits on a down bucket for at most this long.
                                   retry_config={"max_retries": 1, "retry_timeout": timedelta(seconds=timeout)},
                                   **kwargs)
-        except Exception as e:  # obstore raises its own config errors; show them as one line
+        except Exception as e:  # noqa: BLE001 - obstore raises its own config errors; show them as one line
             raise BucketConfigError(f"--store {url}: {self.scrub(e)}") from None
 
     def key_url(self, key: str) -> str:
@@ -185,7 +195,7 @@ class Bucket:
                 chunk = await anext(stream)
             except StopAsyncIteration:
                 return
-            except Exception as e:  # obstore's transport errors mid-body
+            except Exception as e:  # noqa: BLE001 - obstore's transport errors mid-body
                 raise op.failed(e) from None
             op.nbytes += len(chunk)
             yield bytes(chunk)

@@ -27,13 +27,24 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 
-from proxy.transport.upstream import AiohttpFetcher, ByteStream, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout
+from proxy.protocol.errors import Fault
+from proxy.transport.upstream import (
+    AiohttpFetcher,
+    ByteStream,
+    DownloadError,
+    DownloadHTTPError,
+    DownloadLengthError,
+    DownloadTimeout,
+)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class RedirectRefused(DownloadError):
     """A redirect to an origin we may not fetch from, or one too many."""
+
+    reason = "bad-redirect"
+    fault = Fault.REPOSITORY
 
 
 def origin(url: str) -> str:

@@ -58,7 +58,7 @@ class LocalFetcher(Fetcher):
         finally:
             f.close()
 
-    async def _chunks(self, url: str, f, max_length: int, start: int) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+    async def _chunks(self, url: str, f, max_length: int, start: int) -> AsyncIterator[bytes]:
         received = start
         while chunk := await asyncio.to_thread(f.read, CHUNK_SIZE):
             received += len(chunk)

@@ -19,6 +19,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import aiohttp
 
+from proxy.protocol.errors import Fault
+
 # A read waits for at least this much (or the body's end): the unit the read timeout applies to.
 CHUNK_SIZE = 64 * 1024
 # How much a response buffers before reading from its socket pauses. aiohttp's default (64 KiB)
@@ -28,6 +30,9 @@ READ_BUFFER = 2**18
 
 class DownloadError(Exception):
     """A download failed at the transport level."""
+
+    reason = "download-error"
+    fault = Fault.UPSTREAM
 
     def __init__(self, url: str, message: str) -> None:
         super().__init__(f"{url}: {message}")

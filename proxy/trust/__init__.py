@@ -7,7 +7,6 @@ An asyncio TUF client (spec 5, PEP 458) for a long-running proxy; see
 :mod:`proxy.protocol.tufset` for how it builds on python-tuf.
 """
 
-from proxy.trust.client import TrustedClient
 from proxy.protocol.errors import (
     BadMetadata,
     BadSignature,
@@ -23,6 +22,7 @@ from proxy.protocol.errors import (
     VersionMismatch,
 )
 from proxy.protocol.model import Mirror, TrustConfig, VerifiedTarget
+from proxy.trust.client import TrustedClient
 
 __all__ = [
     "BadMetadata",

@@ -50,20 +50,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
 from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
 
 from proxy.protocol import errors
-from proxy.protocol.tufset import TopLevelSet
-from proxy.trust.metadir import MetadataStore
 from proxy.protocol.model import (
     Mirror,
     TrustConfig,
     VerifiedTarget,
     consistent_target_urls,
 )
+from proxy.protocol.tufset import TopLevelSet
 from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
 from proxy.transport.upstream import (
     DownloadError,
@@ -71,6 +70,7 @@ from proxy.transport.upstream import (
     DownloadLengthError,
     Fetcher,
 )
+from proxy.trust.metadir import MetadataStore
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class TrustedClient:
         metadata_dir: Path,
         mirrors: list[Mirror],
         fetcher: Fetcher,
-        config: TrustConfig = TrustConfig(),  # noqa: B008 (frozen: shared safely)
+        config: TrustConfig = TrustConfig(),
     ) -> None:
         if not mirrors:
             raise ValueError("at least one mirror is needed")
@@ -369,6 +369,14 @@ class TrustedClient:
         encoded = quote(role, safe="")
         return f"{version}.{encoded}.json" if root.consistent_snapshot else f"{encoded}.json"
 
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: Literal[False] = False) -> tuple[bytes, T]: ...
+
+    @overload
+    async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
+                              missing_ok: bool) -> tuple[bytes, T] | None: ...
+
     async def _fetch_verified(
         self,
         role: str,
@@ -587,7 +595,7 @@ class TrustedClient:
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
-        consistent = self._state.root.consistent_snapshot if self._state is not None else True
+        consistent = bool(self._state.root.consistent_snapshot) if self._state is not None else True
         return consistent_target_urls(target, self.mirrors, consistent, self.config.served_name)
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
@@ -623,7 +631,7 @@ class TrustedClient:
             except errors.RepositoryError as e:
                 logger.debug("local %s not usable: %s", name, e)
         if role is None:
-            data, role = await self._fetch_verified(
+            data, fetched = await self._fetch_verified(
                 name,
                 self._metadata_name(state.root, name, meta.version),
                 meta.length or self.config.targets_max_length,
@@ -631,6 +639,7 @@ class TrustedClient:
             )
             if persist:
                 self._store.write(name, data)
+            role = fetched
         self._roles[key] = role
         while len(self._roles) > self.config.bin_cache_size:
             self._roles.popitem(last=False)

@@ -20,14 +20,15 @@ import os
 from pathlib import Path
 from urllib.parse import quote
 
+from proxy.protocol.errors import Fault, TrustError
 from proxy.util.atomic import atomic_write
-from proxy.protocol.errors import TrustError
 
 
 class MetadataDirLocked(TrustError):
     """Another process holds this metadata directory."""
 
     reason = "metadata-dir-locked"
+    fault = Fault.OURS
 
 
 class MetadataStore:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urljoin
 
-from proxy.protocol.index import DistFile
-from proxy.protocol.errors import RepositoryError
-from proxy.trust.fetch import Want
+from proxy.protocol.errors import Fault, RepositoryError
 from proxy.protocol.hashing import accepted_hashes
+from proxy.protocol.index import DistFile
 from proxy.protocol.model import VerifiedTarget
+from proxy.trust.fetch import Want
 
 # Bounds on a file whose page gives no length: the largest file taken by default, and core metadata.
 MAX_FILE_SIZE = 4 * 2**30
@@ -30,6 +30,7 @@ class ForeignLink(RepositoryError):
     """A verified page points a file at a host that is not a configured upstream."""
 
     reason = "foreign-link"
+    fault = Fault.OPERATOR
 
     def __init__(self, target: str, url: str) -> None:
         super().__init__(f"{target}: the page links to {url[:200]}, which is not a configured upstream "

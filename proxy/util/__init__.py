@@ -1,8 +1,8 @@
 """Rank 0: what every layer needs and that knows nothing of packages or TUF.
 
 Process logs (:mod:`~proxy.util.logs`), Prometheus registries (:mod:`~proxy.util.metrics`), crash-safe
-writes (:mod:`~proxy.util.atomic`), cross-process locks (:mod:`~proxy.util.locks`) and the command
-line's one error type (:mod:`~proxy.util.cmderror`). Imports nothing else of ``proxy``.
+writes (:mod:`~proxy.util.atomic`) and cross-process locks
+(:mod:`~proxy.util.locks`). Imports nothing else of ``proxy``.
 """
 
-__all__ = ["atomic", "cmderror", "locks", "logs", "metrics"]
+__all__ = ["atomic", "locks", "logs", "metrics"]

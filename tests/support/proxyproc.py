@@ -35,7 +35,7 @@ class ProxyProcess:
 
     def start(self, timeout: float = 20.0) -> ProxyProcess:
         """Start and wait (at most ``timeout`` seconds) until it listens."""
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open for the process's life
         env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:

@@ -71,7 +71,7 @@ class Seaweed:
                 "-master.volumeSizeLimitMB=64", "-volume.max=32",
                 # Fixed default ports would collide between servers on one host; telemetry would leave 127.0.0.1.
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open for the process's life
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         try:
@@ -98,7 +98,7 @@ class Seaweed:
                 obstore.put(store, "probe", b"x")
                 obstore.delete(store, "probe")
                 return
-            except Exception as e:  # noqa: BLE001 - not ready yet, retried until the deadline
+            except Exception as e:
                 last = e
                 time.sleep(0.2)
         raise RuntimeError(f"SeaweedFS did not accept writes in time: {last}\n{self.log()[-2000:]}")

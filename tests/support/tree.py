@@ -49,7 +49,7 @@ def vouched_sha256s(repo: Repository) -> set[str]:
         digest = next(iter(info["hashes"].values()))
         if "sha256" in info["hashes"]:
             found.add(info["hashes"]["sha256"])
-        if path.startswith("packages/") or path.startswith("simple/index."):
+        if path.startswith(("packages/", "simple/index.")):
             continue
         data = repo.served_path(path, digest).read_bytes()
         project = path.split("/")[1] if path.startswith("simple/") else path

@@ -11,8 +11,8 @@ from tuf.api.metadata import Metadata
 
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.transport.upstream import AiohttpFetcher
+from proxy.trust import Mirror, TrustConfig, TrustedClient
 from tests.conftest import SampleRepo
 from tests.support.tree import all_targets
 from tests.support.upstream import Upstream

@@ -103,7 +103,7 @@ class Upstream:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:
                 reply = upstream._answer(unquote(urlsplit(self.path).path))
                 self.send_response(reply.status)
                 headers = {"Content-Length": str(len(reply.body)), **(reply.headers or {})}
