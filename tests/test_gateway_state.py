@@ -99,3 +99,75 @@ def test_cooldown_counts_from_first_sight_not_the_index_claim(tmp_path: Path, fr
     # The ledger remembers every file listed, hidden ones included.
     seen = [e for e in json.loads(gateway_cli("ledger", str(tmp_path / "gw"), "--json").stdout) if e["kind"] == "seen"]
     assert {e["filename"] for e in seen} == {f"cool-{v}-py3-none-any.whl" for v in ("1.0", "2.0", "3.0")}
+
+
+# -- item 2: the signed pages are a second record of every pin -------------------------------
+
+def signed_hashes(gw: GatewayProcess, project: str) -> dict[str, str]:
+    req = urllib.request.Request(f"{gw.base}simple/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return {f["filename"]: f["hashes"]["sha256"] for f in json.loads(r.read())["files"]}
+
+
+def swap(index: TestIndex, filename: str, dists: Path) -> None:
+    """The index serves other bytes under ``filename`` (and lists their hash)."""
+    other = build_wheel(dists / "other", filename.split("-")[0], filename.split("-")[1], requires=["something-else"])
+    index.file(filename).data = other.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "junk"])
+def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
+        tmp_path: Path, fresh_gateway: Path, damage: str) -> None:
+    dists = tmp_path / "dists"
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    ledger = tmp_path / "gw" / "gateway" / "ledger.jsonl"
+    wheel = "pinned-1.0-py3-none-any.whl"
+    with TestIndex() as index:
+        index.add(build_wheel(dists, "pinned", "1.0"))
+        index.add(build_wheel(dists, "other", "1.0"))
+        flags = ("--index-url", index.url, "--page-ttl", "0.4", "--batch-window", "0.05")
+        with GatewayProcess(tmp_path / "gw", *flags) as gw:
+            assert gw.publish("pinned")[0] == 200 and gw.publish("other")[0] == 200
+            signed = signed_hashes(gw, "pinned")
+        if damage == "deleted":
+            ledger.unlink()
+        elif damage == "truncated":
+            ledger.write_bytes(ledger.read_bytes()[: len(ledger.read_bytes()) // 3])
+        else:
+            ledger.write_bytes(b"junk one\n" + ledger.read_bytes().replace(b'"kind": "pin"', b'"kind": 7') + b"\x00\xff\n")
+        swap(index, wheel, dists)
+        with GatewayProcess(tmp_path / "gw", *flags) as gw:
+            refreshed(index, "pinned")
+            # The pin was rebuilt from the signed page: the index's new bytes are refused, never signed.
+            assert signed_hashes(gw, "pinned") == signed
+            changed = [r for r in gw.audit() if r.get("reason") == "upstream-changed-file"]
+            assert changed and changed[0]["target"] == f"packages/pinned/{wheel}"
+            log = gw.log()
+    warnings = [line for line in log.splitlines() if "ledger" in line and "WARNING" in line]
+    if damage == "deleted":
+        assert any("is missing: rebuilt 2 pin(s) of 2 project(s) from the signed pages" in w for w in warnings), log
+    elif damage == "truncated":
+        assert any("lacks" in w and "rebuilt them from the signed pages" in w for w in warnings), log
+    else:
+        assert any("4 line(s) are not records and were skipped: line 1 (b'junk one')" in w for w in warnings), log
+        assert any("rebuilt them from the signed pages" in w for w in warnings), log
+
+
+def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Path, fresh_gateway: Path) -> None:
+    dists = tmp_path / "dists"
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    with TestIndex() as index:
+        path = build_wheel(dists, "kept", "1.0")
+        index.add(path)
+        flags = ("--index-url", index.url, "--batch-window", "0.05")
+        url_path = "packages/kept/kept-1.0-py3-none-any.whl"
+        with GatewayProcess(tmp_path / "gw", *flags) as gw:
+            assert gw.publish("kept")[0] == 200
+            assert urllib.request.urlopen(gw.base + url_path, timeout=20).read() == path.read_bytes()
+        kept = tmp_path / "gw" / "public" / url_path
+        assert kept.read_bytes() == path.read_bytes()
+        kept.write_bytes(b"rewritten on the volume" + path.read_bytes()[23:])
+        with GatewayProcess(tmp_path / "gw", *flags) as gw:
+            assert urllib.request.urlopen(gw.base + url_path, timeout=20).read() == path.read_bytes()
+            assert [r for r in gw.audit() if r.get("reason") == "hash-mismatch" and r.get("target") == url_path]
+    assert kept.read_bytes() == path.read_bytes()

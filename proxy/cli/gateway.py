@@ -30,8 +30,8 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher
-from proxy.gateway.service import Gateway
+from proxy.gateway.publisher import Publisher, signed_projects
+from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol.errors import CommandError
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.serving.config import (
@@ -207,7 +207,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
-    ledger = Ledger(ledger_dir(directory))
+    ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
                           after=pusher.push if pusher is not None else None)
@@ -283,10 +283,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    _check_ledger(directory)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
     return 0
+
+
+def _check_ledger(directory: Path) -> None:
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    ledger = Ledger(ledger_dir(directory))
+    existed = ledger.path.exists()
+    public = Path(directory) / "public"
+    published = signed_projects(public)
+    try:
+        rebuilt, projects = rebuild_pins(ledger, public, published)
+    except OSError as e:
+        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    if not existed:
+        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
+                    rebuilt, projects) if published else log.info("ledger %s: none yet (nothing published)", ledger.path)
+    elif rebuilt:
+        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
+                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:

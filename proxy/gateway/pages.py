@@ -88,6 +88,8 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> R
         elif pin.differs_from(hashes, dist.size):
             # The pinned entry stays signed; the index's new contents never are.
             out.changed.append(Changed(pin, hashes, dist.size))
+        elif not pin.url:  # rebuilt from the signed page: the same contents, now with the index's URL
+            out.new_pins.append(dataclasses.replace(pin, url=dist.url, index=listing.index_url))
         files.append(dataclasses.replace(
             dist,
             url=page_file_href(project, dist.filename),

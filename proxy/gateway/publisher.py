@@ -76,11 +76,7 @@ class Publisher:
                 self.timestamp_version, self.timestamp_expires = version, expires
 
     def _read_published(self) -> list[str]:
-        path = self.repo.public_dir / "simple" / "index.json"
-        try:
-            return list(index.parse_project_list_json(path.read_bytes()).projects)
-        except (OSError, index.IndexParseError):
-            return []
+        return signed_projects(self.repo.public_dir)
 
     def _read_timestamp(self) -> tuple[int, float]:
         md = self.repo.load_metadata("timestamp")
@@ -154,6 +150,22 @@ class Publisher:
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
         return changed
+
+
+def signed_projects(public_dir: Path) -> list[str]:
+    """The projects the signed root list names."""
+    try:
+        return list(index.parse_project_list_json((public_dir / "simple" / "index.json").read_bytes()).projects)
+    except (OSError, index.IndexParseError):
+        return []
+
+
+def signed_page(public_dir: Path, project: str) -> index.ProjectPage | None:
+    """``project``'s signed page as published (its plain ``index.json``), or None."""
+    try:
+        return index.parse_project_json((public_dir / "simple" / project / "index.json").read_bytes(), project)
+    except (OSError, index.IndexParseError):
+        return None
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -24,8 +24,11 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -34,7 +37,7 @@ from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
-from proxy.gateway.publisher import Publisher
+from proxy.gateway.publisher import Publisher, signed_page
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
 from proxy.storage.audit import AuditLog
@@ -62,6 +65,20 @@ class Recent(OrderedDict[str, float]):
         self.move_to_end(key)
         if len(self) > self.limit:
             self.popitem(last=False)
+
+
+def rebuild_pins(ledger: Ledger, public_dir: Path, projects: Iterable[str]) -> tuple[int, int]:
+    """Append the pins the signed pages of ``projects`` list and the ledger lacks; (pins, projects)."""
+    records: list[dict[str, Any]] = []
+    touched = 0
+    for project in projects:
+        signed = signed_page(public_dir, project)
+        missing = ledger.missing_pins(project, signed) if signed is not None else []
+        if missing:
+            touched += 1
+            records += ledger.pin_records(missing)
+    ledger.append(records)
+    return len(records), touched
 
 
 class NotListed(Exception):
@@ -186,6 +203,10 @@ class Gateway:
 
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
+        rebuilt, _ = rebuild_pins(self.ledger, self.publisher.repo.public_dir, [listing.project])
+        if rebuilt:
+            log.warning("ledger %s lacked %d pin(s) of %s that its signed page lists: rebuilt them from the signed page",
+                        self.ledger.path, rebuilt, listing.project)
         rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
         self._record_trimmed(listing.project, rendered.trimmed)
         records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
