@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +20,16 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
+
+
+def http_status(url: str, timeout: float = 20) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def gateway_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -171,3 +181,42 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
             assert urllib.request.urlopen(gw.base + url_path, timeout=20).read() == path.read_bytes()
             assert [r for r in gw.audit() if r.get("reason") == "hash-mismatch" and r.get("target") == url_path]
     assert kept.read_bytes() == path.read_bytes()
+
+
+# -- item 4: a restore from an older backup under running edges ------------------------------
+
+def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: Path, fresh_gateway: Path) -> None:
+    dists = tmp_path / "dists"
+    directory = tmp_path / "gw"
+    shutil.copytree(fresh_gateway, directory)
+    with TestIndex() as index:
+        for name in ("early", "late", "after"):
+            index.add(build_wheel(dists, name, "1.0"))
+        flags = ("--index-url", index.url, "--batch-window", "0.05")
+        gw = GatewayProcess(directory, *flags).start()
+        edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                            "--workers", "1", "--refresh-interval", "0.5")
+        with edge:
+            try:
+                assert http_status(f"{edge.url}early/") == 200
+                # The backup: what an operator copies (README's table), taken now.
+                backup = tmp_path / "backup"
+                shutil.copytree(directory / "public", backup / "public")
+                shutil.copy2(directory / "gateway" / "ledger.jsonl", backup / "ledger.jsonl")
+                assert http_status(f"{edge.url}late/") == 200  # signed after the backup; the edge trusts its bins
+                gw.stop()
+                shutil.rmtree(directory / "public")
+                shutil.copytree(backup / "public", directory / "public")
+                shutil.copy2(backup / "ledger.jsonl", directory / "gateway" / "ledger.jsonl")
+                port, gw = gw.port, GatewayProcess(directory, *flags)
+                gw.port = port  # where the edges look for it
+                gw.start()
+                # The edges keep serving what they had, and what the restored gateway publishes next.
+                assert http_status(f"{edge.url}early/") == 200
+                assert http_status(f"{edge.url}after/") == 200
+                assert http_status(f"{edge.url}late/") == 200
+                assert "rollback" not in edge.log()
+            finally:
+                gw.stop()
+    restored = [line for line in gw.log().splitlines() if "restored from an older copy" in line]
+    assert len(restored) == 1 and "re-signed every online role, all 16 bins included" in restored[0], gw.log()

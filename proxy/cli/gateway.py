@@ -30,7 +30,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher, signed_projects
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol.errors import CommandError
 from proxy.repository import Expiry, Repository, RepositoryError
@@ -210,7 +210,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None)
+                          after=pusher.push if pusher is not None else None,
+                          high_water=high_water_file(directory, values["cache_dir"]))
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -283,11 +284,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    _check_restore(directory, values["cache_dir"])
     _check_ledger(directory)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
     return 0
+
+
+def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
+    """The highest timestamp version published, kept with what is never restored from a backup."""
+    return state_dir(directory, cache_dir) / "run" / "high-water.json"
+
+
+def _check_restore(directory: Path, cache_dir: Path | None) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it."""
+    repo = _open(directory)
+    restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
+    if restored is not None:
+        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
+                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
+                    restored[0], restored[1], repo.settings.bins)
 
 
 def _check_ledger(directory: Path) -> None:

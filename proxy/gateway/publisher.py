@@ -20,11 +20,19 @@ worker's batch, and a worker killed mid-batch leaves the previous
 timestamp in force and releases the lock with its death.  What other
 workers signed reaches this one's view (``published``, the timestamp
 version) through :meth:`Publisher.reload`.
+
+The highest timestamp version ever published is also kept in a small
+high-water file outside the state an operator restores (``run/``).  A
+directory whose timestamp is below it was restored from an older copy:
+:func:`resign_after_restore` then re-signs every online role, every bin
+included, at versions above anything published, so edges that trust a
+bin signed after the backup never see the restored one as a rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -34,6 +42,7 @@ from pathlib import Path
 
 from proxy.protocol import index
 from proxy.repository import Repository
+from proxy.util.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +54,9 @@ class Publisher:
 
     def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
-                 after: Callable[[], Awaitable[object]] | None = None) -> None:
+                 after: Callable[[], Awaitable[object]] | None = None, high_water: Path | None = None) -> None:
         self.repo = repo
+        self.high_water = high_water  # where the highest timestamp version published is kept
         # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
@@ -149,7 +159,37 @@ class Publisher:
                 (self.published.add if page is not None else self.published.discard)(project)
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+        if self.high_water is not None:
+            record_high_water(self.high_water, version)
         return changed
+
+
+def read_high_water(path: Path) -> int:
+    """The highest timestamp version recorded at ``path`` (0: none)."""
+    try:
+        return int(json.loads(path.read_bytes())["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def record_high_water(path: Path, version: int) -> None:
+    """Raise the high-water mark at ``path`` to ``version`` (never lowers it)."""
+    if version > read_high_water(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"timestamp": version}).encode() + b"\n", durable=False)
+
+
+def resign_after_restore(repo: Repository, high_water: Path) -> tuple[int, int] | None:
+    """If ``repo``'s timestamp is below the high-water mark (a restore from an older copy), re-sign every
+    online role, every bin included, above anything published; (restored version, high-water) if it did."""
+    current = repo.load_metadata("timestamp").signed.version
+    mark = read_high_water(high_water)
+    if current >= mark:
+        record_high_water(high_water, current)
+        return None
+    report = repo.refresh(force=True)
+    record_high_water(high_water, report.signed.get("timestamp", current))
+    return current, mark
 
 
 def signed_projects(public_dir: Path) -> list[str]:
