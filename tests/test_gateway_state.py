@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -220,3 +221,52 @@ def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: 
                 gw.stop()
     restored = [line for line in gw.log().splitlines() if "restored from an older copy" in line]
     assert len(restored) == 1 and "re-signed every online role, all 16 bins included" in restored[0], gw.log()
+
+
+# -- item 3: a revocation after the ledger was truncated or replaced -------------------------
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_revocation_after_the_ledger_was_truncated_is_applied_and_confirmed(
+        tmp_path: Path, fresh_gateway: Path, damage: str) -> None:
+    dists = tmp_path / "dists"
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    ledger = tmp_path / "gw" / "gateway" / "ledger.jsonl"
+    bad = "bad-1.0-py3-none-any.whl"
+    with TestIndex() as index:
+        index.add(build_wheel(dists, "bad", "1.0"))
+        index.add(build_wheel(dists, "bad", "0.9"))
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--page-ttl", "0.4", "--batch-window", "0.05") as gw:
+            assert gw.publish("bad")[0] == 200
+            assert bad in signed_files(gw, "bad")
+            if damage == "truncated":
+                with open(ledger, "r+b") as f:
+                    f.truncate(0)
+            else:
+                ledger.with_name("new.jsonl").write_bytes(b"")
+                ledger.with_name("new.jsonl").replace(ledger)
+            r = gateway_cli("revoke", str(tmp_path / "gw"), "bad", bad, "--reason", "malware", "--wait", "20")
+            assert r.returncode == 0, r.stderr
+            assert "published by the running gateway in timestamp v" in r.stdout, r.stdout
+            # Later refreshes keep it out: the running gateway saw the revocation.
+            refreshed(index, "bad", 3)
+            assert signed_files(gw, "bad") == {"bad-0.9-py3-none-any.whl"}
+            log = gw.log()
+    assert f"revocation applied: bad {bad}" in log
+    assert "reading all of it again" in log
+
+
+def test_revoke_says_so_when_the_running_gateway_does_not_apply_it(tmp_path: Path, fresh_gateway: Path) -> None:
+    """A gateway that never publishes without the file: the command waits, then says it was not applied."""
+    dists = tmp_path / "dists"
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    with TestIndex() as index:
+        index.add(build_wheel(dists, "kept", "1.0"))
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--batch-window", "0.05") as gw:
+            assert gw.publish("kept")[0] == 200
+            gw.proc.send_signal(signal.SIGSTOP)  # alive (holding its lock) but applying nothing
+            try:
+                r = gateway_cli("revoke", str(tmp_path / "gw"), "kept", "kept-1.0-py3-none-any.whl", "--wait", "1.5")
+            finally:
+                gw.proc.send_signal(signal.SIGCONT)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "did not publish a timestamp without it within 1.5s" in r.stderr, r.stderr

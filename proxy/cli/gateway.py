@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -32,6 +34,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
 from proxy.gateway.service import Gateway, rebuild_pins
+from proxy.protocol import index
 from proxy.protocol.errors import CommandError
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.serving.config import (
@@ -219,6 +222,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    presence = _hold_serving(directory)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     app = GatewayApp(gateway, files, repo.public_dir)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
@@ -244,6 +248,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await runner.cleanup()
         await http.close()
         audit.close()
+        os.close(presence)
         if leader is not None:
             leader.close()
 
@@ -357,29 +362,71 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def serving_lock(directory: Path) -> Path:
+    """Held (shared) by every running ``gateway serve`` of DIR: ``gateway revoke`` asks whether one runs."""
+    return ledger_dir(directory) / "serving.lock"
+
+
+def _hold_serving(directory: Path) -> int:
+    fd = os.open(serving_lock(directory), os.O_RDWR | os.O_CREAT, 0o640)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _gateway_running(directory: Path) -> bool:
+    try:
+        fd = os.open(serving_lock(directory), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _lists(page: index.ProjectPage | None, filename: str | None) -> bool:
+    return page is not None and (filename is None or any(f.filename == filename for f in page.files))
+
+
 def _cmd_revoke(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     repo = Repository.open(directory)
     project = canonicalize_name(args.project)
+    what = f"{project} {args.filename or '(whole project)'}"
     ledger = Ledger(ledger_dir(directory))
+    before = repo.load_metadata("timestamp").signed.version
+    running = _gateway_running(directory)
     ledger.append([{"kind": "revoke", "project": project, "filename": args.filename, "reason": args.reason}])
-    page = repo.current_page(project)
-    if page is not None and args.filename is not None:
-        page = type(page)(name=page.name, files=tuple(f for f in page.files if f.filename != args.filename),
-                          versions=page.versions, api_version=page.api_version)
-    start = time.monotonic()
-    report = repo.publish_pages({project: None if args.filename is None else page} if page is not None else {})
     audit = AuditLog(args.audit_log)
     try:
         audit.refused(reason="revoked", target=f"packages/{project}/{args.filename}" if args.filename else f"simple/{project}/",
                       detail=args.reason or "revoked by the operator")
     finally:
         audit.close()
-    versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
-    took = time.monotonic() - start
-    outcome = f"published {versions} in {took:.2f}s" if versions else "was not published; kept out from now on"
-    print(f"revoked {project} {args.filename or '(whole project)'}: {outcome}")
-    return 0
+    start = time.monotonic()
+    page = repo.current_page(project)
+    if not _lists(page, args.filename):
+        print(f"revoked {what}: was not published; kept out from now on")
+        return 0
+    if not running:
+        if page is not None and args.filename is not None:
+            page = dataclasses.replace(page, files=tuple(f for f in page.files if f.filename != args.filename))
+        report = repo.publish_pages({project: None if args.filename is None else page})
+        versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
+        print(f"revoked {what}: published {versions} in {time.monotonic() - start:.2f}s (no gateway is running)")
+        return 0
+    # The running gateway signs it: confirmed only by a timestamp of its own that no longer lists the file.
+    while time.monotonic() - start < args.wait:
+        time.sleep(0.2)
+        version = repo.load_metadata("timestamp").signed.version
+        if version > before and not _lists(repo.current_page(project), args.filename):
+            print(f"revoked {what}: published by the running gateway in timestamp v{version}, {time.monotonic() - start:.2f}s")
+            return 0
+    raise CommandError(f"recorded the revocation of {what} in {ledger.path}, but the running gateway did not publish "
+                       f"a timestamp without it within {args.wait:g}s: it has not applied it; see its log")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -450,12 +497,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "revoke",
         help="remove a project or one file from the signed tree now, and keep it out",
-        description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
-        "later refreshes keep it out, and write an audit record. Works beside a running gateway.",
+        description="Record the revocation of PROJECT (or only FILENAME) in the ledger so later refreshes keep it "
+        "out, write an audit record, and unpublish it in one publish: by the running gateway if one runs (confirmed "
+        "once a timestamp it signed no longer lists it), else here.",
     )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("project", metavar="PROJECT")
     p.add_argument("filename", metavar="FILENAME", nargs="?")
     p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.add_argument("--wait", type=_positive_float, default=30.0, metavar="SECONDS",
+                   help="with a gateway running, how long to wait for it to publish a timestamp without the file "
+                   "(default: 30); exit 2 if it does not")
     p.set_defaults(func=_guarded(_cmd_revoke))

@@ -21,6 +21,7 @@ trimmed gets one audit record each time what it hides changes, and the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -113,6 +114,8 @@ class Gateway:
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
         self._absent = Recent(MAX_ABSENT)
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
+        # Revocations this process has applied (those recorded before it started were signed by the command).
+        self._revocations = set(ledger.revoked)
 
     def touch(self, project: str) -> None:
         """Record a use of a published project (the refresh order); any other name is not recorded."""
@@ -223,6 +226,29 @@ class Gateway:
             self.metrics.refusals.labels(reason).inc()
             self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}", upstream_url=listing.index_url)
         return rendered
+
+    async def apply_revocations(self) -> int:
+        """Unpublish what revocations recorded since the last call name, in one publish; one log line each.
+
+        ``tufproxy gateway revoke`` beside a running gateway records the
+        revocation and waits for the timestamp this publishes.
+        """
+        self.ledger.reload()
+        new = sorted(self.ledger.revoked - self._revocations, key=lambda r: (r[0], r[1] or ""))
+        if not new:
+            return 0
+        pages: dict[str, index.ProjectPage | None] = {}
+        for project, _ in new:
+            if project not in self.publisher.published or project in pages:
+                continue
+            signed = None if self.ledger.is_revoked(project) else signed_page(self.publisher.repo.public_dir, project)
+            pages[project] = signed and dataclasses.replace(
+                signed, files=tuple(f for f in signed.files if not self.ledger.is_revoked(project, f.filename)))
+        version = await self.publisher.publish(pages) if pages else self.publisher.timestamp_version
+        self._revocations |= set(new)
+        for project, filename in new:
+            log.info("revocation applied: %s %s (timestamp v%d)", project, filename or "(whole project)", version)
+        return len(new)
 
     async def refresh(self, projects: list[str]) -> int:
         """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""
