@@ -33,6 +33,17 @@ def http_status(url: str, timeout: float = 20) -> int:
         return e.code
 
 
+# A gateway that refreshes pages every 0.4 s and signs batches at once.
+FAST = ("--page-ttl", "0.4", "--batch-window", "0.05")
+
+
+def with_wheels(dists: Path, *releases: tuple[str, str]) -> TestIndex:
+    index = TestIndex()
+    for name, version in releases:
+        index.add(build_wheel(dists, name, version))
+    return index
+
+
 def gateway_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "proxy", "gateway", *args], capture_output=True, text=True,
                           timeout=timeout)
@@ -46,11 +57,17 @@ def fresh_gateway(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture
+def gw_dir(tmp_path: Path, fresh_gateway: Path) -> Path:
+    """A copy of the initialised gateway directory, as ``tmp_path / "gw"``."""
+    shutil.copytree(fresh_gateway, tmp_path / "gw")
+    return tmp_path / "gw"
+
+
 @pytest.mark.parametrize("name, damage", [("timestamp.json", b""), ("timestamp.json", b"junk\n"),
                                           ("root.json", b'{"signed": 7}'), ("1.bin-3.json", b"junk\n")])
-def test_a_damaged_metadata_file_at_start_up_is_named_in_one_line(tmp_path: Path, fresh_gateway: Path, name: str,
+def test_a_damaged_metadata_file_at_start_up_is_named_in_one_line(tmp_path: Path, gw_dir: Path, name: str,
                                                                   damage: bytes) -> None:
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
     path = tmp_path / "gw" / "public" / "metadata" / name
     path.write_bytes(damage)
     r = gateway_cli("serve", str(tmp_path / "gw"), "--index-url", "http://127.0.0.1:9/simple/", "--listen", "127.0.0.1:0")
@@ -81,9 +98,8 @@ def refreshed(index: TestIndex, project: str, times: int = 2) -> None:
 
 
 @pytest.mark.parametrize("mode", ["yes", "no", "all"])
-def test_cooldown_counts_from_first_sight_not_the_index_claim(tmp_path: Path, fresh_gateway: Path, mode: str) -> None:
+def test_cooldown_counts_from_first_sight_not_the_index_claim(tmp_path: Path, gw_dir: Path, mode: str) -> None:
     dists = tmp_path / "dists"
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
     with TestIndex() as index, GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--min-release-age", "7d",
                                               "--first-seen-cooldown", mode, "--page-ttl", "0.4",
                                               "--batch-window", "0.05") as gw:
@@ -128,16 +144,13 @@ def swap(index: TestIndex, filename: str, dists: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "junk"])
 def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
-        tmp_path: Path, fresh_gateway: Path, damage: str) -> None:
+        tmp_path: Path, gw_dir: Path, damage: str) -> None:
     dists = tmp_path / "dists"
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
-    ledger = tmp_path / "gw" / "gateway" / "ledger.jsonl"
+    ledger = gw_dir / "gateway" / "ledger.jsonl"
     wheel = "pinned-1.0-py3-none-any.whl"
-    with TestIndex() as index:
-        index.add(build_wheel(dists, "pinned", "1.0"))
-        index.add(build_wheel(dists, "other", "1.0"))
-        flags = ("--index-url", index.url, "--page-ttl", "0.4", "--batch-window", "0.05")
-        with GatewayProcess(tmp_path / "gw", *flags) as gw:
+    with with_wheels(dists, ("pinned", "1.0"), ("other", "1.0")) as index:
+        flags = ("--index-url", index.url, *FAST)
+        with GatewayProcess(gw_dir, *flags) as gw:
             assert gw.publish("pinned")[0] == 200 and gw.publish("other")[0] == 200
             signed = signed_hashes(gw, "pinned")
         if damage == "deleted":
@@ -164,9 +177,8 @@ def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
         assert any("rebuilt them from the signed pages" in w for w in warnings), log
 
 
-def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Path, fresh_gateway: Path) -> None:
+def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Path, gw_dir: Path) -> None:
     dists = tmp_path / "dists"
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
     with TestIndex() as index:
         path = build_wheel(dists, "kept", "1.0")
         index.add(path)
@@ -186,10 +198,9 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
 
 # -- item 4: a restore from an older backup under running edges ------------------------------
 
-def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: Path, fresh_gateway: Path) -> None:
+def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: Path, gw_dir: Path) -> None:
     dists = tmp_path / "dists"
-    directory = tmp_path / "gw"
-    shutil.copytree(fresh_gateway, directory)
+    directory = gw_dir
     with TestIndex() as index:
         for name in ("early", "late", "after"):
             index.add(build_wheel(dists, name, "1.0"))
@@ -227,38 +238,33 @@ def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: 
 
 @pytest.mark.parametrize("damage", ["truncated", "replaced"])
 def test_a_revocation_after_the_ledger_was_truncated_is_applied_and_confirmed(
-        tmp_path: Path, fresh_gateway: Path, damage: str) -> None:
-    dists = tmp_path / "dists"
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
-    ledger = tmp_path / "gw" / "gateway" / "ledger.jsonl"
+        tmp_path: Path, gw_dir: Path, damage: str) -> None:
+    ledger = gw_dir / "gateway" / "ledger.jsonl"
     bad = "bad-1.0-py3-none-any.whl"
-    with TestIndex() as index:
-        index.add(build_wheel(dists, "bad", "1.0"))
-        index.add(build_wheel(dists, "bad", "0.9"))
-        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--page-ttl", "0.4", "--batch-window", "0.05") as gw:
-            assert gw.publish("bad")[0] == 200
-            assert bad in signed_files(gw, "bad")
-            if damage == "truncated":
-                with open(ledger, "r+b") as f:
-                    f.truncate(0)
-            else:
-                ledger.with_name("new.jsonl").write_bytes(b"")
-                ledger.with_name("new.jsonl").replace(ledger)
-            r = gateway_cli("revoke", str(tmp_path / "gw"), "bad", bad, "--reason", "malware", "--wait", "20")
-            assert r.returncode == 0, r.stderr
-            assert "published by the running gateway in timestamp v" in r.stdout, r.stdout
-            # Later refreshes keep it out: the running gateway saw the revocation.
-            refreshed(index, "bad", 3)
-            assert signed_files(gw, "bad") == {"bad-0.9-py3-none-any.whl"}
-            log = gw.log()
+    with with_wheels(tmp_path / "dists", ("bad", "1.0"), ("bad", "0.9")) as index, \
+            GatewayProcess(gw_dir, "--index-url", index.url, *FAST) as gw:
+        assert gw.publish("bad")[0] == 200
+        assert bad in signed_files(gw, "bad")
+        if damage == "truncated":
+            with open(ledger, "r+b") as f:
+                f.truncate(0)
+        else:
+            ledger.with_name("new.jsonl").write_bytes(b"")
+            ledger.with_name("new.jsonl").replace(ledger)
+        r = gateway_cli("revoke", str(tmp_path / "gw"), "bad", bad, "--reason", "malware", "--wait", "20")
+        assert r.returncode == 0, r.stderr
+        assert "published by the running gateway in timestamp v" in r.stdout, r.stdout
+        # Later refreshes keep it out: the running gateway saw the revocation.
+        refreshed(index, "bad", 3)
+        assert signed_files(gw, "bad") == {"bad-0.9-py3-none-any.whl"}
+        log = gw.log()
     assert f"revocation applied: bad {bad}" in log
     assert "reading all of it again" in log
 
 
-def test_revoke_says_so_when_the_running_gateway_does_not_apply_it(tmp_path: Path, fresh_gateway: Path) -> None:
+def test_revoke_says_so_when_the_running_gateway_does_not_apply_it(tmp_path: Path, gw_dir: Path) -> None:
     """A gateway that never publishes without the file: the command waits, then says it was not applied."""
     dists = tmp_path / "dists"
-    shutil.copytree(fresh_gateway, tmp_path / "gw")
     with TestIndex() as index:
         index.add(build_wheel(dists, "kept", "1.0"))
         with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--batch-window", "0.05") as gw:
