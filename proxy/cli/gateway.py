@@ -24,7 +24,8 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.cli.repo import _days, _guarded
+from proxy.cli import ceremony as ceremony_cli
+from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.cli.up import add_up
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
@@ -37,7 +38,9 @@ from proxy.gateway.publisher import Publisher, resign_after_restore, signed_proj
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol import index
 from proxy.protocol.errors import CommandError
-from proxy.repository import Expiry, Repository, RepositoryError
+from proxy.repository import Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
 from proxy.serving.config import (
     ConfigError,
     Option,
@@ -122,7 +125,8 @@ signed state from disk; a project's page is fetched by one of them.
 
 What lives where (back up the first three; the rest is fetched again):
   DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
-                          (keep offline) and online.pem (the running gateway's)
+                          (keep offline) and online.pem (the running gateway's);
+                          uris.json for keys in a token or KMS (no private key)
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
@@ -134,14 +138,10 @@ What lives where (back up the first three; the rest is fetched again):
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    expiry = Expiry(root=args.root_expiry, targets=args.offline_expiry, bins=args.offline_expiry,
-                    timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry)
-    repo = Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold,
-                           expiry=expiry, layout="gateway", clock_versions=True)
+    repo = init_repository(args, layout="gateway", clock_versions=True)
     ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
-    print(f"initialised gateway {repo.path}: {args.bins} bins, {args.root_keys} root key(s), threshold {args.root_threshold}")
-    print(f"keys in {repo.keys.directory}: move root-*.pem, targets.pem and bins.pem offline; "
-          "the gateway needs only online.pem")
+    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print("the running gateway needs only the online key")
     print(f"edges pin {repo.metadata_dir / '1.root.json'}")
     return 0
 
@@ -215,9 +215,20 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
+    try:
+        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
+        await asyncio.to_thread(repo.keys.check, ONLINE)
+    except KeyUnavailable as e:
+        audit.close()
+        raise CommandError(f"the online key: {e}") from None
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
+
+    def key_failed(error: KeyUnavailable) -> None:
+        metrics.signing_errors.inc()
+        audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
+
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None,
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed,
                           high_water=high_water_file(directory, values["cache_dir"]))
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
@@ -311,7 +322,11 @@ def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
 def _check_restore(directory: Path, cache_dir: Path | None) -> None:
     """A directory older than what this gateway published (a restore): re-sign every online role above it."""
     repo = _open(directory)
-    restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
+    try:
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
+    except KeyUnavailable as e:
+        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
+                           f"online key cannot sign: {e}") from None
     if restored is not None:
         log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
                     "every online role, all %d bins included, above anything published", repo.metadata_dir,
@@ -445,7 +460,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR")
+    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
+                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument(
         "--bins",
@@ -453,8 +469,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_BINS,
         help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
     )
-    p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
-    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument(
         "--offline-expiry",
@@ -518,3 +533,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with a gateway running, how long to wait for it to publish a timestamp without the file "
                    "(default: 30); exit 2 if it does not")
     p.set_defaults(func=_guarded(_cmd_revoke))
+
+    ceremony_cli.register(sub, _open, _guarded)
