@@ -71,6 +71,7 @@ class Publisher:
                  key_failed: Callable[[KeyUnavailable], None] | None = None, high_water: Path | None = None) -> None:
         self.repo = repo
         self.high_water = high_water  # where the highest timestamp version published is kept
+        self._resign_all = False  # the next re-sign covers every online role (after a restore)
         self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
         # Why the online key cannot sign now (None: it can), and when it is next tried.
         self.signing_error: KeyUnavailable | None = None
@@ -104,6 +105,14 @@ class Publisher:
             self.published = published
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+            restored = version < self.timestamp_version and not self._resign_all
+        if restored:  # the directory was replaced under us by an older copy
+            log.warning("%s was restored from an older copy while serving (timestamp v%d, below v%d published "
+                        "before): re-signing every online role, every bin included, above anything published",
+                        self.repo.metadata_dir, version, self.timestamp_version)
+            self._resign_all = True
+            task = asyncio.get_running_loop().create_task(self.resign())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is logged by _run
 
     def _read_published(self) -> list[str]:
         return signed_projects(self.repo.public_dir)
@@ -230,7 +239,8 @@ class Publisher:
             report = self.repo.publish_pages(pages)
             changed = len(report.added) + len(report.removed)
         if resign:
-            self.repo.refresh()
+            self.repo.refresh(force=self._resign_all)
+            self._resign_all = False
         version, expires = self._read_timestamp()
         with self._view:
             for project, page in pages.items():
