@@ -280,3 +280,22 @@ def test_revoke_says_so_when_the_running_gateway_does_not_apply_it(tmp_path: Pat
                 gw.proc.send_signal(signal.SIGCONT)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "did not publish a timestamp without it within 1.5s" in r.stderr, r.stderr
+
+
+def test_counts_from_takes_the_later_of_claim_and_first_sight_where_the_mode_says() -> None:
+    from proxy.gateway.policy import Policy, parse_age
+    from proxy.protocol.index import DistFile, ProjectPage
+
+    seen = datetime(2026, 1, 10, tzinfo=UTC)
+    old = "2025-01-01T00:00:00Z"
+    for mode, first_listing, later_listing in (("yes", "claim", seen), ("all", seen, seen), ("no", "claim", "claim")):
+        policy = Policy(min_release_age=parse_age("7d"), first_seen_cooldown=mode)
+        claim = datetime(2025, 1, 1, tzinfo=UTC)
+        assert policy.counts_from(old, seen, listed_before=False) == (claim if first_listing == "claim" else seen)
+        assert policy.counts_from(old, seen, listed_before=True) == (claim if later_listing == "claim" else seen)
+    # A claim moved back later changes nothing: the time fixed at first sight wins.
+    policy = Policy(min_release_age=parse_age("7d"))
+    page = ProjectPage(name="p", files=(DistFile(filename="p-1.0.tar.gz", url="u", hashes={}, upload_time=old),))
+    trimmed = policy.apply(page, seen + timedelta(days=1), {"p-1.0.tar.gz": seen})
+    assert trimmed.page.files == () and trimmed.hidden[0].rule == "first-seen"
+    assert policy.apply(page, seen + timedelta(days=8), {"p-1.0.tar.gz": seen}).page.files == page.files
