@@ -25,6 +25,7 @@ from proxy.repository import Repository
 from tests.conftest import make_sample_dists
 from tests.support.faults import Fault, FaultyUpstream, get, sized_wheel
 from tests.support.net import free_port
+from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 
@@ -242,8 +243,8 @@ async def test_metadata_outage_or_a_lie_keeps_serving_the_verified_state(world: 
                 outage = [await get(s, at(proxy, HOT)) for _ in range(5)]
                 world.bad.clear()
                 world.bad.inject(r"/metadata/timestamp\.json", Fault.GARBAGE)
-                counted = await until(s, f"{proxy.base}metrics",
-                                      lambda g: b'tufproxy_verification_failures_total{reason="bad-metadata"}' in g.body)
+                counted = await poll(lambda: get(s, f"{proxy.base}metrics"), "the lie counted", timeout=15,
+                                     interval=0.1, done=lambda g: b'failures_total{reason="bad-metadata"}' in g.body)
                 lie = [await get(s, at(proxy, HOT)) for _ in range(5)]
             finally:
                 world.bad.clear()
@@ -252,14 +253,3 @@ async def test_metadata_outage_or_a_lie_keeps_serving_the_verified_state(world: 
     assert b'tufproxy_verification_failures_total{reason="bad-metadata"}' in counted.body
     assert all(g.status == 200 and g.body == hot for g in lie)
     assert '"reason": "bad-metadata"' in audit.read_text()
-
-
-async def until(session: aiohttp.ClientSession, url: str, done, deadline: float = 15.0):
-    """Repeat a request until ``done(response)``: the proxy's refresh interval sets the pace."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while True:
-        got = await get(session, url)
-        if done(got) or loop.time() > end:
-            return got
-        await asyncio.sleep(0.1)

@@ -21,7 +21,8 @@ import pytest
 from proxy.protocol.keyuri import KeyURIError, parse_pkcs11, printable, storable
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
-from tests.support.gatewayproc import GatewayProcess, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, metric
+from tests.support.poll import wait_for
 from tests.support.softhsm import SoftHSM, available, isolated_store
 from tests.support.testindex import TestIndex
 

@@ -22,7 +22,8 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, metric
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.softhsm import SoftHSM, isolated_store
 from tests.support.testindex import TestIndex

@@ -17,9 +17,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from packaging.utils import canonicalize_name
@@ -38,21 +40,13 @@ from proxy.gateway.publisher import Publisher, resign_after_restore, signed_proj
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol import index
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
+from proxy.protocol.options import positive_float as _positive_float
+from proxy.protocol.options import url_list as _url_list
 from proxy.repository import Repository, RepositoryError
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
-from proxy.serving.config import (
-    ConfigError,
-    Option,
-    _positive_float,
-    _store_url,
-    _url_list,
-    add_arguments,
-    parse_listen,
-    parse_size,
-    read_config,
-    resolve_values,
-)
+from proxy.serving.config import _store_url, add_arguments, read_config
 from proxy.serving.serve import stop_on_signals
 from proxy.serving.workers import Started, Supervisor
 from proxy.storage.audit import AuditLog
@@ -283,12 +277,16 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:
         await started.stop()
 
 
+def resolve_serve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], Policy]:
+    """``gateway serve``'s settings and policy: one read of ``--config`` for both tables, all parsed up front."""
+    file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
+    return (resolve_values(args, OPTIONS, environ, file_values, str(args.config)),
+            resolve_policy(args, environ, file_values, str(args.config)))
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        # One read of --config for both tables; every setting is parsed before anything starts.
-        file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
-        values = resolve_values(args, OPTIONS, file_values=file_values)
-        policy = resolve_policy(args, os.environ, file_values, str(args.config))
+        values, policy = resolve_serve(args)
     except ConfigError as e:
         raise CommandError(str(e)) from e
     if not values["index_url"]:

@@ -74,7 +74,7 @@ from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
-from proxy.util.atomic import atomic_link, atomic_write
+from proxy.util.atomic import Batch, atomic_link, atomic_write
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
@@ -254,21 +254,23 @@ class _Change:
         self._sign("timestamp", self.timestamp)
 
         plain_links: list[tuple[Path, Path]] = []
+        batch = Batch()
         for plain, content in self.plain.items():
-            _write(repo.public_dir / plain, content)
+            _write(batch, repo.public_dir / plain, content)
         for target_path, file_bytes in self.content.items():
             info = self.get_target(target_path)
             assert info is not None
             digests = list(info.hashes.values())
             first = repo.served_path(target_path, digests[0])
-            _write(first, file_bytes)
+            _write(batch, first, file_bytes)
             for digest in digests[1:]:
                 atomic_link(first, repo.served_path(target_path, digest))
+                batch.add(repo.served_path(target_path, digest))
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for metadata_file, signed in staged:
-            atomic_write(metadata_file, signed, durable=False)
-        # Everything the new timestamp reaches must be on disk before it is.
-        os.sync()
+            batch.write(metadata_file, signed)
+        # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
+        batch.flush()
         # The commit point: from here on clients see the new state.
         atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
@@ -297,11 +299,12 @@ class _Change:
         self.report.signed["root"] = md.signed.version
 
 
-def _write(dest: Path, data: bytes | Path) -> None:
+def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:
     if isinstance(data, Path):
         _copy_file(data, dest)
+        batch.add(dest)
     else:
-        atomic_write(dest, data, durable=False)
+        batch.write(dest, data)
 
 
 def _copy_file(source: Path, dest: Path) -> None:
@@ -415,16 +418,17 @@ class Repository:
         snapshot = Snapshot(expires=when + settings.expiry.snapshot)
         signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
         repo.metadata_dir.mkdir(parents=True, exist_ok=True)
+        batch = Batch()
         for name, md in files:
             for s in signers.get(name, [online]):
                 md.sign(s, append=True)
-            atomic_write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER), durable=False)
+            batch.write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER))
             if name != "root":
                 snapshot.meta[f"{name}.json"] = MetaFile(version=1)
         snap_md = Metadata(snapshot)
         snap_md.sign(online)
-        atomic_write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER), durable=False)
-        os.sync()
+        batch.write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER))
+        batch.flush()
         ts = Metadata(Timestamp(expires=when + settings.expiry.timestamp, snapshot_meta=MetaFile(version=1)))
         ts.sign(online)
         atomic_write(repo.metadata_dir / "timestamp.json", ts.to_bytes(_SERIALIZER))
