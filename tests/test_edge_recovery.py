@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.relay import Relay
 from tests.support.testindex import TestIndex
@@ -79,12 +80,12 @@ def test_a_rejected_timestamp_aborts_the_update_and_the_edge_keeps_serving(
         assert get(f"{edge.url}app/")[0] == 200  # published through the relay (the miss protocol)
         older = timestamp.read_bytes()
         assert gw.publish("lib")[0] == 200  # a newer timestamp, which the edge picks up
-        wait_for(lambda: get(f"{edge.url}lib/")[0] == 200, 15, "the edge serving lib")
+        wait_for(lambda: get(f"{edge.url}lib/")[0] == 200, "the edge serving lib", timeout=15)
         newest = timestamp.read_bytes()
         relay.serve(TIMESTAMP, {"rollback": older, "bad-signature": bad_signature(newest),
                                 "garbage": b'{"signed": 7'}[lie])
         served_before = relay.served.get(TIMESTAMP, 0)
-        wait_for(lambda: relay.served.get(TIMESTAMP, 0) >= served_before + 2, 15, "two refreshes meeting the lie")
+        wait_for(lambda: relay.served.get(TIMESTAMP, 0) >= served_before + 2, "two refreshes meeting the lie", timeout=15)
         answers = [get(f"{edge.url}{p}/")[0] for p in ("app", "lib") for _ in range(5)]
         wheel = get(f"{edge.url}lib/")[1].decode()
         assert answers == [200] * 10, answers
@@ -97,7 +98,7 @@ def test_a_rejected_timestamp_aborts_the_update_and_the_edge_keeps_serving(
         relay.clear()
         # Honest again: the next release reaches the edge.
         assert gw.publish("extra")[0] == 200
-        wait_for(lambda: get(f"{edge.url}extra/")[0] == 200, 15, "the edge serving extra")
+        wait_for(lambda: get(f"{edge.url}extra/")[0] == 200, "the edge serving extra", timeout=15)
     assert "Traceback" not in edge.log()
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 
@@ -94,7 +95,7 @@ def refreshed(index: TestIndex, project: str, times: int = 2) -> None:
     """Wait until the gateway has fetched ``project``'s page ``times`` more times (its refreshes)."""
     path = f"/simple/{project}/"
     start = index.requests.count(path)
-    wait_for(lambda: index.requests.count(path) >= start + times, 20, f"{times} refreshes of {project}")
+    wait_for(lambda: index.requests.count(path) >= start + times, f"{times} refreshes of {project}", timeout=20)
 
 
 @pytest.mark.parametrize("mode", ["yes", "no", "all"])
@@ -229,7 +230,7 @@ def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: 
                     gw.start()
                 # The edges keep serving what they had, and what the restored gateway publishes next.
                 assert http_status(f"{edge.url}early/") == 200
-                wait_for(lambda: http_status(f"{edge.url}after/") == 200, 20, "the edge serving a new project")
+                wait_for(lambda: http_status(f"{edge.url}after/") == 200, "the edge serving a new project", timeout=20)
                 assert http_status(f"{edge.url}late/") == 200
                 assert "rollback" not in edge.log() or when == "while-serving"
             finally:
