@@ -36,7 +36,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol import index
 from proxy.protocol.errors import CommandError
@@ -161,6 +161,10 @@ async def _pusher(values: dict, directory: Path, public: Path,
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None)
+        # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
+        published = await bucket.read("metadata/timestamp.json")
+        if published is not None:
+            await asyncio.to_thread(_check_restore, directory, cache, timestamp_version(published))
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
@@ -317,11 +321,12 @@ def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
     return state_dir(directory, cache_dir) / "run" / "high-water.json"
 
 
-def _check_restore(directory: Path, cache_dir: Path | None) -> None:
-    """A directory older than what this gateway published (a restore): re-sign every online role above it."""
+def _check_restore(directory: Path, cache_dir: Path | None, remembered: int = 0) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it.
+    ``remembered``: a timestamp version published elsewhere (the bucket's copy)."""
     repo = _open(directory)
     try:
-        restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir), remembered)
     except KeyUnavailable as e:
         raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
                            f"online key cannot sign: {e}") from None
