@@ -48,7 +48,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.protocol.errors import TrustError
 from proxy.protocol.layout import core_metadata_target, file_target
 from proxy.protocol.model import file_digest
-from proxy.serving.streaming import first_bytes, send_download
+from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download, Tee
 from proxy.storage.store import Blob
@@ -88,6 +88,8 @@ class FileSource:
         joined = download is not None
         if download is None:
             if await self._kept(path, target, pin, core):
+                if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
+                    return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
                 return web.FileResponse(path)
             if not pin.url:
                 raise web.HTTPServiceUnavailable(reason="pin rebuilt from the signed page; its index URL is learnt at "

@@ -68,8 +68,10 @@ class Publisher:
     def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
                  after: Callable[[], Awaitable[object]] | None = None,
-                 key_failed: Callable[[KeyUnavailable], None] | None = None, high_water: Path | None = None) -> None:
+                 key_failed: Callable[[KeyUnavailable], None] | None = None,
+                 private: Callable[[str], bool] | None = None, high_water: Path | None = None) -> None:
         self.repo = repo
+        self.private = private  # which projects to mark private in the signed metadata
         self.high_water = high_water  # where the highest timestamp version published is kept
         self._resign_all = False  # the next re-sign covers every online role (after a restore)
         self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
@@ -115,7 +117,7 @@ class Publisher:
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is logged by _run
 
     def _read_published(self) -> list[str]:
-        return signed_projects(self.repo.public_dir)
+        return [*signed_projects(self.repo.public_dir), *self.repo.private_projects()]
 
     def _read_timestamp(self) -> tuple[int, float]:
         md = self.repo.load_metadata("timestamp")
@@ -236,7 +238,7 @@ class Publisher:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
         changed = 0
         if pages:
-            report = self.repo.publish_pages(pages)
+            report = self.repo.publish_pages(pages, private=self.private)
             changed = len(report.added) + len(report.removed)
         if resign:
             self.repo.refresh(force=self._resign_all)

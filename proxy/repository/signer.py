@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,6 +59,7 @@ from tuf.api.serialization import DeserializationError
 from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
+from proxy.protocol.access import PRIVATE_CUSTOM
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     PageFormat,
@@ -190,12 +191,14 @@ class _Change:
     def get_target(self, target_path: str) -> TargetFile | None:
         return self.role(self.bin_for(target_path)).signed.targets.get(target_path)
 
-    def put_target(self, target_path: str, data: bytes | Path) -> TargetFile:
+    def put_target(self, target_path: str, data: bytes | Path, custom: dict[str, Any] | None = None) -> TargetFile:
         algorithms = list(self.repo.profile.hash_algorithms)
         if isinstance(data, Path):
             info = TargetFile.from_file(target_path, str(data), algorithms)
         else:
             info = TargetFile.from_data(target_path, data, algorithms)
+        if custom:
+            info.unrecognized_fields["custom"] = custom
         name = self.bin_for(target_path)
         if self.role(name).signed.targets.get(target_path) == info:
             return info  # the same bytes are signed already: nothing to re-sign
@@ -522,21 +525,42 @@ class Repository:
             return index.parse_project_json(data, project)
         return index.parse_project_html(data, project)
 
-    def _write_page(self, change: _Change, page: index.ProjectPage) -> None:
+    def _write_page(self, change: _Change, page: index.ProjectPage, private: bool = False) -> None:
         for fmt in self.profile.signed_formats:
             render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
-            change.put_target(self.profile.page_target(page.name, fmt), render(page))
+            change.put_target(self.profile.page_target(page.name, fmt), render(page), PRIVATE_CUSTOM if private else None)
 
-    def _write_root_list(self, change: _Change, projects: Sequence[str]) -> None:
-        plist = index.ProjectList(projects=tuple(sorted(set(projects))))
-        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist))
-        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist))
+    def _write_root_list(self, change: _Change, projects: Iterable[str], private: Iterable[str] = ()) -> None:
+        """The root list names public projects only; the private ones are in its target's signed ``custom``
+        (so the signer and the gateway know what is published), which edges never serve."""
+        hidden = sorted(set(private))
+        plist = index.ProjectList(projects=tuple(sorted(set(projects) - set(hidden))))
+        custom = {"tufproxy": {"private_projects": hidden}} if hidden else None
+        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist), custom)
+        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist), custom)
 
     def _projects(self, change: _Change) -> list[str]:
+        """Every published project, public and private."""
+        return [*self._public_projects(change), *self._private_projects(change)]
+
+    def _public_projects(self, change: _Change) -> list[str]:
         if not self.profile.root_list_signed:
             return []
         data = change.target_bytes(root_page_target(PageFormat.JSON))
         return list(index.parse_project_list_json(data).projects) if data else []
+
+    def _private_projects(self, change: _Change) -> list[str]:
+        if not self.profile.root_list_signed:
+            return []
+        info = change.get_target(root_page_target(PageFormat.JSON))
+        custom = info.unrecognized_fields.get("custom") if info is not None else None
+        mark = custom.get("tufproxy") if isinstance(custom, dict) else None
+        names = mark.get("private_projects") if isinstance(mark, dict) else None
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def private_projects(self) -> list[str]:
+        """The published projects marked private (the gateway's view of what it signed)."""
+        return self._private_projects(_Change(self, _now(None)))
 
     def _put_file(self, change: _Change, target_path: str, data: bytes | Path) -> tuple[int, str]:
         """A distribution or .metadata file: a target, or (warehouse) a plain file; (length, sha256)."""
@@ -617,7 +641,8 @@ class Repository:
             return None
         return self._current_page(change, project)
 
-    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None) -> ChangeReport:
+    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
+                      private: Callable[[str], bool] | None = None) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
         For a layout whose files are not targets (the gateway's): the page's
@@ -630,23 +655,28 @@ class Repository:
         with self._locked():
             change = _Change(self, when)
             known = set(self._projects(change))
+            hidden = set(self._private_projects(change))
+            hidden_before = set(hidden)
             for project, page in pages.items():
                 if page is None:
                     for fmt in self.profile.signed_formats:
                         change.delete_target(self.profile.page_target(project, fmt))
+                    hidden.discard(project)
                     if project in known:
                         known.discard(project)
                         change.report.removed.append(project)
                     continue
                 if page.name != project:
                     raise RepositoryError(f"page for {page.name!r} given as {project!r}")
-                self._write_page(change, page)
+                is_private = private is not None and private(project)
+                (hidden.add if is_private else hidden.discard)(project)
+                self._write_page(change, page, is_private)
                 signed = self.profile.page_target(project, self.profile.signed_formats[0]) in change.content
                 # "added": the page is signed anew (a new project or a changed page); "unchanged": the same bytes.
                 (change.report.added if signed else change.report.unchanged).append(project)
                 known.add(project)
-            if self.profile.root_list_signed and known != set(self._projects(change)):
-                self._write_root_list(change, sorted(known))
+            if self.profile.root_list_signed and (known != set(self._projects(change)) or hidden != hidden_before):
+                self._write_root_list(change, known, hidden)
             if not change.dirty:
                 return change.report
             report = change.commit()
