@@ -81,22 +81,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
            metavar="SECONDS"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
-    Option("ca_bundle", "CA certificates to verify the index's TLS with (default: the system's)", None, Path, metavar="FILE"),
+    Option("ca_bundle", "CA certificates to verify the index's TLS with", None, Path, metavar="FILE", shown="the system's"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
     Option("read_timeout", "seconds an index may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
     Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
     Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
-           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
+           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2",
+           shown="DIR/public and DIR/gateway/run"),
     Option("store", "also publish the signed repository (metadata, pages, files in DIR/public or --cache-dir) "
            "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
            "it from there",
            None, _store_url, metavar="URL"),
-    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
-    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
 )
 
 SERVE_HELP = """\
@@ -140,6 +141,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _open(directory: Path) -> Repository:
+    if not (Path(directory) / "repository.json").exists():
+        raise CommandError(f"{directory} is not a gateway (no repository.json): create one with "
+                           f"'tufproxy gateway init {directory}'")
     try:
         repo = Repository.open(directory)
     except RepositoryError as e:
@@ -287,6 +291,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
     if args.json:
         print(json.dumps(entries, indent=2))
@@ -303,6 +308,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     path = policy_file(Path(args.dir))
     try:
         recorded = json.loads(path.read_text())
@@ -318,7 +324,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 def _cmd_revoke(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    repo = Repository.open(directory)
+    repo = _open(directory)
     project = canonicalize_name(args.project)
     ledger = Ledger(ledger_dir(directory))
     ledger.append([{"kind": "revoke", "project": project, "filename": args.filename, "reason": args.reason}])

@@ -46,7 +46,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.index import ProjectPage
-from proxy.serving.config import ConfigError, Option
+from proxy.serving.config import ConfigError, Option, shown_default
 
 # Rule slugs: audit records and metric labels (a bounded set).
 RULE_MIN_RELEASE_AGE = "min-release-age"
@@ -594,8 +594,8 @@ POLICY_OPTIONS: tuple[Option, ...] = (
            [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("missing_upload_time", "a file with no upload-time under a cooldown: exclude (as uv does) or include",
            "exclude", parse_missing_upload_time, metavar="exclude|include"),
-    Option("allow_project", "publish only projects matching one of these globs; repeatable (default: all)",
-           [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("allow_project", "publish only projects matching one of these globs; repeatable",
+           [], parse_patterns, repeat=True, metavar="PATTERN", shown="every project"),
     Option("deny_project", "never publish projects matching these globs (404 'denied by policy'); "
            "beats --allow-project; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("private_project", "names only the first --index-url may supply; if it lacks one, 404, never "
@@ -609,9 +609,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("policy (applied before signing; flags beat TUFPROXY_* variables beat "
                                       "the TOML file)")
     for opt in POLICY_OPTIONS:
-        default = opt.default if opt.default not in (None, [], {}) else "none"
         group.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar,
-                           help=f"{opt.help} [env {opt.env}; default: {default}]")
+                           help=f"{opt.help} [env {opt.env}; default: {shown_default(opt)}]")
 
 
 def resolve_policy(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ,

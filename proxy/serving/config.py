@@ -140,6 +140,8 @@ class Option:
     parse: Callable[[Any], Any] = str
     repeat: bool = False
     metavar: str | None = None
+    # What --help says the default is, where it is not a value (what happens without the setting).
+    shown: str | None = None
 
     @property
     def flag(self) -> str:
@@ -154,19 +156,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("upstream", "base URL of an untrusted mirror serving the signed tree; repeat for fallbacks, tried in order",
            [], _url_list, repeat=True, metavar="URL"),
     Option("profile", "repository layout: tufproxy (our signer's), gateway (what 'tufproxy gateway' publishes) "
-           "or warehouse (PyPI's PEP 458 draft); with --repository, the profile its last 'mirror sync' "
-           "recorded, else tufproxy", None, metavar="NAME"),
-    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
-           "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
+           "or warehouse (PyPI's PEP 458 draft); only to insist: the layout is read from the signed metadata",
+           None, metavar="NAME", shown="detected from the verified targets delegations (with --repository: the "
+           "layout its last 'mirror sync' recorded)"),
+    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL",
+           None, metavar="PATH",
+           shown="metadata/, else tuf-metadata/ (where the warehouse layout keeps it)"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
            "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
     Option("gateway_url", "gateway profile: the gateway asked to publish a project no signed page lists yet "
-           "(the miss protocol; default: the first --upstream), for edges that read the repository from a "
-           "bucket or CDN", None, _url, metavar="URL"),
+           "(the miss protocol), for edges that read the repository from a "
+           "bucket or CDN", None, _url, metavar="URL", shown="the first --upstream"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
-    Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
-           None, Path, metavar="FILE"),
+    Option("root", "the pinned trusted root.json", None, Path, metavar="FILE",
+           shown="required with --upstream; with --repository, DIR/metadata/1.root.json"),
     Option("cache_dir", "where verified blobs, pages and trusted metadata are kept",
            Path("tufproxy-cache"), Path, metavar="DIR"),
     Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
@@ -179,7 +183,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("read_timeout", "seconds an upstream may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text (key=value) or json, on stderr", "text", metavar="FORMAT"),
-    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
     Option("allow_expired_until", "operator override for an air-gapped tree: accept EXPIRED metadata until this "
            "ISO date (signatures, versions and hashes are still checked; every use is logged)", None, parse_datetime,
            metavar="DATE"),
@@ -187,7 +191,7 @@ OPTIONS: tuple[Option, ...] = (
            cpu_count(), _worker_count, metavar="N"),
     Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, _yes_no,
            metavar="YES|NO"),
-    Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); default: "
+    Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); no: "
            "stream it as it arrives and hold back only the final byte until verified", False,
            _yes_no, metavar="YES|NO"),
     Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
@@ -200,8 +204,8 @@ OPTIONS: tuple[Option, ...] = (
            "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
            "chain: environment, web identity, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config, "
            "container or instance role)", None, _store_url, metavar="URL"),
-    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's for the region)",
-           None, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL",
+           shown="AWS's for the region"),
     Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",
            30.0, _positive_float, metavar="SECONDS"),
     Option("s3_lease_seconds", "seconds one replica's lease on the upstream fetch of a file lasts; a crashed "
@@ -275,9 +279,17 @@ def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] =
     """Add every option as a flag (defaults stay None so we can tell what was given)."""
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
     for opt in options:
-        default = opt.default if not isinstance(opt.default, Path) else str(opt.default)
-        help_text = f"{opt.help} [env {opt.env}; default: {default if default not in (None, []) else 'none'}]"
+        help_text = f"{opt.help} [env {opt.env}; default: {shown_default(opt)}]"
         parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar, help=help_text)
+
+
+def shown_default(opt: Option) -> str:
+    """The default as ``--help`` shows it: what happens when the setting is not given."""
+    if opt.shown is not None:
+        return opt.shown
+    if isinstance(opt.default, bool):
+        return "yes" if opt.default else "no"
+    return "none" if opt.default in (None, [], {}) else str(opt.default)
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
