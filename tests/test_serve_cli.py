@@ -49,11 +49,11 @@ def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -
 
 def test_a_synced_mirror_names_its_profile_and_a_flag_overrides_it(tmp_path: Path) -> None:
     (tmp_path / ".mirror").mkdir()
-    assert parse(["--repository", str(tmp_path)]).profile == "tufproxy"  # no manifest yet
+    assert parse(["--repository", str(tmp_path)]).profile is None  # no manifest yet: detected when serving
     (tmp_path / ".mirror/manifest.json").write_text('{"profile": "gateway", "targets": []}')
     assert parse(["--repository", str(tmp_path)]).profile == "gateway"
     assert parse(["--repository", str(tmp_path), "--profile", "tufproxy"]).profile == "tufproxy"
-    assert parse(["--upstream", "http://127.0.0.1:9/", "--root", "r.json"]).profile == "tufproxy"
+    assert parse(["--upstream", "http://127.0.0.1:9/", "--root", "r.json"]).profile is None
 
 
 def test_unknown_toml_keys_are_refused(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        metadata_path=args.metadata_path, profile=get_profile(args.profile),
+        metadata_path=args.metadata_path, profile=get_profile(args.profile) if args.profile else None,
     )
 
 
@@ -66,6 +66,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         result = asyncio.run(sync(options, progress))
     except MirrorError as e:
         raise CommandError(str(e)) from e
+    print(result.layout)
     print(progress.summary())
     if result.published_snapshot is None:
         print(f"nothing published: {options.dest} still serves its previous state (rerun to resume)")
@@ -124,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "audited and makes the exit status 1 (unless --keep-going). Reruns fetch only what changed and resume "
         "an interrupted sync. DEST keeps the upstream's metadata ('tufproxy serve --repository DEST' serves it); "
         "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys. "
-        "Through a 'tufproxy gateway' (--profile gateway), selected projects it has not published yet are "
+        "Through a 'tufproxy gateway', selected projects it has not published yet are "
         "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument(
@@ -141,10 +142,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile",
         choices=_PROFILES,
-        default="tufproxy",
-        help="the upstream's layout: 'gateway' for a "
+        help="the upstream's layout, only to insist: it is read from the signed metadata. 'gateway' for a "
         "'tufproxy gateway' (a selected project it has not published yet is published first, by the "
-        "edge's miss protocol; files are verified against their signed page's hashes) (default: tufproxy)",
+        "edge's miss protocol; files are verified against their signed page's hashes) (default: detected)",
     )
     sel = p.add_argument_group("selection")
     sel.add_argument(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.protocol.errors import Fault
-from proxy.protocol.profiles import Profile, get_profile, recorded_profile
+from proxy.protocol.profiles import TUFPROXY, WAREHOUSE, Profile, get_profile, recorded_profile
 from proxy.transport.bucket import BucketConfigError, parse_store_url
 
 ENV_PREFIX = "TUFPROXY_"
@@ -225,7 +225,7 @@ class ServeConfig:
     """The resolved settings of one proxy process."""
 
     upstream: list[str] = field(default_factory=list)
-    profile: str = "tufproxy"
+    profile: str | None = None  # None: the layout the signed metadata has (proxy.trust.detect)
     metadata_path: str | None = None
     files_url: list[str] = field(default_factory=list)
     gateway_url: str | None = None
@@ -258,11 +258,12 @@ class ServeConfig:
     uvloop: bool = False
 
     @property
-    def layout(self) -> Profile:
-        return get_profile(self.profile)
+    def layout(self) -> Profile | None:
+        """The layout insisted on (--profile, or the one a synced --repository recorded); None: detect it."""
+        return get_profile(self.profile) if self.profile is not None else None
 
-    def metadata_url(self, upstream: str) -> str:
-        path = self.metadata_path or self.layout.metadata_path
+    def metadata_url(self, upstream: str, path: str | None = None) -> str:
+        path = path or self.metadata_path or TUFPROXY.metadata_path
         path = path if path.endswith("/") else f"{path}/"
         return path if re.match(r"https?://", path) else f"{upstream}{path}"
 
@@ -272,7 +273,9 @@ class ServeConfig:
             return self.root
         if self.repository is None:
             raise ConfigError("--root is required with --upstream (the pinned root.json)")
-        return self.repository / self.layout.metadata_path / "1.root.json"
+        layouts = [self.layout] if self.layout is not None else [TUFPROXY, WAREHOUSE]
+        found = [self.repository / p.metadata_path / "1.root.json" for p in layouts]
+        return next((f for f in found if f.exists()), found[0])
 
 
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
@@ -295,9 +298,8 @@ def shown_default(opt: Option) -> str:
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
     values = resolve_values(args, OPTIONS, environ)
-    if values["profile"] is None:
-        recorded = recorded_profile(values["repository"]) if values["repository"] is not None else None
-        values["profile"] = recorded or ServeConfig.profile
+    if values["profile"] is None and values["repository"] is not None:
+        values["profile"] = recorded_profile(values["repository"])
     config = ServeConfig(**values)
     if not config.upstream and config.repository is None:
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
@@ -308,7 +310,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         _ = config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
-    if config.gateway_url is not None and not config.layout.miss_protocol:
+    if config.gateway_url is not None and config.layout is not None and not config.layout.miss_protocol:
         raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")

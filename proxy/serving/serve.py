@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from aiohttp import web
 
 from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.profiles import LayoutError, Profile
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.serving.resolver import ProxySettings, Resolver
@@ -38,6 +39,7 @@ from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, Buck
 from proxy.transport.local import LocalFetcher
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.detect import candidate_paths, open_detected
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.slots import catch_up
@@ -64,6 +66,7 @@ class Running:
     port: int
     refresher: asyncio.Task[None]
     metadata_fetcher: Fetcher
+    layout: str = ""  # which layout, and how it was decided, for the start-up line
 
     async def stop(self) -> None:
         self.refresher.cancel()
@@ -92,17 +95,16 @@ def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True)
     return sock
 
 
-def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
-    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
+def _fetchers(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[str]]:
+    """Fetchers for metadata and for files, apart (file downloads cannot starve a refresh), and the mirrors' bases."""
     if config.repository is not None:
         local = LocalFetcher(config.repository)
-        base = local.base_url()
-        return local, local, [Mirror(config.metadata_url(base), base)]
+        return local, local, [local.base_url()]
     metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
     # No total timeout for files: Pace abandons slow bodies, however big the file.
     files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                            total_timeout=None, per_host=config.mirror_downloads)
-    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+    return metadata, files, list(config.upstream)
 
 
 def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
@@ -218,28 +220,30 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     opened.callback(audit.close)
     metrics = Metrics()
     bucket = await _open_bucket(config, metrics)
-    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
+    fetcher, file_fetcher, bases = _fetchers(config)
     opened.push_async_callback(fetcher.close)
     if file_fetcher is not fetcher:
         opened.push_async_callback(file_fetcher.close)
-    layout = config.layout
-    trust = await _trusted_client(
-        config,
-        fetcher,
-        mirrors,
-        TrustConfig(
-            refresh_interval=config.refresh_interval,
-            miss_wait=config.miss_wait,
-            served_name=layout.served_name,
-            expiry_override=_expiry_override(config.allow_expired_until, audit),
-        ),
-    )
-    opened.callback(trust.close)
+    trust_config = TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
+                               expiry_override=_expiry_override(config.allow_expired_until, audit))
+
+    async def open_at(path: str, profile: Profile) -> TrustedClient:
+        mirrors = [Mirror(config.metadata_url(base, path), base) for base in bases]
+        return await _trusted_client(config, fetcher, mirrors, replace(trust_config, served_name=profile.served_name))
+
     try:
-        await trust.refresh()
-    except TrustError as e:
+        detected = await open_detected(open_at, candidate_paths(config.metadata_path, config.layout), config.layout,
+                                       "--profile" if config.repository is None else "--profile (or the sync's record)")
+    except LayoutError as e:
+        raise CommandError(str(e)) from None
+    trust, layout = detected.client, detected.profile
+    opened.callback(trust.close)
+    if detected.error is not None:
         # Keep starting: requests will retry the refresh and fail closed until it works.
-        log.warning("initial metadata refresh failed: %s", e)
+        log.warning("initial metadata refresh failed: %s", detected.error)
+    log.info("%s", detected.describe())
+    if config.gateway_url is not None and not layout.miss_protocol:
+        raise CommandError(f"--gateway-url is for a gateway's edge, and this upstream has the {layout.name} layout")
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
     on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
     settings = ProxySettings(
@@ -276,7 +280,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
-    return Running(runner, proxy, actual, refresher, fetcher)
+    return Running(runner, proxy, actual, refresher, fetcher, detected.describe())
 
 
 async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
