@@ -32,6 +32,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
+from proxy.gateway.startcheck import files_origin_problem
 from proxy.protocol.errors import CommandError
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.serving.config import (
@@ -101,13 +102,13 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 SERVE_HELP = """\
-The miss protocol: an edge (tufproxy serve --profile gateway) that finds no
+The miss protocol: an edge (tufproxy serve) that finds no
 signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
 fetches the page from the first index that lists it, checks it, pins its
 files in DIR/gateway/ledger.jsonl, signs it (batched with whatever else
 arrives in --batch-window) and answers {"timestamp_version": N} once that
 timestamp is written, or 404 when no index lists the project. Edges run:
-  tufproxy serve --profile gateway --upstream http://GATEWAY:8081/ \\
+  tufproxy serve --upstream http://GATEWAY:8081/ \\
       --root DIR/public/metadata/1.root.json
 
 --workers N runs N processes on one port sharing DIR: each batches its own
@@ -142,7 +143,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 def _open(directory: Path) -> Repository:
     if not (Path(directory) / "repository.json").exists():
-        raise CommandError(f"{directory} is not a gateway (no repository.json): create one with "
+        raise CommandError(f"{directory} is not a repository (no repository.json): create one with "
                            f"'tufproxy gateway init {directory}'")
     try:
         repo = Repository.open(directory)
@@ -284,10 +285,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    problem = asyncio.run(_files_origin_problem(values))
+    if problem is not None:
+        log.warning("foreign-origin: %s", problem)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
     return 0
+
+
+async def _files_origin_problem(values: dict) -> str | None:
+    http = IndexHTTP(values["index_url"], files_origins=values["files_origin"], ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+    try:
+        return await files_origin_problem(IndexClient(http, tuple(values["files_origin"]), values["max_page_size"]))
+    finally:
+        await http.close()
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
@@ -353,7 +366,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gateway",
         description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
-        "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
+        "which edges (tufproxy serve) and mirrors verify from its root.",
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 

@@ -59,6 +59,11 @@ class PageRefused(Exception):
             self.fault = Fault.OPERATOR
 
 
+def foreign_origin(files: str, where: str) -> str:
+    """The one line a missing ``--files-origin`` gets, fix first (a status line may cut the rest)."""
+    return f"the index links files on {files}/; start the gateway with --files-origin {files}/ ({where})"
+
+
 class IndexUnreachable(PageRefused):
     """No usable answer from the index (network, timeout, 5xx)."""
 
@@ -133,6 +138,10 @@ class IndexClient:
             raise next(iter(unreachable.values()))
         return choice.refusal
 
+    async def first_index_page(self, project: str) -> Listing | None:
+        """The first index's page of ``project``, checked as for publishing (None: not listed)."""
+        return await self._from_index(self.index_urls[0], canonicalize_name(project))
+
     async def _from_index(self, base: str, project: str) -> Listing | None:
         url = f"{base}{project}/"
         allowed = (origin(base),)
@@ -167,8 +176,7 @@ class IndexClient:
         for dist in page.files:
             url, _ = strip_credentials(urljoin(page_url, dist.url))
             if not url.startswith(("http://", "https://")) or origin(url) not in allowed:
-                raise PageRefused("foreign-origin", f"{page_url}: {dist.filename} links to {origin(url)}, "
-                                  "which is neither the index nor a --files-origin", page_url)
+                raise PageRefused("foreign-origin", foreign_origin(origin(url), f"{dist.filename} on {page_url}"), page_url)
             named = dist_project(dist.filename)
             if not is_valid_filename(dist.filename) or named is None or named[0] != project:
                 dropped.append((dist.filename[:200], "not-a-file-of-this-project"))

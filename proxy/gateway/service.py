@@ -183,7 +183,8 @@ class Gateway:
         return rendered
 
     async def refresh(self, projects: list[str]) -> int:
-        """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""
+        """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages); how many of
+        them were signed anew (changed, or unpublished)."""
         self.ledger.reload()
         pages: dict[str, index.ProjectPage | None] = {}
         for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects)), strict=True):
@@ -194,9 +195,10 @@ class Gateway:
                 pages[project] = None
             elif result is not None:
                 pages[project] = result
-        if pages:
-            await self.publisher.publish(pages)
-        return len(pages)
+        if not pages:
+            return 0
+        version = await self.publisher.publish(pages)
+        return sum(1 for p in pages if self.publisher.resigned_at.get(p) == version)
 
     async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):
