@@ -44,6 +44,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Targets
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     MIRROR_MANIFEST,
     MIRROR_STATE_DIR,
@@ -136,6 +137,9 @@ def get_profile(name: str) -> Profile:
 
 class LayoutError(ValueError):
     """The signed metadata has no known layout, or not the one insisted on."""
+
+    reason = "layout-mismatch"
+    fault = Fault.OPERATOR
 
 
 def detect_profile(targets: Targets) -> tuple[Profile, ...]:
