@@ -288,7 +288,7 @@ async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
             got = await asyncio.gather(*(fetch(s, file_url(p, d)) for p, d in plan),
                                        *(fetch(s, f"{p.url}{n}/") for p in (one, two) for n in ("app", "lib", "base")))
         # Each file is its exact bytes, or refused as "cache full" while all room is in use: never wrong.
-        for (_, d), (status, digest) in zip(plan, got, strict=True):
+        for (_, d), (status, digest) in zip(plan, got[:len(plan)], strict=True):
             assert (status, digest) == (200, sha256(d)) or status == 503
         assert sum(status == 200 for status, _ in got[:len(plan)]) > len(plan) // 2
         assert {status for status, _ in got[len(plan):]} == {200}

@@ -23,6 +23,7 @@ from aiohttp import web
 from packaging.utils import canonicalize_name
 
 from proxy.cli.repo import _days, _guarded
+from proxy.cli.up import add_up
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -81,6 +82,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
     Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
            metavar="SECONDS"),
+    Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
+           "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
+    Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
     Option("ca_bundle", "CA certificates to verify the index's TLS with", None, Path, metavar="FILE", shown="the system's"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
@@ -222,7 +226,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
-    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"])
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     app = GatewayApp(gateway, files, repo.public_dir)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
@@ -244,6 +249,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         fresh.cancel()
         if pushing is not None:
             pushing.cancel()
+        await gateway.prefetcher.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()
@@ -409,6 +415,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p, OPTIONS)
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
+
+    add_up(sub)
 
     p = sub.add_parser(
         "policy",
