@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -271,6 +272,29 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:
         await started.stop()
 
 
+def _claim(directory: Path, listen: tuple[str, int]) -> None:
+    """Refuse a second gateway on DIR in one line: it would sign beside this one and re-publish at once.
+
+    A POSIX record lock on DIR/gateway/serve.lock, held while this process lives: the OS drops it when the
+    process dies (even by SIGKILL), and --workers children never hold it (record locks are not inherited).
+    """
+    path = ledger_dir(directory) / "serve.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise CommandError(f"cannot open {path}: {e.strerror}") from e
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CommandError(f"{directory} is already served by another gateway ({holder}): stop that one first, "
+                           "or give it more --workers") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {listen[0]}:{listen[1]}".encode(), 0)
+    # The descriptor stays open (and the lock held) until the process exits.
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         # One read of --config for both tables; every setting is parsed before anything starts.
@@ -285,6 +309,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError("--workers: give 1 or more")
     directory = Path(args.dir)
     _open(directory)
+    _claim(directory, values["listen"])
     logs.configure(values["log_level"], values["log_format"])
     try:
         atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")

@@ -37,6 +37,7 @@ from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
+from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class GatewayApp:
     async def _middleware(self, request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         route = request.match_info.route.name or "other"
+        # Set for each request (a keep-alive connection reuses its task): an edge's id, else ours.
+        request_id.set(new_request_id(request.headers.get("X-Request-Id")))
         try:
             response = await handler(request)
         except web.HTTPException as e:

@@ -40,6 +40,8 @@ from proxy.protocol.layout import is_valid_filename
 from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
 from proxy.transport.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
 
+# Entries left out of a page by design (not a distribution of the project): counted, not refusals.
+IGNORED = "not-a-file-of-this-project"
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 
 
@@ -81,6 +83,7 @@ class Listing:
     index_url: str
     page: index.ProjectPage
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (filename, reason)
+    page_url: str = ""  # where the page was read (after redirects), for audit records
 
 
 def dist_project(filename: str) -> tuple[str, str] | None:
@@ -179,9 +182,9 @@ class IndexClient:
                 raise PageRefused("foreign-origin", foreign_origin(origin(url), f"{dist.filename} on {page_url}"), page_url)
             named = dist_project(dist.filename)
             if not is_valid_filename(dist.filename) or named is None or named[0] != project:
-                dropped.append((dist.filename[:200], "not-a-file-of-this-project"))
+                dropped.append((dist.filename[:200], IGNORED))
             elif "sha256" not in dist.hashes or len(dist.hashes["sha256"]) != 64:
                 dropped.append((dist.filename, "missing-hash"))
             else:
                 kept.append(dataclasses.replace(dist, url=url))
-        return Listing(project, base, dataclasses.replace(page, files=tuple(kept)), dropped)
+        return Listing(project, base, dataclasses.replace(page, files=tuple(kept)), dropped, page_url)

@@ -47,6 +47,10 @@ class GatewayMetrics:
         self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
+        self.ignored_files = Counter(
+            "tufproxy_gateway_ignored_files_total",
+            "Entries of index pages left out by design: not a distribution of that project (.egg, bad names)",
+            registry=r)
         self.policy_hidden = Gauge(
             "tufproxy_gateway_policy_hidden_files",
             "Files the policy leaves out of signed pages now, by rule",

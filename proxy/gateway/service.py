@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from packaging.utils import canonicalize_name
 
 from proxy.gateway.ledger import Ledger
-from proxy.gateway.listing import IndexClient, Listing, PageRefused
+from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
@@ -209,9 +209,17 @@ class Gateway:
             self.audit.refused(reason="upstream-changed-file", target=f"packages/{listing.project}/{changed.pin.filename}",
                                upstream_url=changed.pin.url, expected={"hashes": changed.pin.hashes, "size": changed.pin.size},
                                actual={"hashes": changed.hashes, "size": changed.size})
+        ignored = [filename for filename, reason in listing.dropped if reason == IGNORED]
+        if ignored:
+            # Left out by design (old .egg files, names of another project): one line, not an audit record each.
+            self.metrics.ignored_files.inc(len(ignored))
+            log.info("%s: left out %d entr%s that are not distributions of %s (e.g. %s)", listing.page_url or
+                     listing.index_url, len(ignored), "y" if len(ignored) == 1 else "ies", listing.project, ignored[0])
         for filename, reason in listing.dropped:
-            self.metrics.refusals.labels(reason).inc()
-            self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}", upstream_url=listing.index_url)
+            if reason != IGNORED:
+                self.metrics.refusals.labels(reason).inc()
+                self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}",
+                                   upstream_url=listing.page_url or listing.index_url)
         return rendered
 
     async def refresh(self, projects: list[str]) -> int:

@@ -32,6 +32,7 @@ import aiohttp
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
 from proxy.util.locks import FetchLocks
+from proxy.util.logs import request_id
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,10 @@ class MissProtocol:
         url = f"{self.gateway_url}_tufproxy/publish/{project}"
         try:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
-            async with aiohttp.ClientSession() as session, session.post(url) as response:
+            # The edge's request id goes along, so the gateway's log lines and audit records name it too.
+            rid = request_id.get()
+            headers = {"X-Request-Id": rid} if rid != "-" else {}
+            async with aiohttp.ClientSession() as session, session.post(url, headers=headers) as response:
                 if response.status != 200:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     slug, detail = _refusal(body)

@@ -189,7 +189,8 @@ class Proxy:
         last = status.get("last_refresh")
         if last is None or time.time() - last > self.settings.upstream_freshness:
             problems.append(f"no successful metadata refresh in {self.settings.upstream_freshness:.0f}s"
-                            + (f" (last error: {status['last_error']})" if status.get("last_error") else ""))
+                            + (f" (last error: {status['last_error']}: {status.get('last_error_message')})"
+                               if status.get("last_error") else ""))
         try:
             await asyncio.to_thread(self.store.probe_writable)
         except StoreError as e:

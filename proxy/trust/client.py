@@ -617,6 +617,7 @@ class TrustedClient:
             "roles": roles,
             "last_refresh": self._last_success,
             "last_error": None if self._last_error is None else self._last_error.reason,
+            "last_error_message": None if self._last_error is None else str(self._last_error)[:300],
             "cached_roles": len(self._roles),
         }
 

@@ -55,7 +55,7 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
 
     Raises :class:`~proxy.protocol.profiles.LayoutError` when ``insisted`` contradicts the metadata.
     """
-    first_error: TrustError | None = None
+    first: tuple[TrustedClient, Profile, TrustError | None] | None = None
     for path in paths:
         guess = _guess(path, insisted)
         client = await open_at(path, guess)
@@ -66,9 +66,13 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
             error = e
         targets = client.verified_targets
         if targets is None:  # nothing verified here, now or before
-            first_error = first_error or error
-            client.close()
+            if first is None:
+                first = (client, guess, error)  # kept: what it failed with is what /readyz reports
+            else:
+                client.close()
             continue
+        if first is not None:
+            first[0].close()
         try:
             profile = choose_profile(detect_profile(targets), insisted, source)
         except BaseException:
@@ -79,6 +83,7 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
             client = await open_at(path, profile)
         how = "given" if insisted is not None else "detected from the signed metadata"
         return Detected(client, profile, how, error)
-    profile = insisted or TUFPROXY
+    assert first is not None  # paths is never empty
+    client, profile, error = first
     why = "given" if insisted is not None else "assumed until the metadata verifies: restart to detect it"
-    return Detected(await open_at(paths[0], profile), profile, why, first_error)
+    return Detected(client, profile, why, error)
