@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from proxy.mirror.lockfiles import read_lock
 from proxy.mirror.progress import Progress
 from proxy.mirror.select import (
     FileFilter,
@@ -41,6 +42,8 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         wanted = [parse_requirement(p) for p in args.project or ()]
         for req_file in args.requirements or ():
             wanted += read_requirements(Path(req_file))
+        for lock in args.from_lock or ():
+            wanted += read_lock(Path(lock))
         file_filter = FileFilter.of(
             spec=args.version_spec, platforms=args.platform or (), abis=args.abi or (),
             python_versions=args.python_version or (), sdists=not args.no_sdist, yanked=not args.exclude_yanked,
@@ -157,7 +160,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--requirements",
         action="append",
         metavar="FILE",
-        help="mirror the projects of a requirements file and the files it includes with -r (simple version specifiers honoured)",
+        help="mirror the projects of a requirements file and the files it includes with -r (version specifiers "
+        "honoured; a line with --hash takes only the files with those hashes, and fails if none has one)",
+    )
+    sel.add_argument(
+        "--from", dest="from_lock", action="append", metavar="FILE",
+        help="mirror exactly the files a lock file locks, checked against its hashes and the signed metadata: "
+        "pylock.toml (PEP 751), uv.lock, or a requirements file with == and --hash on every line; repeatable",
     )
     sel.add_argument("--all", action="store_true", help="mirror every project of the upstream's root list")
     flt = p.add_argument_group("filters")

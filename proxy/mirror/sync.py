@@ -46,6 +46,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
+from proxy.mirror.lockfiles import check_locked
 from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
@@ -276,7 +277,12 @@ class _Sync:
         except index.IndexParseError as e:
             self.progress.failed(json_path, f"signed page does not parse: {e}")
             return None
-        kept = [d for d in page.files if self.options.filter.keeps(d, wanted)]
+        if not wanted.locked:
+            return _Selected(wanted, signed, page, [d for d in page.files if self.options.filter.keeps(d, wanted)])
+        # Exactly the locked files, each with the hash its lock gives: a disagreement fails the sync, naming it.
+        kept, problems = check_locked(wanted.project, wanted.locked, page.files)
+        for problem in problems:
+            self.progress.failed(wanted.project, problem)
         return _Selected(wanted, signed, page, kept)
 
     async def published(self, wanted: list[Wanted]) -> list[Wanted]:
@@ -464,7 +470,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
     if options.jobs < 1:
         raise MirrorError("--jobs must be at least 1")
     if not options.all_projects and not options.projects:
-        raise MirrorError("nothing selected: give --project, --requirements or --all")
+        raise MirrorError("nothing selected: give --project, --requirements, --from or --all")
     try:
         pinned = options.root.read_bytes()
     except OSError as e:
