@@ -65,6 +65,10 @@ def test_pip_lock_and_uv_hashes_sync_exactly_the_locked_files(sample_repo: Sampl
                                  str(sample_repo.repo.metadata_dir / "1.root.json")], capture_output=True, text=True,
                                 timeout=120)
         assert verify.returncode == 0, verify.stdout
+        # Both count targets (pages, distributions, .metadata), not the names each is stored under.
+        synced = re.search(r"synced \d+ project\(s\): (\d+) target\(s\)", done.stdout)
+        checked = re.search(r"sound: (\d+) target\(s\) checked", verify.stdout)
+        assert synced and checked and synced.group(1) == checked.group(1), (done.stdout, verify.stdout)
 
 
 def _uv_lock(sample_repo: SampleRepo, wrong: str | None = None, unsigned: bool = False) -> str:

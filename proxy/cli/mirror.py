@@ -94,7 +94,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)
     if args.json:
-        print(json.dumps({"sound": sound, "checked": report.checked, "metadata_error": report.metadata_error,
+        print(json.dumps({"sound": sound, "targets": report.targets, "checked": report.checked, "metadata_error": report.metadata_error,
                           "missing": report.missing, "corrupt": [{"name": n, "why": w} for n, w in report.corrupt],
                           "extra": report.extra, "expired_metadata_used_for": report.expired}, indent=2))
         return 0 if sound else 1
@@ -108,7 +108,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"extra {name}")
     if report.expired:
         print(f"WARNING: {len(report.expired)} target(s) verified only under --allow-expired-until: their metadata has expired")
-    print(f"{'sound' if sound else 'NOT SOUND'}: {report.checked} file(s) checked, {len(report.missing)} missing, "
+    print(f"{'sound' if sound else 'NOT SOUND'}: {report.targets} target(s) checked ({report.checked} file(s) on "
+          f"disk), {len(report.missing)} missing, "
           f"{len(report.corrupt)} corrupt, {len(report.extra)} extra")
     return 0 if sound else 1
 
