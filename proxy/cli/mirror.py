@@ -94,7 +94,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)
     if args.json:
-        print(json.dumps({"sound": sound, "targets": report.targets, "checked": report.checked, "metadata_error": report.metadata_error,
+        print(json.dumps({"sound": sound, "targets": report.targets, "checked": report.checked,
+                          "metadata_error": report.metadata_error,
                           "missing": report.missing, "corrupt": [{"name": n, "why": w} for n, w in report.corrupt],
                           "extra": report.extra, "expired_metadata_used_for": report.expired}, indent=2))
         return 0 if sound else 1
