@@ -17,7 +17,8 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install, pip
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 

@@ -18,7 +18,8 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import SampleRepo
 from tests.support.clients import install
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.support.upstream import Upstream

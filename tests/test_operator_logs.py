@@ -17,7 +17,8 @@ from pathlib import Path
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import SampleRepo
-from tests.support.gatewayproc import GatewayProcess, gateway_init, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.support.upstream import Upstream
