@@ -72,7 +72,7 @@ def test_sync_writes_a_verified_tree_that_serves_offline(
     out = capsys.readouterr().out
     signed = all_targets(sample_repo.repo)
     wanted = {p for p in signed if p.split("/")[1] in PROJECTS or p.startswith("simple/index.")}
-    assert "synced 3 project(s)" in out and f"{len(wanted)} file(s), {len(wanted)} fetched" in out
+    assert "synced 3 project(s)" in out and f"{len(wanted)} target(s), {len(wanted)} fetched" in out
     # Every selected target under its plain name and both hash names, byte for byte; nothing else.
     on_disk = names(dest)
     for path in wanted:
