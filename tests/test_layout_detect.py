@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +104,20 @@ def test_the_command_line_client_fetches_a_warehouse_target_under_its_served_nam
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert b"lib-1.0-py3-none-any.whl" in (tmp_path / "got/lib").read_bytes()
+
+
+def test_an_edge_started_before_its_gateway_says_the_assumed_layout_was_wrong(tmp_path: Path) -> None:
+    with TestIndex() as index:
+        index.add(build_wheel(tmp_path / "dists", "app", "1.0"))
+        gateway_init(tmp_path / "gw")
+        gw = GatewayProcess(tmp_path / "gw", "--index-url", index.url)
+        # The gateway is not listening yet: nothing verifies, the edge assumes the tufproxy layout.
+        with ProxyProcess(tmp_path / "edge", "--upstream", gw.base, "--root", str(gw.root), "--workers", "1",
+                          "--refresh-interval", "0.5") as edge:
+            assert "layout tufproxy (assumed until the metadata verifies" in wait_for(edge.log, what="a log")
+            with gw:
+                problem = "the signed metadata has the gateway layout, not the tufproxy layout assumed at start-up"
+                wait_for(lambda: problem in edge.log(), what="the edge's error line")
+                with pytest.raises(urllib.error.HTTPError) as ready:
+                    urllib.request.urlopen(f"{edge.base}readyz", timeout=10)
+                assert ready.value.code == 503 and problem in ready.value.read().decode()

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
-from proxy.protocol.profiles import LayoutError, Profile
+from proxy.protocol.profiles import LayoutError, Profile, detect_profile
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.serving.resolver import ProxySettings, Resolver
@@ -279,7 +279,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
+    watch = [] if detected.verified or config.layout is not None else [_confirm_layout(trust, layout, proxy)]
+    refresher = asyncio.create_task(_gather(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics), *watch))
     return Running(runner, proxy, actual, refresher, fetcher, detected.describe())
 
 
@@ -311,6 +312,28 @@ def _bucket_tier(
         BucketFetcher(bucket, file_fetcher),
         BucketFetcher(bucket, page_fetcher),
     )
+
+
+async def _gather(*jobs: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*jobs)
+
+
+async def _confirm_layout(trust: TrustedClient, assumed: Profile, proxy: Proxy, every: float = 1.0) -> None:
+    """With the layout assumed at start-up (nothing verified yet), check it once metadata verifies: a wrong guess
+    is logged and reported by /readyz until a restart detects the right one."""
+    while True:  # the trust core has no event for "verified": polled, once a second, until it has
+        targets = trust.verified_targets
+        if targets is not None:
+            break
+        await asyncio.sleep(every)
+    found = detect_profile(targets)
+    if found and assumed not in found:
+        proxy.layout_problem = (f"the signed metadata has the {found[0].name} layout, not the {assumed.name} layout "
+                                f"assumed at start-up (the upstream did not answer then): restart tufproxy serve, "
+                                f"or give --profile {found[0].name}")
+        log.error("%s", proxy.layout_problem)
+    else:
+        log.info("layout %s confirmed by the signed metadata", assumed.name)
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

@@ -31,6 +31,7 @@ class Detected:
     profile: Profile
     how: str  # "detected from the signed metadata", "given", or "assumed: ..."
     error: TrustError | None = None  # why nothing verified (the initial refresh's failure), if so
+    verified: bool = True  # False: nothing verified yet, the layout is the insisted or assumed one
 
     def describe(self) -> str:
         return f"layout {self.profile.name} ({self.how})"
@@ -86,4 +87,4 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
     assert first is not None  # paths is never empty
     client, profile, error = first
     why = "given" if insisted is not None else "assumed until the metadata verifies: restart to detect it"
-    return Detected(client, profile, why, error)
+    return Detected(client, profile, why, error, verified=False)
