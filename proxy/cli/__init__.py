@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("proxy.cli.gateway", "publish a plain index's packages as a PEP 458 repository signed with your "
                                      "own keys"),
     "cache": ("proxy.cli.cache", "inspect a proxy's cache directory"),
+    "why": ("proxy.cli.why", "ask a gateway why a version or file is not offered (cooldown, denied, private, ...)"),
     "doctor": ("proxy.cli.doctor", "check a running gateway and edge end to end, one line per check with the fix"),
 }
 

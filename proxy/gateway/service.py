@@ -27,6 +27,7 @@ import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -194,6 +195,26 @@ class Gateway:
             totals.update(kept.by_rule())
         for rule in FILE_RULES:
             self.metrics.policy_hidden.labels(rule).set(totals[rule])
+
+    async def why(self, project: str) -> dict[str, Any]:
+        """What a publish of ``project`` would offer now and what the policy would hide, by which rule (for
+        ``tufproxy why``); reads the index as a publish does, records and signs nothing."""
+        project = canonicalize_name(project)
+        answer: dict[str, Any] = {"project": project, "revoked": self.ledger.is_revoked(project)}
+        refusal = self.policy.admit(project)
+        if refusal is None:
+            try:
+                listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
+            except PageRefused as e:
+                return {**answer, "refused": f"{e.reason}: {e}", "rule": e.reason}
+            if isinstance(listing, Refusal):
+                refusal = listing
+            else:
+                trimmed = self.policy.apply(listing.page, datetime.now(UTC))
+                return {**answer, "offered": [f.filename for f in trimmed.page.files],
+                        "hidden": [dataclasses.asdict(h) for h in trimmed.hidden],
+                        "cutoff": trimmed.cutoff.when.isoformat() if trimmed.cutoff else None}
+        return {**answer, "refused": refusal.message, "rule": refusal.rule}
 
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
