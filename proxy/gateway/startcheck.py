@@ -15,7 +15,7 @@ import logging
 import re
 
 from proxy.gateway.listing import IndexClient, PageRefused
-from proxy.transport.indexhttp import origin
+from proxy.transport.credentials import origin
 from proxy.transport.upstream import DownloadError
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,13 @@ import asyncio
 import json
 import logging
 import re
+import ssl
 from typing import Protocol
 
 import aiohttp
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
+from proxy.transport.credentials import OriginAuth
 from proxy.util.locks import FetchLocks
 from proxy.util.logs import request_id
 
@@ -58,8 +60,11 @@ class _Refreshable(Protocol):
 class MissProtocol:
     """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
 
-    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE) -> None:
+    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE,
+                 auth: OriginAuth | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.gateway_url = gateway_url
+        self.auth = auth
+        self.ssl_context = ssl_context
         self.trust = trust
         self.locks = locks
         self.deadline = deadline
@@ -84,8 +89,10 @@ class MissProtocol:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
             rid = request_id.get()
-            headers = {"X-Request-Id": rid} if rid != "-" else {}
-            async with aiohttp.ClientSession() as session, session.post(url, headers=headers) as response:
+            headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
+            async with aiohttp.ClientSession(connector=connector) as session, \
+                    session.post(url, headers=headers, allow_redirects=False) as response:
                 if response.status != 200:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     slug, detail = _refusal(body)
