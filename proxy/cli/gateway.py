@@ -38,6 +38,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
+from proxy.gateway.startcheck import files_origin_problem
 from proxy.protocol import index
 from proxy.protocol.access import AUTHENTICATED, Rules
 from proxy.protocol.errors import CommandError
@@ -91,22 +92,23 @@ OPTIONS: tuple[Option, ...] = (
            "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
     Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
-    Option("ca_bundle", "CA certificates to verify the index's TLS with (default: the system's)", None, Path, metavar="FILE"),
+    Option("ca_bundle", "CA certificates to verify the index's TLS with", None, Path, metavar="FILE", shown="the system's"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
     Option("read_timeout", "seconds an index may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
     Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
     Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
-           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
+           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2",
+           shown="DIR/public and DIR/gateway/run"),
     Option("store", "also publish the signed repository (metadata, pages, files in DIR/public or --cache-dir) "
            "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
            "it from there",
            None, _store_url, metavar="URL"),
-    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
-    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
     *access_options("authenticated"),
     Option("publish_rule", "PATTERN=WHO: who may ask the gateway to publish (POST /_tufproxy/publish/<project>) "
            "projects matching PATTERN; repeatable; unmatched projects: authenticated", [], _rules, repeat=True,
@@ -116,13 +118,13 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 SERVE_HELP = """\
-The miss protocol: an edge (tufproxy serve --profile gateway) that finds no
+The miss protocol: an edge (tufproxy serve) that finds no
 signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
 fetches the page from the first index that lists it, checks it, pins its
 files in DIR/gateway/ledger.jsonl, signs it (batched with whatever else
 arrives in --batch-window) and answers {"timestamp_version": N} once that
 timestamp is written, or 404 when no index lists the project. Edges run:
-  tufproxy serve --profile gateway --upstream http://GATEWAY:8081/ \\
+  tufproxy serve --upstream http://GATEWAY:8081/ \\
       --root DIR/public/metadata/1.root.json
 
 --workers N runs N processes on one port sharing DIR: each batches its own
@@ -153,6 +155,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _open(directory: Path) -> Repository:
+    if not (Path(directory) / "repository.json").exists():
+        raise CommandError(f"{directory} is not a repository (no repository.json): create one with "
+                           f"'tufproxy gateway init {directory}'")
     try:
         repo = Repository.open(directory)
     except RepositoryError as e:
@@ -258,7 +263,6 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"])
-    presence = _hold_serving(directory)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
@@ -291,7 +295,6 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await runner.cleanup()
         await http.close()
         audit.close()
-        os.close(presence)
         if leader is not None:
             leader.close()
 
@@ -308,6 +311,33 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:
         await stop.wait()
     finally:
         await started.stop()
+
+
+def serve_lock(directory: Path) -> Path:
+    return ledger_dir(directory) / "serve.lock"
+
+
+def _claim(directory: Path, listen: tuple[str, int]) -> None:
+    """Refuse a second gateway on DIR in one line: it would sign beside this one and re-publish at once.
+
+    A POSIX record lock on DIR/gateway/serve.lock, held while this process lives: the OS drops it when the
+    process dies (even by SIGKILL), and --workers children never hold it (record locks are not inherited).
+    """
+    path = serve_lock(directory)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise CommandError(f"cannot open {path}: {e.strerror}") from e
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CommandError(f"{directory} is already served by another gateway ({holder}): stop that one first, "
+                           "or give it more --workers") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {listen[0]}:{listen[1]}".encode(), 0)
+    # The descriptor stays open (and the lock held) until the process exits.
 
 
 def resolve_serve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], Policy]:
@@ -332,6 +362,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         _open(directory).check()  # a damaged metadata file is named now, not met mid-publish
     except RepositoryError as e:
         raise CommandError(str(e)) from e
+    _claim(directory, values["listen"])
     logs.configure(values["log_level"], values["log_format"])
     try:
         atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
@@ -340,6 +371,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
     _check_restore(directory, values["cache_dir"])
     _check_ledger(directory)
+    problem = asyncio.run(_files_origin_problem(values))
+    if problem is not None:
+        log.warning("foreign-origin: %s", problem)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
@@ -384,6 +418,15 @@ def _check_ledger(directory: Path) -> None:
                     "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
 
 
+async def _files_origin_problem(values: dict) -> str | None:
+    http = IndexHTTP(values["index_url"], files_origins=values["files_origin"], ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+    try:
+        return await files_origin_problem(IndexClient(http, tuple(values["files_origin"]), values["max_page_size"]))
+    finally:
+        await http.close()
+
+
 def _private_indexes(values: dict[str, Any]) -> tuple[str, ...]:
     """The --index-url entries that need credentials (in the URL or netrc), without them: their projects are private."""
     auth = OriginAuth()
@@ -419,6 +462,7 @@ def _access(values: dict[str, Any], gateway: Gateway, audit: AuditLog, metrics: 
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
     if args.json:
         print(json.dumps(entries, indent=2))
@@ -437,6 +481,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     path = policy_file(Path(args.dir))
     try:
         recorded = json.loads(path.read_text())
@@ -450,28 +495,18 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def serving_lock(directory: Path) -> Path:
-    """Held (shared) by every running ``gateway serve`` of DIR: ``gateway revoke`` asks whether one runs."""
-    return ledger_dir(directory) / "serving.lock"
-
-
-def _hold_serving(directory: Path) -> int:
-    fd = os.open(serving_lock(directory), os.O_RDWR | os.O_CREAT, 0o640)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    return fd
-
-
 def _gateway_running(directory: Path) -> bool:
+    """Whether a ``gateway serve`` holds DIR (its :func:`_claim` on ``serve.lock``): ``gateway revoke`` asks."""
     try:
-        fd = os.open(serving_lock(directory), os.O_RDWR)
+        fd = os.open(serve_lock(directory), os.O_RDWR)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         return True
     finally:
-        os.close(fd)
+        os.close(fd)  # (closing drops this process's probe lock, if it got one)
     return False
 
 
@@ -481,7 +516,7 @@ def _lists(page: index.ProjectPage | None, filename: str | None) -> bool:
 
 def _cmd_revoke(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    repo = Repository.open(directory)
+    repo = _open(directory)
     project = canonicalize_name(args.project)
     what = f"{project} {args.filename or '(whole project)'}"
     ledger = Ledger(ledger_dir(directory))
@@ -523,7 +558,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gateway",
         description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
-        "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
+        "which edges (tufproxy serve) and mirrors verify from its root.",
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 

@@ -10,6 +10,8 @@ Routes:
   published first).
 * ``GET /packages/<p>/<file>[.metadata]``: from the tree, else streamed from
   the index and checked against its pin (:mod:`proxy.gateway.files`).
+* ``GET /_tufproxy/why/<project>``: what a publish would offer and what the
+  policy hides, by rule (``tufproxy why``).
 * ``POST /_tufproxy/publish/<project>``: the miss protocol (README, design
   notes): 200 ``{"project", "timestamp_version"}`` once a timestamp carrying
   the project is written; 404 ``{"project", "reason"}`` when no index lists
@@ -40,11 +42,13 @@ from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
 from proxy.serving.access import AccessMiddleware, Resource
+from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
 PUBLISH_PREFIX = "/_tufproxy/publish/"
+WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _NO_CACHE = {"Cache-Control": "no-cache"}
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
@@ -69,6 +73,7 @@ class GatewayApp:
         app.router.add_get("/readyz", self._readyz, name="readyz")
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_post(PUBLISH_PREFIX + "{project}", self._publish, name="publish")
+        app.router.add_get(WHY_PREFIX + "{project}", self._why, name="why")
         app.router.add_get("/metadata/{name}", self._metadata, name="metadata")
         app.router.add_get("/simple/", self._root_page, name="root-page")
         app.router.add_get("/simple/{name}", self._root_file, name="root-file")
@@ -81,6 +86,8 @@ class GatewayApp:
     async def _middleware(self, request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         route = request.match_info.route.name or "other"
+        # Set for each request (a keep-alive connection reuses its task): an edge's id, else ours.
+        request_id.set(new_request_id(request.headers.get("X-Request-Id")))
         try:
             response = await handler(request)
         except web.HTTPException as e:
@@ -111,6 +118,13 @@ class GatewayApp:
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
+
+    async def _why(self, request: web.Request) -> web.Response:
+        """What a publish would offer and what the policy hides, by rule (``tufproxy why``); signs nothing."""
+        name = request.match_info["project"]
+        if not is_valid_project_name(name):
+            return web.json_response({"reason": "bad-project-name"}, status=400)
+        return web.json_response(await self.gateway.why(name))
 
     # -- the tree ------------------------------------------------------
     def _path(self, *segments: str) -> Path:

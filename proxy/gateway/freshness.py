@@ -74,7 +74,9 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         if batch:
             try:
                 changed = await gateway.refresh(batch)
-                log.info("refreshed %d page(s), %d published", len(batch), changed)
+                # Said when something changed; an unchanged check every tick is only for debugging.
+                log.log(logging.INFO if changed else logging.DEBUG, "re-signed %d of %d page(s) checked; %d unchanged",
+                        changed, len(batch), len(batch) - changed)
             except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("page refresh failed: %s", e)
         await asyncio.sleep(tick)

@@ -49,6 +49,10 @@ class GatewayMetrics:
         self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
                                       "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
+        self.ignored_files = Counter(
+            "tufproxy_gateway_ignored_files_total",
+            "Entries of index pages left out by design: not a distribution of that project (.egg, bad names)",
+            registry=r)
         self.policy_hidden = Gauge(
             "tufproxy_gateway_policy_hidden_files",
             "Files the policy leaves out of signed pages now, by rule",

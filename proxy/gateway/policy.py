@@ -645,8 +645,8 @@ POLICY_OPTIONS: tuple[Option, ...] = (
     Option("first_seen_cooldown", "measure a file's age from the later of its claimed upload-time and when this "
            "gateway first saw it: yes (files new to a project listed before), all (a project's first listing too) "
            "or no (the index's claim alone)", "yes", parse_first_seen_cooldown, metavar="yes|no|all"),
-    Option("allow_project", "publish only projects matching one of these globs; repeatable (default: all)",
-           [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("allow_project", "publish only projects matching one of these globs; repeatable",
+           [], parse_patterns, repeat=True, metavar="PATTERN", shown="every project"),
     Option("deny_project", "never publish projects matching these globs (404 'denied by policy'); "
            "beats --allow-project; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("private_project", "names only the first --index-url may supply; if it lacks one, 404, never "

@@ -92,6 +92,8 @@ class Publisher:
         self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
         self._seen: tuple[object, ...] = ()
         self.published: set[str] = set()
+        # Project -> the timestamp version that last carried a new signature of its page (signed here).
+        self.resigned_at: dict[str, int] = {}
         self.timestamp_version, self.timestamp_expires = 0, 0.0
         self.reload()
 
@@ -236,10 +238,11 @@ class Publisher:
 
     def _sign(self, pages: Pages, resign: bool) -> int:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
-        changed = 0
+        changed, resigned = 0, []
         if pages:
             report = self.repo.publish_pages(pages, private=self.private)
-            changed = len(report.added) + len(report.removed)
+            resigned = [*report.added, *report.removed]
+            changed = len(resigned)
         if resign:
             self.repo.refresh(force=self._resign_all)
             self._resign_all = False
@@ -247,6 +250,8 @@ class Publisher:
         with self._view:
             for project, page in pages.items():
                 (self.published.add if page is not None else self.published.discard)(project)
+                self.resigned_at.pop(project, None)
+            self.resigned_at.update(dict.fromkeys(resigned, version))
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
         if self.high_water is not None:

@@ -34,7 +34,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from proxy.gateway.ledger import Ledger
-from proxy.gateway.listing import IndexClient, Listing, PageRefused
+from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
@@ -236,6 +236,26 @@ class Gateway:
         for rule in FILE_RULES:
             self.metrics.policy_hidden.labels(rule).set(totals[rule])
 
+    async def why(self, project: str) -> dict[str, Any]:
+        """What a publish of ``project`` would offer now and what the policy would hide, by which rule (for
+        ``tufproxy why``); reads the index as a publish does, records and signs nothing."""
+        project = canonicalize_name(project)
+        answer: dict[str, Any] = {"project": project, "revoked": self.ledger.is_revoked(project)}
+        refusal = self.policy.admit(project)
+        if refusal is None:
+            try:
+                listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
+            except PageRefused as e:
+                return {**answer, "refused": f"{e.reason}: {e}", "rule": e.reason}
+            if isinstance(listing, Refusal):
+                refusal = listing
+            else:
+                trimmed = self.policy.apply(listing.page, datetime.now(UTC))
+                return {**answer, "offered": [f.filename for f in trimmed.page.files],
+                        "hidden": [dataclasses.asdict(h) for h in trimmed.hidden],
+                        "cutoff": trimmed.cutoff.when.isoformat() if trimmed.cutoff else None}
+        return {**answer, "refused": refusal.message, "rule": refusal.rule}
+
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
         rebuilt, _ = rebuild_pins(self.ledger, self.publisher.repo.public_dir, [listing.project])
@@ -254,9 +274,17 @@ class Gateway:
             self.audit.refused(reason="upstream-changed-file", target=f"packages/{listing.project}/{changed.pin.filename}",
                                upstream_url=changed.pin.url, expected={"hashes": changed.pin.hashes, "size": changed.pin.size},
                                actual={"hashes": changed.hashes, "size": changed.size})
+        ignored = [filename for filename, reason in listing.dropped if reason == IGNORED]
+        if ignored:
+            # Left out by design (old .egg files, names of another project): one line, not an audit record each.
+            self.metrics.ignored_files.inc(len(ignored))
+            log.info("%s: left out %d entr%s that are not distributions of %s (e.g. %s)", listing.page_url or
+                     listing.index_url, len(ignored), "y" if len(ignored) == 1 else "ies", listing.project, ignored[0])
         for filename, reason in listing.dropped:
-            self.metrics.refusals.labels(reason).inc()
-            self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}", upstream_url=listing.index_url)
+            if reason != IGNORED:
+                self.metrics.refusals.labels(reason).inc()
+                self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}",
+                                   upstream_url=listing.page_url or listing.index_url)
         return rendered
 
     async def apply_revocations(self) -> int:
@@ -283,7 +311,8 @@ class Gateway:
         return len(new)
 
     async def refresh(self, projects: list[str]) -> int:
-        """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""
+        """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages); how many of
+        them were signed anew (changed, or unpublished)."""
         self.ledger.reload()
         pages: dict[str, index.ProjectPage | None] = {}
         for project, result in zip(projects, await asyncio.gather(*(self._fresh_page(p) for p in projects)), strict=True):
@@ -294,9 +323,10 @@ class Gateway:
                 pages[project] = None
             elif result is not None:
                 pages[project] = result
-        if pages:
-            await self.publisher.publish(pages)
-        return len(pages)
+        if not pages:
+            return 0
+        version = await self.publisher.publish(pages)
+        return sum(1 for p in pages if self.publisher.resigned_at.get(p) == version)
 
     async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):

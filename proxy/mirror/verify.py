@@ -57,7 +57,8 @@ _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
 class VerifyReport:
     """The outcome of one verification."""
 
-    checked: int = 0
+    checked: int = 0  # files on disk re-hashed (a target's hash-named copies and its plain name each count)
+    targets: int = 0  # targets found and checked: the unit 'mirror sync' counts in
     metadata_error: str | None = None
     missing: list[str] = field(default_factory=list)
     corrupt: list[tuple[str, str]] = field(default_factory=list)
@@ -203,7 +204,9 @@ class _Verifier:
         self.report.extra.extend(n for n in names if n not in signed)
         if expected and signed[0] not in names:
             self.report.missing.append(signed[0])
-        await asyncio.gather(*(self.check(n, target) for n in signed if n in names))
+        present = [n for n in signed if n in names]
+        self.report.targets += bool(present)
+        await asyncio.gather(*(self.check(n, target) for n in present))
 
 
 async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 8,

@@ -46,6 +46,7 @@ BY_FAULT: dict[Fault, Row] = {
 
 # Reasons whose answer differs from their fault's: retryable 503s, and what a client may change.
 BY_REASON: dict[str, Row] = {
+    "gateway-refused": Row(502, Fault.UPSTREAM, "refused by the gateway", audit=True),
     "metadata-pending": Row(503, Fault.UPSTREAM, "trusted metadata is being refreshed, retry", audit=False),
     "expired": Row(503, Fault.REPOSITORY, "trusted metadata expired and cannot be refreshed", audit=True),
     "trust-error": Row(503, Fault.UPSTREAM, "no trusted metadata yet", audit=True),

@@ -79,8 +79,6 @@ from proxy.util.atomic import Batch, atomic_link, atomic_write
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
-# Paths *bins* is trusted for: the root list, project pages, files.
-BINS_PATHS = ["simple/*", "simple/*/*", "packages/*/*"]
 _SERIALIZER = JSONSerializer(compact=True)
 
 
@@ -410,7 +408,8 @@ class Repository:
         if profile.bin_delegator == BINS_ROLE:
             targets.delegations = Delegations(
                 keys={bins_key.public_key.keyid: bins_key.public_key},
-                roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True, paths=BINS_PATHS)},
+                roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True,
+                                                paths=list(profile.bin_paths))},
             )
             bins_md = Targets(expires=when + settings.expiry.bins)
             bins_md.delegations = to_bins

@@ -36,7 +36,7 @@ from proxy.protocol.options import url as _url
 from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.options import worker_count as _worker_count
 from proxy.protocol.options import yes_no as _yes_no
-from proxy.protocol.profiles import Profile, get_profile, recorded_profile
+from proxy.protocol.profiles import TUFPROXY, WAREHOUSE, Profile, get_profile, recorded_profile
 from proxy.transport.bucket import BucketConfigError, parse_store_url
 from proxy.transport.credentials import OriginAuth
 
@@ -84,19 +84,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("upstream", "base URL of an untrusted mirror serving the signed tree; repeat for fallbacks, tried in order",
            [], _url_list, repeat=True, metavar="URL"),
     Option("profile", "repository layout: tufproxy (our signer's), gateway (what 'tufproxy gateway' publishes) "
-           "or warehouse (PyPI's PEP 458 draft); with --repository, the profile its last 'mirror sync' "
-           "recorded, else tufproxy", None, metavar="NAME"),
-    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL "
-           "(default: the profile's, metadata/ or tuf-metadata/)", None, metavar="PATH"),
+           "or warehouse (PyPI's PEP 458 draft); only to insist: the layout is read from the signed metadata",
+           None, metavar="NAME", shown="detected from the verified targets delegations (with --repository: the "
+           "layout its last 'mirror sync' recorded)"),
+    Option("metadata_path", "where TUF metadata lives, relative to each upstream URL or an absolute URL",
+           None, metavar="PATH",
+           shown="metadata/, else tuf-metadata/ (where the warehouse layout keeps it)"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
            "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
     Option("gateway_url", "gateway profile: the gateway asked to publish a project no signed page lists yet "
-           "(the miss protocol; default: the first --upstream), for edges that read the repository from a "
-           "bucket or CDN", None, _url, metavar="URL"),
+           "(the miss protocol), for edges that read the repository from a "
+           "bucket or CDN", None, _url, metavar="URL", shown="the first --upstream"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
-    Option("root", "the pinned trusted root.json (default with --repository: DIR/metadata/1.root.json)",
-           None, Path, metavar="FILE"),
+    Option("root", "the pinned trusted root.json", None, Path, metavar="FILE",
+           shown="required with --upstream; with --repository, DIR/metadata/1.root.json"),
     Option("cache_dir", "where verified blobs, pages and trusted metadata are kept",
            Path("tufproxy-cache"), Path, metavar="DIR"),
     Option("listen", "address to listen on", "127.0.0.1:8080", parse_listen, metavar="HOST:PORT"),
@@ -109,7 +111,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("read_timeout", "seconds an upstream may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text (key=value) or json, on stderr", "text", metavar="FORMAT"),
-    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
     Option("allow_expired_until", "operator override for an air-gapped tree: accept EXPIRED metadata until this "
            "ISO date (signatures, versions and hashes are still checked; every use is logged)", None, parse_datetime,
            metavar="DATE"),
@@ -117,7 +119,7 @@ OPTIONS: tuple[Option, ...] = (
            cpu_count(), _worker_count, metavar="N"),
     Option("audit_accepted", "also record every artifact served (yes/no), for forensics", False, _yes_no,
            metavar="YES|NO"),
-    Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); default: "
+    Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); no: "
            "stream it as it arrives and hold back only the final byte until verified", False,
            _yes_no, metavar="YES|NO"),
     Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
@@ -130,8 +132,8 @@ OPTIONS: tuple[Option, ...] = (
            "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
            "chain: environment, web identity, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config, "
            "container or instance role)", None, _store_url, metavar="URL"),
-    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's for the region)",
-           None, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL",
+           shown="AWS's for the region"),
     Option("s3_timeout", "seconds a bucket request may take (one retry within it) before the request gets a 503",
            30.0, _positive_float, metavar="SECONDS"),
     Option("s3_lease_seconds", "seconds one replica's lease on the upstream fetch of a file lasts; a crashed "
@@ -142,8 +144,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
     *access_options("anonymous"),
-    Option("ca_bundle", "CA certificates to verify upstreams' (the gateway's) TLS with (default: the system's)",
-           None, Path, metavar="FILE"),
+    Option("ca_bundle", "CA certificates to verify upstreams' (the gateway's) TLS with", None, Path, metavar="FILE",
+           shown="the system's"),
     Option("client_cert", "present this client certificate (PEM, key included or --client-key) to upstreams that "
            "ask for one (a gateway with --tls-client-ca)", None, Path, metavar="FILE"),
     Option("client_key", "the private key of --client-cert", None, Path, metavar="FILE"),
@@ -157,7 +159,7 @@ class ServeConfig:
     """The resolved settings of one proxy process."""
 
     upstream: list[str] = field(default_factory=list)
-    profile: str = "tufproxy"
+    profile: str | None = None  # None: the layout the signed metadata has (proxy.trust.detect)
     metadata_path: str | None = None
     files_url: list[str] = field(default_factory=list)
     gateway_url: str | None = None
@@ -201,11 +203,12 @@ class ServeConfig:
     upstream_auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
 
     @property
-    def layout(self) -> Profile:
-        return get_profile(self.profile)
+    def layout(self) -> Profile | None:
+        """The layout insisted on (--profile, or the one a synced --repository recorded); None: detect it."""
+        return get_profile(self.profile) if self.profile is not None else None
 
-    def metadata_url(self, upstream: str) -> str:
-        path = self.metadata_path or self.layout.metadata_path
+    def metadata_url(self, upstream: str, path: str | None = None) -> str:
+        path = path or self.metadata_path or TUFPROXY.metadata_path
         path = path if path.endswith("/") else f"{path}/"
         return path if re.match(r"https?://", path) else f"{upstream}{path}"
 
@@ -215,7 +218,9 @@ class ServeConfig:
             return self.root
         if self.repository is None:
             raise ConfigError("--root is required with --upstream (the pinned root.json)")
-        return self.repository / self.layout.metadata_path / "1.root.json"
+        layouts = [self.layout] if self.layout is not None else [TUFPROXY, WAREHOUSE]
+        found = [self.repository / p.metadata_path / "1.root.json" for p in layouts]
+        return next((f for f in found if f.exists()), found[0])
 
 
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
@@ -227,9 +232,8 @@ def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] =
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
     values = resolve_values(args, OPTIONS, environ, read_config(args.config, (o.name for o in OPTIONS)), str(args.config))
-    if values["profile"] is None:
-        recorded = recorded_profile(values["repository"]) if values["repository"] is not None else None
-        values["profile"] = recorded or ServeConfig.profile
+    if values["profile"] is None and values["repository"] is not None:
+        values["profile"] = recorded_profile(values["repository"])
     auth = OriginAuth()
     values["upstream"] = auth.add_all(values["upstream"])
     if values["gateway_url"] is not None:
@@ -248,7 +252,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         _ = config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
-    if config.gateway_url is not None and not config.layout.miss_protocol:
+    if config.gateway_url is not None and config.layout is not None and not config.layout.miss_protocol:
         raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")

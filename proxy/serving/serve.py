@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from proxy.protocol.access import Rules
-from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
+from proxy.protocol.errors import CommandError, ExpiredMetadata, RepositoryError, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.profiles import LayoutError, Profile, detect_profile
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.serving.guard import Guard
@@ -43,6 +44,7 @@ from proxy.transport.local import LocalFetcher
 from proxy.transport.tls import ServerTLS, TLSConfigError, client_context, server_tls
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.detect import candidate_paths, open_detected
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.slots import catch_up
@@ -72,6 +74,7 @@ class Running:
     refresher: asyncio.Task[None]
     metadata_fetcher: Fetcher
     tls_reload: asyncio.Task[None] | None = None
+    layout: str = ""  # which layout, and how it was decided, for the start-up line
 
     async def stop(self) -> None:
         self.refresher.cancel()
@@ -102,12 +105,11 @@ def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True)
     return sock
 
 
-def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
-    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
+def _fetchers(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[str]]:
+    """Fetchers for metadata and for files, apart (file downloads cannot starve a refresh), and the mirrors' bases."""
     if config.repository is not None:
         local = LocalFetcher(config.repository)
-        base = local.base_url()
-        return local, local, [Mirror(config.metadata_url(base), base)]
+        return local, local, [local.base_url()]
     tls = _client_tls(config)
     metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                               auth=config.upstream_auth, ssl_context=tls)
@@ -115,7 +117,7 @@ def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[M
     files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
                            total_timeout=None, per_host=config.mirror_downloads, auth=config.upstream_auth,
                            ssl_context=tls)
-    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+    return metadata, files, list(config.upstream)
 
 
 def _client_tls(config: ServeConfig) -> ssl.SSLContext | None:
@@ -255,23 +257,30 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     opened.callback(audit.close)
     metrics = Metrics()
     bucket = await _open_bucket(config, metrics)
-    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
+    fetcher, file_fetcher, bases = _fetchers(config)
     opened.push_async_callback(fetcher.close)
     if file_fetcher is not fetcher:
         opened.push_async_callback(file_fetcher.close)
-    layout = config.layout
-    trust = await _trusted_client(
-        config,
-        fetcher,
-        mirrors,
-        TrustConfig(
-            refresh_interval=config.refresh_interval,
-            miss_wait=config.miss_wait,
-            served_name=layout.served_name,
-            expiry_override=_expiry_override(config.allow_expired_until, audit),
-        ),
-    )
+    trust_config = TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
+                               expiry_override=_expiry_override(config.allow_expired_until, audit))
+
+    async def open_at(path: str, profile: Profile) -> TrustedClient:
+        mirrors = [Mirror(config.metadata_url(base, path), base) for base in bases]
+        return await _trusted_client(config, fetcher, mirrors, replace(trust_config, served_name=profile.served_name))
+
+    try:
+        detected = await open_detected(open_at, candidate_paths(config.metadata_path, config.layout), config.layout,
+                                       "--profile" if config.repository is None else "--profile (or the sync's record)")
+    except LayoutError as e:
+        raise CommandError(str(e)) from None
+    trust, layout = detected.client, detected.profile
     opened.callback(trust.close)
+    if detected.error is not None:
+        # Keep starting: requests will retry the refresh and fail closed until it works.
+        log.warning("initial metadata refresh failed: %s", detected.error)
+    log.info("%s", detected.describe())
+    if config.gateway_url is not None and not layout.miss_protocol:
+        raise CommandError(f"--gateway-url is for a gateway's edge, and this upstream has the {layout.name} layout")
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
     on_miss = (
         MissProtocol(gateway, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
@@ -307,11 +316,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         config.allow_anonymous_private,
     )
     trust.on_refused = proxy.resolver.refusals.refresh_refused
-    try:
-        await trust.refresh()
-    except TrustError as e:
-        # Keep starting: requests will retry the refresh and fail closed until it works.
-        log.warning("initial metadata refresh failed: %s", e)
+    if isinstance(detected.error, RepositoryError):  # refused while the layout was read: audited like any other
+        trust.on_refused(detected.error)
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
@@ -320,9 +326,10 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
+    watch = [] if detected.verified or config.layout is not None else [_confirm_layout(trust, layout, proxy)]
+    refresher = asyncio.create_task(_gather(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics), *watch))
     tls_task = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
-    return Running(runner, proxy, actual, refresher, fetcher, tls_task)
+    return Running(runner, proxy, actual, refresher, fetcher, tls_task, detected.describe())
 
 
 async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
@@ -353,6 +360,28 @@ def _bucket_tier(
         BucketFetcher(bucket, file_fetcher),
         BucketFetcher(bucket, page_fetcher),
     )
+
+
+async def _gather(*jobs: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*jobs)
+
+
+async def _confirm_layout(trust: TrustedClient, assumed: Profile, proxy: Proxy, every: float = 1.0) -> None:
+    """With the layout assumed at start-up (nothing verified yet), check it once metadata verifies: a wrong guess
+    is logged and reported by /readyz until a restart detects the right one."""
+    while True:  # the trust core has no event for "verified": polled, once a second, until it has
+        targets = trust.verified_targets
+        if targets is not None:
+            break
+        await asyncio.sleep(every)
+    found = detect_profile(targets)
+    if found and assumed not in found:
+        proxy.layout_problem = (f"the signed metadata has the {found[0].name} layout, not the {assumed.name} layout "
+                                f"assumed at start-up (the upstream did not answer then): restart tufproxy serve, "
+                                f"or give --profile {found[0].name}")
+        log.error("%s", proxy.layout_problem)
+    else:
+        log.info("layout %s confirmed by the signed metadata", assumed.name)
 
 
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:

@@ -75,6 +75,8 @@ class Proxy:
         self.settings = resolver.settings
         self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
         self._evictions_reported = 0
+        # Set when the layout assumed at start-up turns out not to be the signed metadata's: /readyz says so.
+        self.layout_problem: str | None = None
 
     def runner(self, **kwargs: Any) -> web.AppRunner:
         """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout),
@@ -222,10 +224,13 @@ class Proxy:
         problems = []
         if not status["ready"]:
             problems.append("no unexpired trusted metadata")
+        if self.layout_problem is not None:
+            problems.append(self.layout_problem)
         last = status.get("last_refresh")
         if last is None or time.time() - last > self.settings.upstream_freshness:
             problems.append(f"no successful metadata refresh in {self.settings.upstream_freshness:.0f}s"
-                            + (f" (last error: {status['last_error']})" if status.get("last_error") else ""))
+                            + (f" (last error: {status['last_error']}: {status.get('last_error_message')})"
+                               if status.get("last_error") else ""))
         try:
             await asyncio.to_thread(self.store.probe_writable)
         except StoreError as e:

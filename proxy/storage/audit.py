@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy.protocol.errors import CommandError, Fault
+from proxy.util.logs import request_id
 
 
 class AuditWriteError(OSError):
@@ -57,6 +58,8 @@ class AuditLog:
 
     def _write(self, record: dict[str, Any]) -> None:
         record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), **record}
+        if "request_id" not in record and request_id.get() != "-":
+            record["request_id"] = request_id.get()  # the request being served (a gateway's: the edge's id)
         if record.get("upstream_url"):
             record["upstream_url"] = redact_url(str(record["upstream_url"]))
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
@@ -119,8 +122,10 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
             overrides += 1
             continue
         by_reason[str(record.get("reason"))] += 1
-        by_target[str(record.get("target"))] += 1
-        by_client[str(record.get("client"))] += 1
+        # A gateway's records name no client (it serves edges), some name no target: counted only where named.
+        for counter, key in ((by_target, "target"), (by_client, "client")):
+            if record.get(key) is not None:
+                counter[str(record[key])] += 1
     return {
         "refused": sum(by_reason.values()),
         "accepted": accepted,

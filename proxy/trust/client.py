@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
-from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
+from tuf.api.metadata import MetaFile, Root, Snapshot, Targets, Timestamp
 
 from proxy.protocol import errors
 from proxy.protocol.model import (
@@ -230,6 +230,11 @@ class TrustedClient:
     def timestamp_version(self) -> int | None:
         """Version of the timestamp lookups are answered from (None before the first verified state)."""
         return None if self._state is None else self._state.timestamp.version
+
+    @property
+    def verified_targets(self) -> Targets | None:
+        """The top-level targets lookups are answered from (its delegations tell the layout); None before any."""
+        return None if self._state is None else self._state.targets.signed
 
     def _start_refresh(self) -> asyncio.Task[None]:
         """The cycle in flight, or a new one."""
@@ -658,6 +663,7 @@ class TrustedClient:
             "roles": roles,
             "last_refresh": self._last_success,
             "last_error": None if self._last_error is None else self._last_error.reason,
+            "last_error_message": None if self._last_error is None else str(self._last_error)[:300],
             "cached_roles": len(self._roles),
         }
 

@@ -47,8 +47,9 @@ class TestIndex:
 
     def __init__(self, mode: str = "negotiate", separate_files_host: bool = False, *,
                  ssl_context: ssl.SSLContext | None = None, basic_auth: str | None = None,
-                 files_via_index: bool = False) -> None:
+                 files_via_index: bool = False, root_page: bool = False) -> None:
         self.mode = mode
+        self.root_page = root_page  # serve /simple/ (the project list): off, so no start-up check reads pages
         self.ssl_context = ssl_context
         self.basic_auth = basic_auth  # the whole Authorization header value the index's origin requires
         self.files_via_index = files_via_index
@@ -130,6 +131,10 @@ class TestIndex:
             return web.Response(body=index.render_project_json(page), headers={"Content-Type": media.value})
         return web.Response(body=index.render_project_html(page), headers={"Content-Type": "text/html"})
 
+    async def _root(self, request: web.Request) -> web.Response:
+        listed = index.ProjectList(tuple(sorted(self.projects)))
+        return web.Response(body=index.render_project_list_html(listed), headers={"Content-Type": "text/html"})
+
     async def _file(self, request: web.Request) -> web.Response:
         self.requests.append(request.path)
         name = request.match_info["name"]
@@ -183,6 +188,8 @@ class TestIndex:
         app = web.Application(middlewares=[guard])
         if pages:
             app.router.add_get("/simple/{project}/", self._page)
+            if self.root_page:
+                app.router.add_get("/simple/", self._root)
             if self.files_via_index and not files:
                 app.router.add_get("/files/{project}/{name}", self._to_files_host)
         if files:
