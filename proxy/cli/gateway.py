@@ -22,7 +22,9 @@ from pathlib import Path
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
+from proxy.cli import advisories
 from proxy.cli.repo import _days, _guarded
+from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -59,6 +61,7 @@ from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
+ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this
 
 
 def ledger_dir(directory: Path) -> Path:
@@ -119,7 +122,8 @@ What lives where (back up the first three; the rest is fetched again):
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
-                          memory of what was served) and policy.json
+                          memory of what was served), policy.json and
+                          advisories.json (imported OSV advisories)
   DIR/public/packages/    files fetched on demand, checked against the ledger;
                           with --cache-dir DIR2: DIR2/packages/ instead
   DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
@@ -217,7 +221,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
-    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     app = GatewayApp(gateway, files, repo.public_dir)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
@@ -234,9 +239,11 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+    watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
 
     async def stop() -> None:
         fresh.cancel()
+        watching.cancel()
         if pushing is not None:
             pushing.cancel()
         await publisher.stop()
@@ -400,6 +407,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
     p.set_defaults(func=_guarded(_cmd_policy))
+
+    advisories.register(sub, ledger_dir, policy_file)
 
     p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
     p.add_argument("dir", metavar="DIR")

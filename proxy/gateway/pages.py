@@ -3,7 +3,9 @@
 :func:`render` is the one place that decides what a project's signed page
 says.  In order: the policy (:mod:`proxy.gateway.policy`) leaves out the
 files uploaded after its cut-off at the time given, and the PEP 700
-versions it left with no file; revoked files leave; pinned files keep
+versions it left with no file; revoked files leave; files an imported
+OSV advisory blocks under the policy's advisory rules leave
+(:func:`withheld`); pinned files keep
 their pinned hashes and size (so a listed file whose contents differ from
 its pin stays signed as pinned; the change is reported, never signed).
 Every link is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
@@ -23,6 +25,7 @@ from proxy.gateway.policy import Policy, Trimmed
 from proxy.protocol import index
 from proxy.protocol.hashing import ACCEPTED
 from proxy.protocol.layout import page_file_href
+from proxy.protocol.osv import AdvisorySet, Block
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,26 @@ class Rendered:
     trimmed: Trimmed
     new_pins: list[Pin] = field(default_factory=list)
     changed: list[Changed] = field(default_factory=list)
+    blocked: list[Block] = field(default_factory=list)
 
 
 def _accepted(hashes: dict[str, str]) -> dict[str, str]:
     return {a: v for a, v in hashes.items() if a in ACCEPTED}
 
 
-def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> Rendered:
+def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist: index.DistFile, pin: Pin | None) -> Block | None:
+    """The advisory block on this file, by its name or by its listed or pinned sha256; None if it may stay."""
+    if advisories is None or not len(advisories):
+        return None
+    rules = policy.advisory_rules()
+    for sha256 in dict.fromkeys((pin.hashes.get("sha256") if pin else None, dist.hashes.get("sha256"))):
+        block = advisories.block(rules, project, dist.filename, sha256)
+        if block is not None:
+            return block
+    return None
+
+
+def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advisories: AdvisorySet | None = None) -> Rendered:
     """The page to sign for ``listing`` at ``now``; see the module docstring."""
     trimmed = policy.apply(listing.page, now)
     listing = dataclasses.replace(listing, page=trimmed.page)
@@ -61,6 +77,9 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> R
         hashes = _accepted(dist.hashes)
         core = _accepted(dist.core_metadata) if isinstance(dist.core_metadata, dict) else {}
         pin = ledger.pins.get((project, dist.filename))
+        if (block := withheld(advisories, policy, project, dist, pin)) is not None:
+            out.blocked.append(block)
+            continue
         if pin is None:
             pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
             out.new_pins.append(pin)

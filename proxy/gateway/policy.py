@@ -14,6 +14,9 @@ Owns four decisions, all pure (no I/O; the time is passed in):
 * **Several indexes, first match wins** (uv's ``first-index``), with names
   claimed private that only the first index may ever supply, and the
   ledger's memory of where a project came from.
+* **Advisory rules**: whether OSV advisories block malicious releases,
+  vulnerable ones from which severity up, and the advisories accepted
+  anyway (the matching itself is :mod:`proxy.protocol.osv`).
 * **Settings**: the flags, ``TUFPROXY_*`` variables and TOML keys above,
   parsed all-or-nothing, and a description of the effective policy.
 
@@ -46,6 +49,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.index import ProjectPage
+from proxy.protocol.osv import Rules, parse_level
 from proxy.serving.config import ConfigError, Option
 
 # Rule slugs: audit records and metric labels (a bounded set).
@@ -324,6 +328,23 @@ def parse_missing_upload_time(value: Any) -> str:
     return str(value)
 
 
+def parse_yes_no(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("yes", "no", "true", "false"):
+        raise PolicyError(f"{value!r} is not yes or no")
+    return text in ("yes", "true")
+
+
+def parse_advisory_ids(value: Any) -> tuple[str, ...]:
+    ids = [str(item).strip() for item in _split_list(value)]
+    bad = [i for i in ids if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", i)]
+    if bad:
+        raise PolicyError(f"{bad[0]!r} is not an advisory id (e.g. PYSEC-2024-1, GHSA-xxxx-xxxx-xxxx, CVE-2024-1)")
+    return tuple(dict.fromkeys(ids))
+
+
 def _first_match(name: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
 
@@ -433,6 +454,12 @@ class Policy:
     allow_project: tuple[str, ...] = ()
     deny_project: tuple[str, ...] = ()
     private_project: tuple[str, ...] = ()
+    block_malicious: bool = True
+    block_vulnerable: str = "none"
+    allow_advisory: tuple[str, ...] = ()
+
+    def advisory_rules(self) -> Rules:
+        return Rules(self.block_malicious, self.block_vulnerable, frozenset(self.allow_advisory))
 
     # -------------------------------------------------------- projects
 
@@ -554,6 +581,9 @@ class Policy:
             "allow_project": list(self.allow_project),
             "deny_project": list(self.deny_project),
             "private_project": list(self.private_project),
+            "block_malicious": "yes" if self.block_malicious else "no",
+            "block_vulnerable": self.block_vulnerable,
+            "allow_advisory": list(self.allow_advisory),
         }
 
     def describe(self, now: datetime | None = None) -> str:
@@ -577,6 +607,9 @@ class Policy:
             f"allow-project: {listed(self.allow_project, 'all projects')}",
             f"deny-project: {listed(self.deny_project)}",
             f"private-project (first index only): {listed(self.private_project)}",
+            f"block-malicious (OSV advisories): {'yes' if self.block_malicious else 'no'}",
+            f"block-vulnerable (from severity): {self.block_vulnerable}",
+            f"allow-advisory: {listed(self.allow_advisory)}",
         ])
 
 
@@ -600,6 +633,13 @@ POLICY_OPTIONS: tuple[Option, ...] = (
            "beats --allow-project; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("private_project", "names only the first --index-url may supply; if it lacks one, 404, never "
            "another index's package of that name; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("block_malicious", "leave out files an imported OSV advisory calls malicious (MAL- ids, the "
+           "malicious-packages origin)", "yes", parse_yes_no, metavar="yes|no"),
+    Option("block_vulnerable", "leave out files with an imported OSV advisory of this severity or higher "
+           "(CVSS base score, else the advisory's own rating)", "none", parse_level,
+           metavar="none|low|medium|high|critical"),
+    Option("allow_advisory", "an advisory id (or alias) whose risk the organisation accepts: it blocks nothing; "
+           "repeatable", [], parse_advisory_ids, repeat=True, metavar="ID"),
 )
 POLICY_KEYS = frozenset(opt.name for opt in POLICY_OPTIONS)
 

@@ -16,6 +16,10 @@ is signed: a project it denies is a 404 with an audit record, and is
 unpublished at its next refresh if it was signed before; a page it
 trimmed gets one audit record each time what it hides changes, and the
 ``tufproxy_gateway_policy_hidden_files`` gauge counts what it hides now.
+Files an imported OSV advisory blocks (:mod:`proxy.gateway.advisories`)
+leave the page the same way, each with its own audit record, and
+:meth:`Gateway.watch_advisories` republishes at once the projects an
+import changes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from datetime import UTC, datetime
 
 from packaging.utils import canonicalize_name
 
+from proxy.gateway.advisories import AdvisoryWatch
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
@@ -37,8 +42,10 @@ from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Refu
 from proxy.gateway.publisher import Publisher
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
+from proxy.protocol.osv import RULES as ADVISORY_RULES
+from proxy.protocol.osv import Block
 from proxy.storage.audit import AuditLog
-from proxy.util.locks import FetchLocks
+from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
@@ -64,7 +71,8 @@ class Gateway:
     """See the module docstring."""
 
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
-                 metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None) -> None:
+                 metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
+                 advisories: AdvisoryWatch | None = None) -> None:
         self.client = client
         self.locks = locks
         self.ledger = ledger
@@ -79,6 +87,8 @@ class Gateway:
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
         self._absent: OrderedDict[str, float] = OrderedDict()
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
+        self.advisories = advisories
+        self._blocked: dict[str, tuple[Block, ...]] = {}  # what advisories block now, by project
 
     def touch(self, project: str) -> None:
         self.used[project] = time.monotonic()
@@ -163,10 +173,26 @@ class Gateway:
         for rule in FILE_RULES:
             self.metrics.policy_hidden.labels(rule).set(totals[rule])
 
+    def _record_blocked(self, project: str, blocked: list[Block]) -> None:
+        """One audit record per file an advisory newly blocks; the gauge of blocks in force by rule."""
+        before = set(self._blocked.pop(project, ()))
+        if blocked:
+            self._blocked[project] = tuple(blocked)
+        for block in blocked:
+            if block not in before:
+                self.metrics.refusals.labels(block.rule).inc()
+                self.audit.refused(reason=block.rule, target=f"packages/{project}/{block.filename}",
+                                   detail=f"blocked by advisory {block.id}", **block.audit_fields())
+        totals = Counter(b.rule for blocks in self._blocked.values() for b in blocks)
+        for rule in ADVISORY_RULES:
+            self.metrics.advisory_blocks.labels(rule).set(totals[rule])
+
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
-        rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
+        advisories = self.advisories.advisories if self.advisories is not None else None
+        rendered = render(listing, self.ledger, self.policy, datetime.now(UTC), advisories)
         self._record_trimmed(listing.project, rendered.trimmed)
+        self._record_blocked(listing.project, rendered.blocked)
         records = self.ledger.pin_records(rendered.new_pins)
         if listing.project not in self.ledger.project_index:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
@@ -197,6 +223,28 @@ class Gateway:
         if pages:
             await self.publisher.publish(pages)
         return len(pages)
+
+    async def watch_advisories(self, interval: float = 1.0, leader: Leadership | None = None) -> None:
+        """Run until cancelled: reload the advisory store when it changes and republish the published
+        projects it names at once (all of them the first time: the rules may have changed since they
+        were signed).  Under workers, every worker reloads; the leader republishes."""
+        if self.advisories is None:
+            return
+        due = set(self.advisories.advisories.projects())
+        while True:
+            due |= self.advisories.check()
+            if due and (leader is None or leader.held()):
+                self.publisher.reload()
+                batch, due = sorted(due & self.publisher.published), set()
+                if batch:
+                    try:
+                        changed = await self.refresh(batch)
+                        log.info("advisories changed: republished %d of %d project(s)", changed, len(batch))
+                    except Exception as e:  # noqa: BLE001 - keep watching; the page ttl refreshes them anyway
+                        log.error("republishing after an advisory change failed: %s", e)
+            elif leader is not None and not leader.held():
+                due = set()
+            await asyncio.sleep(interval)
 
     async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):
