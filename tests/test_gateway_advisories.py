@@ -178,3 +178,13 @@ def test_hash_blocks_a_file_whatever_its_version_says(tmp_path: Path, evil_index
     assert tufproxy("gateway", "advisories", "import", str(tmp_path / "gw"), str(tmp_path / "MAL-2024-3.json")).returncode == 0
     with _gateway(tmp_path, evil_index) as gw, edge_for(tmp_path, gw) as edge:
         assert _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}
+
+
+def test_a_block_does_not_wait_for_an_unreachable_index(tmp_path: Path, evil_index: TestIndex) -> None:
+    with _gateway(tmp_path, evil_index) as gw, edge_for(tmp_path, gw) as edge:
+        assert len(_edge_offers(edge.url, "evil-pkg")) == 2
+        evil_index.__exit__(None, None, None)  # the index is gone from now on
+        record = write(tmp_path / "MAL-2024-5.json", mal(ident="MAL-2024-5", name="evil-pkg", versions=("1.0",)))
+        assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
+        wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}, LIMIT,
+                 "the block taken from the signed page")

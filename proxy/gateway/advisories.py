@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.osv import Advisory, AdvisorySet, RecordError, parse_record
 from proxy.util.atomic import atomic_write
 
@@ -34,6 +35,9 @@ MAX_NAMED_SKIPS = 20  # a warning names this many skipped records, then counts
 
 class SourceError(Exception):
     """A source that cannot be read at all (a missing file, a corrupt zip); one line for people."""
+
+    reason = "bad-advisory-source"
+    fault = Fault.OPERATOR
 
 
 def store_path(gateway_dir: Path) -> Path:

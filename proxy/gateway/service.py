@@ -25,6 +25,7 @@ import changes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -37,7 +38,7 @@ from proxy.gateway.advisories import AdvisoryWatch
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.gateway.pages import Rendered, render
+from proxy.gateway.pages import Rendered, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.publisher import Publisher
 from proxy.protocol import index
@@ -246,6 +247,19 @@ class Gateway:
                 due = set()
             await asyncio.sleep(interval)
 
+    def _withhold_from_signed(self, project: str) -> index.ProjectPage | None:
+        """The signed page less the files advisories now block, when there are any (else None: keep it)."""
+        advisories = self.advisories.advisories if self.advisories is not None else None
+        page = self.publisher.repo.current_page(project) if advisories and project in advisories.projects() else None
+        if page is None:
+            return None
+        blocked = [b for d in page.files if (b := withheld(advisories, self.policy, project, d, None)) is not None]
+        if not blocked:
+            return None
+        self._record_blocked(project, blocked)
+        gone = {b.filename for b in blocked}
+        return dataclasses.replace(page, files=tuple(f for f in page.files if f.filename not in gone))
+
     async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):
             return None
@@ -255,7 +269,8 @@ class Gateway:
         try:
             listing = await self.fetch(project)
         except PageRefused:
-            return None  # an unreachable or lying index never unpublishes what is signed
+            # An unreachable or lying index never unpublishes what is signed, nor delays a block.
+            return self._withhold_from_signed(project)
         if isinstance(listing, Refusal) and listing.rule == RULE_PRIVATE:
             return listing
         if isinstance(listing, Refusal):

@@ -39,6 +39,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from proxy.protocol.errors import Fault
+
 RULE_MALICIOUS = "advisory-malicious"
 RULE_VULNERABLE = "advisory-vulnerable"
 RULES = (RULE_MALICIOUS, RULE_VULNERABLE)
@@ -52,7 +54,10 @@ MAX_AFFECTED = 10_000  # per record: a bound on what one record may make us keep
 
 
 class RecordError(ValueError):
-    """A record that does not follow the OSV schema; the message says where."""
+    """A record that does not follow the OSV schema; the message says where (skipped, never served)."""
+
+    reason = "bad-advisory"
+    fault = Fault.REPOSITORY  # the feed sent it
 
 
 def level_of(score: float) -> str:
