@@ -8,9 +8,12 @@ builders); the chain is a test index -> ``tufproxy gateway serve`` -> an edge
 from __future__ import annotations
 
 import hashlib
+import http.server
+import io
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zipfile
@@ -188,3 +191,58 @@ def test_a_block_does_not_wait_for_an_unreachable_index(tmp_path: Path, evil_ind
         assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
         wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}, LIMIT,
                  "the block taken from the signed page")
+
+
+class Feed:
+    """An OSV zip over HTTP on 127.0.0.1 with an ETag, answering conditional GETs with 304."""
+
+    def __init__(self) -> None:
+        self.body, self.etag, self.answers = b"", '"0"', []  # answers: the status of each GET
+        feed = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.headers.get("If-None-Match") == feed.etag:
+                    feed.answers.append(304)
+                    self.send_response(304)
+                    self.send_header("ETag", feed.etag)
+                    self.end_headers()
+                    return
+                feed.answers.append(200)
+                self.send_response(200)
+                self.send_header("ETag", feed.etag)
+                self.send_header("Content-Length", str(len(feed.body)))
+                self.end_headers()
+                self.wfile.write(feed.body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/PyPI/all.zip"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def publish(self, *records: dict) -> None:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for record in records:
+                zf.writestr(f"{record['id']}.json", json.dumps(record))
+        self.body, self.etag = buf.getvalue(), f'"{hashlib.sha256(buf.getvalue()).hexdigest()[:16]}"'
+
+
+def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestIndex) -> None:
+    feed = Feed()
+    feed.publish(mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
+    try:
+        with _gateway(tmp_path, evil_index, "--advisories-url", feed.url, "--advisories-refresh", "0.5") as gw, \
+                edge_for(tmp_path, gw) as edge:
+            wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-1.0-py3-none-any.whl"}, LIMIT, "the feed's block")
+            wait_for(lambda: 304 in feed.answers, LIMIT, "a conditional GET answered 304")
+            feed.publish(mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",), modified="2024-09-01T00:00:00Z",
+                             withdrawn="2024-09-01T00:00:00Z"))
+            wait_for(lambda: len(_edge_offers(edge.url, "evil-pkg")) == 2, LIMIT, "the withdrawn record lifting the block")
+            assert feed.answers.count(200) == 2  # the unchanged feed was never downloaded again
+        listing = json.loads(tufproxy("gateway", "advisories", str(tmp_path / "gw"), "--json").stdout)
+        assert listing["counts"]["withdrawn"] == 1 and feed.url in listing["sources"]
+    finally:
+        feed.server.shutdown()

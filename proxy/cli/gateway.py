@@ -26,6 +26,7 @@ from proxy.cli import advisories
 from proxy.cli.repo import _days, _guarded
 from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp
+from proxy.gateway.feeds import Feeds
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
@@ -64,6 +65,16 @@ DEFAULT_BINS = 1024
 ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this
 
 
+def _file_urls(value: str | list[str]) -> list[str]:
+    """http(s) URLs of files (a feed's zip): as given, with no slash added."""
+    items = value if isinstance(value, list) else value.replace(",", " ").split()
+    urls = [str(u) for u in items if u]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"not an http(s) URL: {bad[0]!r}")
+    return urls
+
+
 def ledger_dir(directory: Path) -> Path:
     return Path(directory) / "gateway"
 
@@ -97,6 +108,11 @@ OPTIONS: tuple[Option, ...] = (
            "it from there",
            None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
+    Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
+           "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
+    Option("advisories_refresh", "seconds between conditional GETs of each --advisories-url", 3600.0, _positive_float,
+           metavar="SECONDS"),
+    Option("advisories_max_size", "largest --advisories-url body accepted", "1G", parse_size, metavar="SIZE"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
@@ -240,10 +256,20 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
     watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
+    feeds = None
+    if values["advisories_url"]:
+        feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
+                              connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+        feeds = (feed_http, asyncio.create_task(
+            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), max_size=values["advisories_max_size"])
+            .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:
         fresh.cancel()
         watching.cancel()
+        if feeds is not None:
+            feeds[1].cancel()
+            await feeds[0].close()
         if pushing is not None:
             pushing.cancel()
         await publisher.stop()

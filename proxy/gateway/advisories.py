@@ -12,6 +12,7 @@ of each record, written atomically; parsing and matching are
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -144,12 +145,18 @@ def load(path: Path) -> Store:
 def import_into(path: Path, sources: Iterable[Path], label: str | None = None) -> tuple[Store, ImportReport]:
     """Merge the records of ``sources`` into the store at ``path`` and write it (once, atomically)."""
     sources = list(sources)
-    store = load(path)
-    report = ImportReport()
-    report.kept = store.advisories.add(parse_sources(sources, report))
-    store.imported = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    store.sources.append(label or ", ".join(str(s) for s in sources)[:500])
-    write(path, store)
+    # One import at a time (the CLI beside a feed refresh): each reads what the other wrote.
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        store = load(path)
+        report = ImportReport()
+        report.kept = store.advisories.add(parse_sources(sources, report))
+        store.imported = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        store.sources.append(label or ", ".join(str(s) for s in sources)[:500])
+        write(path, store)
+    finally:
+        os.close(fd)
     return store, report
 
 

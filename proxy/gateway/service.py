@@ -236,7 +236,8 @@ class Gateway:
             due |= self.advisories.check()
             if due and (leader is None or leader.held()):
                 self.publisher.reload()
-                batch, due = sorted(due & self.publisher.published), set()
+                # A project being published now may have been rendered with the old set: it is due next time.
+                batch, due = sorted(due & self.publisher.published), due & self._inflight.keys()
                 if batch:
                     try:
                         changed = await self.refresh(batch)

@@ -342,8 +342,8 @@ def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], enviro
         else:
             raw, source = opt.default, opt.flag
         try:
-            if opt.repeat and isinstance(raw, list):
-                raw = [u for g in raw for u in _url_list(g)]
+            if opt.repeat and isinstance(raw, list):  # each flag or list item may itself be a list
+                raw = [u for g in raw for u in opt.parse(g)]
             values[opt.name] = opt.parse(raw) if raw is not None else None
         except (ConfigError, ValueError, TypeError) as e:
             raise ConfigError(f"{source}: {e}") from e
