@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from proxy.cli import advisories
 from proxy.cli.repo import _days, _guarded
+from proxy.cli.up import add_up
 from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.feeds import Feeds
@@ -94,6 +95,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
     Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
            metavar="SECONDS"),
+    Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
+           "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
+    Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
     Option("ca_bundle", "CA certificates to verify the index's TLS with (default: the system's)", None, Path, metavar="FILE"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
@@ -238,6 +242,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
                       advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     app = GatewayApp(gateway, files, repo.public_dir)
@@ -272,6 +277,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
             await feeds[0].close()
         if pushing is not None:
             pushing.cancel()
+        await gateway.prefetcher.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()
@@ -423,6 +429,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p, OPTIONS)
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
+
+    add_up(sub)
 
     p = sub.add_parser(
         "policy",

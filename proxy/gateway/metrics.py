@@ -26,6 +26,12 @@ class GatewayMetrics:
         self.pages_fetched = Counter(
             "tufproxy_gateway_pages_fetched_total", "Index pages fetched, by outcome", ["outcome"], registry=r
         )
+        self.prefetches = Counter(
+            "tufproxy_gateway_prefetches_total",
+            "Dependency prefetches by outcome: published (or already was), refused by policy or the index, "
+            "failed, unreachable, bad-metadata",
+            ["outcome"], registry=r,
+        )
         self.publishes = Counter(
             "tufproxy_gateway_publishes_total", "Batches signed (one snapshot and timestamp each)", registry=r
         )

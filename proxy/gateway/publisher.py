@@ -2,11 +2,13 @@
 
 Callers hand :meth:`Publisher.publish` the pages of some projects (None
 removes one) and wait for the timestamp version that carries them.  One
-task signs: while it signs, new requests queue; when it is done it waits
-``window`` seconds for more and signs everything queued in one
-transaction of the signer (:meth:`Repository.publish_pages`), so N
-projects arriving together cost one snapshot and one timestamp signature,
-however many bins they touch.  The signer runs in a thread and keeps its
+task signs: while it signs, new requests queue, and the next batch signs
+everything queued in one transaction of the signer
+(:meth:`Repository.publish_pages`), so N projects arriving together cost
+one snapshot and one timestamp signature, however many bins they touch.
+The window adapts: a lone miss is signed at once; only while other pages
+are still being fetched for a publish (:meth:`Publisher.preparing`) does a
+batch wait for them, at most ``window`` seconds.  The signer runs in a thread and keeps its
 own write order (bin-n, snapshot, then timestamp, each atomic), so a
 crash mid-publish leaves the previous timestamp in force.
 
@@ -25,11 +27,12 @@ version) through :meth:`Publisher.reload`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from tuf.api.metadata import Metadata
@@ -57,6 +60,7 @@ class Publisher:
         self._resign = False
         self._waiters: list[asyncio.Future[int]] = []
         self._wake = asyncio.Event()
+        self._preparing = 0  # pages being fetched that a publish will follow
         self._task: asyncio.Task[None] | None = None
         self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
         self._seen: tuple[object, ...] = ()
@@ -96,6 +100,16 @@ class Publisher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """While this is held, a batch about to be signed waits (at most ``window``) for its publish."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            self._wake.set()  # a batch waiting for it looks again
+
     async def publish(self, pages: Pages) -> int:
         """Queue ``pages``; the timestamp version that first carries them all."""
         self._pending.update(pages)
@@ -113,11 +127,18 @@ class Publisher:
         return await future
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            # The batch window: what arrives meanwhile is signed with this batch.
-            await asyncio.sleep(self.window)
+            # The batch window: only pages still being fetched for a publish are waited for.
+            deadline = loop.time() + self.window
+            while self._preparing and (left := deadline - loop.time()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
             self._wake.clear()
+            if not self._waiters:
+                continue  # woken by a fetch that ended without a publish
             pages, self._pending = self._pending, {}
             resign, self._resign = self._resign, False
             waiters, self._waiters = self._waiters, []

@@ -40,6 +40,7 @@ from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
+from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.publisher import Publisher
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
@@ -73,6 +74,7 @@ class Gateway:
 
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
                  metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
+                 prefetch_depth: int = 0, prefetch_max: int = 0,
                  advisories: AdvisoryWatch | None = None) -> None:
         self.client = client
         self.locks = locks
@@ -88,6 +90,8 @@ class Gateway:
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
         self._absent: OrderedDict[str, float] = OrderedDict()
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
+        self.prefetcher = Prefetcher(self._fetch_bytes, self._prefetch, prefetch_depth, prefetch_max,
+                                     lambda outcome: metrics.prefetches.labels(outcome).inc())
         self.advisories = advisories
         self._blocked: dict[str, tuple[Block, ...]] = {}  # what advisories block now, by project
 
@@ -95,8 +99,11 @@ class Gateway:
         self.used[project] = time.monotonic()
         self.used.move_to_end(project)
 
-    async def ensure(self, name: str) -> Published:
-        """Publish ``name`` if it is not yet; the timestamp version carrying it. NotListed or PageRefused otherwise."""
+    async def ensure(self, name: str, prefetch: tuple[int, Budget] | None = None) -> Published:
+        """Publish ``name`` if it is not yet; the timestamp version carrying it. NotListed or PageRefused otherwise.
+
+        ``prefetch`` (depth left, budget) marks a dependency prefetch rather than a client's request.
+        """
         project = canonicalize_name(name)
         self.ledger.reload()
         if self.ledger.is_revoked(project):
@@ -114,24 +121,28 @@ class Gateway:
             raise NotListed(f"no index lists {project}")
         future = self._inflight.get(project)
         if future is None:
-            future = asyncio.ensure_future(self._publish_new(project))
+            future = asyncio.ensure_future(self._publish_new(project, prefetch))
             self._inflight[project] = future
             future.add_done_callback(lambda f: self._inflight.pop(project, None))
         # shield: a caller that gives up does not cancel the publish others wait for.
         return await asyncio.shield(future)
 
-    async def _publish_new(self, project: str) -> Published:
+    async def _publish_new(self, project: str, prefetch: tuple[int, Budget] | None) -> Published:
         if self.locks is None:
-            return await self._fetch_and_publish(project)
+            return await self._fetch_and_publish(project, prefetch)
         async with self.locks.hold(f"publish {project}", wait=PUBLISH_LOCK_WAIT):
             self.publisher.reload()
             if project in self.publisher.published:  # a worker we waited for signed it
                 return Published(project, self.publisher.timestamp_version)
             self.ledger.reload()
-            return await self._fetch_and_publish(project)
+            return await self._fetch_and_publish(project, prefetch)
 
-    async def _fetch_and_publish(self, project: str) -> Published:
-        listing = await self.fetch(project)
+    async def _fetch_and_publish(self, project: str, prefetch: tuple[int, Budget] | None) -> Published:
+        if prefetch is None:  # a client waits: the batch being signed waits for this page (adaptive window)
+            with self.publisher.preparing():
+                listing = await self.fetch(project)
+        else:  # a guess: signed in whichever batch comes next, holding no client's batch back
+            listing = await self.fetch(project)
         if isinstance(listing, Refusal):
             if listing.rule == RULE_PRIVATE:
                 self._refused_by_policy(project, listing)
@@ -141,8 +152,28 @@ class Gateway:
                 if len(self._absent) > MAX_ABSENT:
                     self._absent.popitem(last=False)
             raise NotListed(listing.message)
-        version = await self.publisher.publish({project: self.accept(listing).page})
+        rendered = self.accept(listing)
+        depth, budget = prefetch or (self.prefetcher.depth, self.prefetcher.new_budget())
+        kept = {f.filename for f in rendered.page.files}
+        # Dependencies are read from the files the policy let through, at the index's own URLs.
+        self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
+            f for f in listing.page.files if f.filename in kept)), depth, budget)
+        version = await self.publisher.publish({project: rendered.page})
         return Published(project, version)
+
+    async def _prefetch(self, name: str, depth: int, budget: Budget) -> None:
+        """Publish a dependency as a request would (policy, pins, checks); never raise."""
+        try:
+            await self.ensure(name, (depth, budget))
+        except (NotListed, PageRefused):
+            self.metrics.prefetches.labels("refused").inc()
+        else:
+            self.metrics.prefetches.labels("published").inc()
+
+    async def _fetch_bytes(self, url: str, limit: int) -> bytes:
+        """A file of an index (prefetch reads metadata): bounded, from an allowed origin, credentials kept to it."""
+        async with self.client.http.get(url, limit, (*self.client.index_urls, *self.client.files_origins)) as response:
+            return b"".join([chunk async for chunk in response.body])
 
     async def fetch(self, project: str) -> Listing | Refusal:
         """The project's listing from the index the policy picks, or why none may supply it; refusals audited."""
