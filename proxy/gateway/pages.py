@@ -10,7 +10,9 @@ their pinned hashes and size (so a listed file whose contents differ from
 its pin stays signed as pinned; the change is reported, never signed).
 Every link is rewritten to the gateway's own relative ``../../packages/<p>/<file>``,
 every field pip and uv use is kept (requires-python, yanked and reason,
-PEP 658/714 core-metadata hashes, PEP 700 size, upload-time, versions).
+PEP 658/714 core-metadata hashes, PEP 700 size, upload-time, versions,
+PEP 792 project status and reason).  A project its index marks
+``quarantined`` is not rendered at all (:func:`quarantined`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import datetime
 
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.listing import Listing
-from proxy.gateway.policy import Policy, Trimmed
+from proxy.gateway.policy import Policy, Refusal, RefusalKind, Trimmed
 from proxy.protocol import index
 from proxy.protocol.hashing import ACCEPTED
 from proxy.protocol.layout import page_file_href
@@ -50,6 +52,17 @@ class Rendered:
 
 def _accepted(hashes: dict[str, str]) -> dict[str, str]:
     return {a: v for a, v in hashes.items() if a in ACCEPTED}
+
+
+RULE_QUARANTINED = "project-quarantined"
+
+
+def quarantined(listing: Listing) -> Refusal | None:
+    """PEP 792: an index must offer no file of a quarantined project; neither do we (and we unpublish it)."""
+    if listing.page.status != "quarantined":
+        return None
+    why = f": {listing.page.status_reason}" if listing.page.status_reason else ""
+    return Refusal(RefusalKind.NOT_FOUND, RULE_QUARANTINED, f"{listing.project}: quarantined by its index{why}")
 
 
 def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist: index.DistFile, pin: Pin | None) -> Block | None:
@@ -95,5 +108,6 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
             core_metadata=dict(pin.core_metadata) if pin.core_metadata and "sha256" in pin.core_metadata else False,
         ))
     files.sort(key=lambda f: f.filename)
-    out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions)
+    out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions).with_status(
+        listing.page.status, listing.page.status_reason)
     return out

@@ -38,7 +38,7 @@ from proxy.gateway.advisories import AdvisoryWatch
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.gateway.pages import Rendered, render, withheld
+from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.publisher import Publisher
@@ -143,6 +143,9 @@ class Gateway:
                 listing = await self.fetch(project)
         else:  # a guess: signed in whichever batch comes next, holding no client's batch back
             listing = await self.fetch(project)
+        if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
+            self._refused_by_policy(project, refusal)
+            listing = refusal  # remembered as absent, like a project no index lists
         if isinstance(listing, Refusal):
             if listing.rule == RULE_PRIVATE:
                 self._refused_by_policy(project, listing)
@@ -305,6 +308,8 @@ class Gateway:
             return self._withhold_from_signed(project)
         if isinstance(listing, Refusal) and listing.rule == RULE_PRIVATE:
             return listing
+        if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
+            return refusal
         if isinstance(listing, Refusal):
             # The index no longer lists it: its files leave the signed page.
             listing = Listing(project, self.ledger.project_index.get(project, ""), index.ProjectPage(name=project, files=()))
