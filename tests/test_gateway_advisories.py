@@ -25,6 +25,7 @@ import pytest
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric, wait_for
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.test_osv import V3_MEDIUM, mal, pysec
 
@@ -246,3 +247,35 @@ def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestI
         assert listing["counts"]["withdrawn"] == 1 and feed.url in listing["sources"]
     finally:
         feed.server.shutdown()
+
+
+def test_who_got_a_blocked_file_across_two_edges(tmp_path: Path, evil_index: TestIndex) -> None:
+    bad = "evil_pkg-2.0-py3-none-any.whl"
+    logs = [tmp_path / "edge-a.audit", tmp_path / "edge-b.audit"]
+    with _gateway(tmp_path, evil_index) as gw:
+        edges = [ProxyProcess(tmp_path / name, "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                              "--workers", "1", "--refresh-interval", "0.5", "--audit-log", str(log), "--audit-accepted", "yes")
+                 for name, log in zip(("edge-a", "edge-b"), logs, strict=True)]
+        for i, edge in enumerate(edges):
+            with edge:
+                r = install("pip", edge.url, tmp_path / f"t{i}", "evil-pkg")
+                assert r.returncode == 0 and _installed(tmp_path / f"t{i}", "evil-pkg") == "2.0", r.stdout + r.stderr
+        record = write(tmp_path / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",),
+                                                         aliases=["GHSA-evil-evil-evil"]))
+        assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
+        wait_for(lambda: any(a.get("advisory") == "MAL-2024-9" for a in gw.audit()), LIMIT, "the gateway's block record")
+    every = [*map(str, logs), str(gw.audit_path)]
+    for query in (("--advisory", "MAL-2024-9"), ("--advisory", "GHSA-evil-evil-evil"), ("--file", bad),
+                  ("--project", "Evil.Pkg==2.0.0")):
+        r = tufproxy("audit", "who-got", *query, *every, "--json")
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert sorted(g["edge"] for g in got) == sorted(map(str, logs)), query
+        assert {g["file"] for g in got} == {bad} and {g["client"] for g in got} == {"127.0.0.1"}
+    assert json.loads(tufproxy("audit", "who-got", "--project", "evil-pkg==1.0", *every, "--json").stdout) == []
+    assert json.loads(tufproxy("audit", "who-got", "--file", bad, "--since", "2999-01-01T00:00:00Z", *every, "--json").stdout) == []
+    text = tufproxy("audit", "who-got", "--file", bad, *every).stdout
+    assert text.startswith("2 download(s) by 1 client(s)")
+    r = tufproxy("audit", "who-got", "--file", bad, "--project", "x==1", *every)
+    assert r.returncode == 2 and "exactly one" in r.stderr
+    assert tufproxy("audit", str(logs[0])).returncode == 0  # the summary still works
