@@ -59,12 +59,12 @@ def adv(record):
 def test_malicious_record_blocks_its_exact_versions_and_its_file_hash() -> None:
     aset = AdvisorySet.of([adv(mal())])
     rules = Rules()
-    block = aset.block(rules, "evil-pkg", "evil_pkg-1.0-py3-none-any.whl", None)
+    block = aset.block(rules, "evil-pkg", "evil_pkg-1.0-py3-none-any.whl")
     assert block is not None and block.rule == RULE_MALICIOUS and block.id == "MAL-2024-1" and block.version == "1.0"
-    assert aset.block(rules, "evil-pkg", "evil_pkg-1.1.tar.gz", None) is None
+    assert aset.block(rules, "evil-pkg", "evil_pkg-1.1.tar.gz") is None
     # The hash names the file whatever version its name says.
-    assert aset.block(rules, "evil-pkg", "evil_pkg-9.9.tar.gz", SHA) is not None
-    assert aset.block(Rules(block_malicious=False), "evil-pkg", "evil_pkg-1.0.tar.gz", None) is None
+    assert aset.block(rules, "evil-pkg", "evil_pkg-9.9.tar.gz", {SHA}) is not None
+    assert aset.block(Rules(block_malicious=False), "evil-pkg", "evil_pkg-1.0.tar.gz") is None
 
 
 def test_names_are_normalised_and_other_ecosystems_ignored() -> None:
@@ -78,7 +78,7 @@ def test_names_are_normalised_and_other_ecosystems_ignored() -> None:
 
 def test_exact_versions_compare_normalised() -> None:
     aset = AdvisorySet.of([adv(mal(versions=("1.0.0-RC1",)))])
-    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.0rc1.tar.gz", None) is not None
+    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.0rc1.tar.gz") is not None
 
 
 @pytest.mark.parametrize(("events", "affected", "clean"), [
@@ -91,9 +91,9 @@ def test_ecosystem_ranges(events, affected, clean) -> None:
     aset = AdvisorySet.of([adv(pysec(events=events))])
     rules = Rules(block_malicious=False, block_vulnerable="low")
     for v in affected:
-        assert aset.block(rules, "requests-like", f"requests_like-{v}.tar.gz", None) is not None, v
+        assert aset.block(rules, "requests-like", f"requests_like-{v}.tar.gz") is not None, v
     for v in clean:
-        assert aset.block(rules, "requests-like", f"requests_like-{v}.tar.gz", None) is None, v
+        assert aset.block(rules, "requests-like", f"requests_like-{v}.tar.gz") is None, v
 
 
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=6, unique=True).map(sorted), st.integers(0, 32))
@@ -121,9 +121,9 @@ def test_severity_from_cvss_v3_and_v4_and_database_specific() -> None:
 def test_block_vulnerable_threshold() -> None:
     aset = AdvisorySet.of([adv(pysec(severity=(("CVSS_V3", V3_MEDIUM),)))])
     f = "requests_like-1.0-py3-none-any.whl"
-    assert aset.block(Rules(block_vulnerable="none"), "requests-like", f, None) is None
-    assert aset.block(Rules(block_vulnerable="high"), "requests-like", f, None) is None
-    block = aset.block(Rules(block_vulnerable="medium"), "requests-like", f, None)
+    assert aset.block(Rules(block_vulnerable="none"), "requests-like", f) is None
+    assert aset.block(Rules(block_vulnerable="high"), "requests-like", f) is None
+    block = aset.block(Rules(block_vulnerable="medium"), "requests-like", f)
     assert block is not None and block.rule == RULE_VULNERABLE and block.severity == "medium"
     assert block.aliases == ("GHSA-aaaa-bbbb-cccc",)
 
@@ -131,10 +131,10 @@ def test_block_vulnerable_threshold() -> None:
 def test_newest_modified_wins_and_withdrawn_lifts() -> None:
     aset = AdvisorySet.of([adv(mal())])
     assert aset.add([adv(mal(modified="2024-04-01T00:00:00Z", versions=("2.0",)))]) == 0  # older: ignored
-    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.tar.gz", None) is not None
+    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.tar.gz") is not None
     assert aset.add([adv(mal(modified="2024-07-01T00:00:00.5Z", withdrawn="2024-07-01T00:00:00Z"))]) == 1
-    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.tar.gz", None) is None
-    assert aset.block(Rules(), "evil-pkg", "x-1.0.tar.gz", SHA) is None
+    assert aset.block(Rules(), "evil-pkg", "evil_pkg-1.0.tar.gz") is None
+    assert aset.block(Rules(), "evil-pkg", "x-1.0.tar.gz", {SHA}) is None
 
 
 def test_allow_advisory_covers_its_aliases_both_ways() -> None:
@@ -144,9 +144,9 @@ def test_allow_advisory_covers_its_aliases_both_ways() -> None:
     aset = AdvisorySet.of([adv(pysec()), adv(ghsa)])
     assert aset.group("CVE-2024-1") == {"PYSEC-2024-7", "GHSA-aaaa-bbbb-cccc", "CVE-2024-1"}
     f = "requests_like-1.0.tar.gz"
-    assert aset.block(Rules(block_vulnerable="high"), "requests-like", f, None) is not None
+    assert aset.block(Rules(block_vulnerable="high"), "requests-like", f) is not None
     for allowed in ("PYSEC-2024-7", "GHSA-aaaa-bbbb-cccc", "CVE-2024-1"):
-        assert aset.block(Rules(block_vulnerable="high", allow=frozenset({allowed})), "requests-like", f, None) is None
+        assert aset.block(Rules(block_vulnerable="high", allow=frozenset({allowed})), "requests-like", f) is None
 
 
 def test_compact_form_round_trips() -> None:
@@ -173,3 +173,20 @@ def test_levels() -> None:
     assert parse_level(" High ") == "high"
     with pytest.raises(ValueError):
         parse_level("severe")
+
+
+_EVENT = st.tuples(st.sampled_from(["introduced", "fixed", "last_affected", "limit"]), st.integers(0, 12).map(lambda n: f"{n // 4}.{n % 4}"))
+
+
+@given(st.lists(st.lists(_EVENT, min_size=1, max_size=5), min_size=1, max_size=5), st.lists(st.integers(0, 14), min_size=1, max_size=20))
+def test_the_per_project_matcher_agrees_with_each_range(ranges, probes) -> None:
+    """The bisect-and-remember matcher answers exactly what evaluating every range would."""
+    records = []
+    for i, events in enumerate(ranges):
+        events = [("introduced", "0"), *events] if all(k != "introduced" for k, _ in events) else events
+        records.append(adv(pysec(ident=f"PYSEC-1-{i}", aliases=(), events=tuple({k: v} for k, v in events))))
+    aset = AdvisorySet.of(records)
+    for n in probes:  # the same version twice, in any order: the remembered cells must stay right
+        version = f"{n // 4}.{n % 4}"
+        expected = {r.id for r in records if any(rg.contains(Version(version)) for rg in r.affected[0].ranges)}
+        assert {a.id for a in aset.matching("requests-like", f"requests_like-{version}.tar.gz")} == expected

@@ -69,12 +69,8 @@ def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist:
     """The advisory block on this file, by its name or by its listed or pinned sha256; None if it may stay."""
     if advisories is None or not len(advisories):
         return None
-    rules = policy.advisory_rules()
-    for sha256 in dict.fromkeys((pin.hashes.get("sha256") if pin else None, dist.hashes.get("sha256"))):
-        block = advisories.block(rules, project, dist.filename, sha256)
-        if block is not None:
-            return block
-    return None
+    hashes = {h for h in (pin.hashes.get("sha256") if pin else None, dist.hashes.get("sha256")) if h}
+    return advisories.block(policy.advisory_rules(), project, dist.filename, hashes)
 
 
 def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advisories: AdvisorySet | None = None) -> Rendered:

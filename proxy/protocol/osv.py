@@ -21,7 +21,9 @@ Python package firewall needs it, and the blocking decision, with no I/O:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,13 +32,7 @@ from typing import Any
 
 from cvss import CVSS3, CVSS4
 from cvss.exceptions import CVSSError
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.errors import Fault
@@ -47,6 +43,7 @@ RULES = (RULE_MALICIOUS, RULE_VULNERABLE)
 
 # CVSS qualitative ratings (v3.1 and v4.0 specifications, section 5), lowest first.
 LEVELS = ("none", "low", "medium", "high", "critical")
+_LEVEL_RANK = {level: i for i, level in enumerate(LEVELS)}
 _GHSA_LEVELS = {"LOW": "low", "MODERATE": "medium", "MEDIUM": "medium", "HIGH": "high", "CRITICAL": "critical"}
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -91,16 +88,23 @@ class Range:
     """One ``ECOSYSTEM`` range: its events in the record's order, as (kind, version text)."""
 
     events: tuple[tuple[str, str], ...]
+    # The events parsed and sorted once (matching runs per file of every page rendered).
+    _sorted: tuple[tuple[str, Version | None], ...] = field(init=False, repr=False, compare=False)
+    _limits: tuple[Version, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parsed = [(kind, None if kind == "introduced" and text == "0" else _version(text), text)
+                  for kind, text in sorted(self.events, key=_event_key)]
+        object.__setattr__(self, "_sorted", tuple((k, v) for k, v, t in parsed if v is not None or t == "0"))
+        object.__setattr__(self, "_limits", tuple(v for k, v, _ in parsed if k == "limit" and v is not None))
 
     def contains(self, version: Version) -> bool:
         """The OSV schema's evaluation: sorted events, a limit caps the range."""
-        limits = [_version(v) for k, v in self.events if k == "limit"]
-        if limits and not any(lim is not None and version < lim for lim in limits):
+        if self._limits and not any(version < lim for lim in self._limits):
             return False
         affected = False
-        for kind, text in sorted(self.events, key=_event_key):
-            at = _version(text) if text != "0" else None
-            if kind == "introduced" and (text == "0" or (at is not None and version >= at)):
+        for kind, at in self._sorted:
+            if kind == "introduced" and (at is None or version >= at):
                 affected = True
             elif at is not None and ((kind == "fixed" and version >= at) or (kind == "last_affected" and version > at)):
                 affected = False
@@ -130,13 +134,6 @@ class Affected:
     versions: frozenset[str] = frozenset()  # normalised where packaging reads them, else as given
     ranges: tuple[Range, ...] = ()
     sha256: frozenset[str] = frozenset()
-
-    def matches(self, version: Version | None, raw_version: str | None, sha256: str | None) -> bool:
-        if sha256 is not None and sha256 in self.sha256:
-            return True
-        if version is not None and (str(version) in self.versions or any(r.contains(version) for r in self.ranges)):
-            return True
-        return raw_version is not None and raw_version in self.versions
 
 
 @dataclass(frozen=True)
@@ -293,15 +290,27 @@ def parse_record(record: Any) -> Advisory | None:
                     affected, summary[:200])
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> Version | None:
+    return _version(text)
+
+
 def file_version(filename: str) -> tuple[Version | None, str | None]:
-    """The version a wheel or sdist name carries, parsed and as written."""
-    try:
-        if filename.endswith(".whl"):
-            return parse_wheel_filename(filename)[1], None
-        return parse_sdist_filename(filename)[1], None
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        stem = filename.rsplit("-", 1)[-1] if "-" in filename else None
-        return None, stem
+    """The version a wheel or sdist name carries: parsed (None if it does not parse) and as text, normalised if it parses.
+
+    Read as packaging reads it (the wheel's second field, the sdist's last) without re-validating the
+    name, which the page's project already fixes; parses are cached, as a page lists many files per version.
+    """
+    if filename.endswith(".whl"):
+        parts = filename[:-4].split("-")
+        raw = parts[1] if len(parts) in (5, 6) else None
+    else:
+        stem = filename.removesuffix(".tar.gz").removesuffix(".zip")
+        raw = stem.rpartition("-")[2] if "-" in stem and stem != filename else None
+    if raw is None:
+        return None, None
+    version = _parsed(raw)
+    return version, str(version) if version is not None else raw
 
 
 # ---------------------------------------------------------------- the set and the decision
@@ -333,12 +342,53 @@ class Block:
                 "project": self.project, "version": self.version, "file": self.filename}
 
 
+class _ProjectMatcher:
+    """What one project's live advisories say, arranged so a file costs a few dict lookups and one bisect.
+
+    Every range's answer depends only on where a version falls among the project's event versions
+    (between two, or on one), so ranges are evaluated once per such cell and remembered.
+    """
+
+    def __init__(self, pairs: list[tuple[Advisory, Affected]]) -> None:
+        self.pairs = pairs
+        self.exact: dict[str, list[Advisory]] = {}
+        self.hashes: dict[str, list[Advisory]] = {}
+        bounds: set[Version] = set()
+        for adv, a in pairs:
+            for text in a.versions:
+                self.exact.setdefault(text, []).append(adv)
+            for h in a.sha256:
+                self.hashes.setdefault(h, []).append(adv)
+            for r in a.ranges:
+                bounds.update(v for _, v in r._sorted if v is not None)
+                bounds.update(r._limits)
+        self.ranged = [(adv, a) for adv, a in pairs if a.ranges]
+        self.bounds = sorted(bounds)
+        self.cells: dict[tuple[int, bool], list[Advisory]] = {}
+
+    def matching(self, version: Version | None, text: str | None, hashes: Iterable[str]) -> list[Advisory]:
+        found: list[Advisory] = []
+        for h in hashes:
+            found += self.hashes.get(h, ())
+        if text is not None:
+            found += self.exact.get(text, ())
+        if version is not None and self.ranged:
+            i = bisect.bisect_left(self.bounds, version)
+            cell = (i, i < len(self.bounds) and self.bounds[i] == version)
+            hit = self.cells.get(cell)
+            if hit is None:
+                hit = self.cells[cell] = [adv for adv, a in self.ranged if any(r.contains(version) for r in a.ranges)]
+            found += hit
+        return list(dict.fromkeys(found)) if len(found) > 1 else found
+
+
 @dataclass
 class AdvisorySet:
     """Advisories by id (newest ``modified`` wins) and by project; withdrawn ones never match."""
 
     by_id: dict[str, Advisory] = field(default_factory=dict)
-    _by_project: dict[str, list[Advisory]] | None = None
+    _by_project: dict[str, list[tuple[Advisory, Affected]]] | None = None
+    _matchers: dict[str, _ProjectMatcher] = field(default_factory=dict)
     _groups: dict[str, frozenset[str]] | None = None
 
     @classmethod
@@ -357,19 +407,20 @@ class AdvisorySet:
                 kept += 1
         if kept:
             self._by_project = self._groups = None
+            self._matchers = {}
         return kept
 
     def __len__(self) -> int:
         return len(self.by_id)
 
-    def projects(self) -> dict[str, list[Advisory]]:
+    def projects(self) -> dict[str, list[tuple[Advisory, Affected]]]:
+        """Per project, what the live advisories say of it."""
         if self._by_project is None:
-            index: dict[str, list[Advisory]] = {}
+            index: dict[str, list[tuple[Advisory, Affected]]] = {}
             for adv in self.by_id.values():
-                if adv.withdrawn:
-                    continue
-                for project in {a.project for a in adv.affected}:
-                    index.setdefault(project, []).append(adv)
+                if not adv.withdrawn:
+                    for a in adv.affected:
+                        index.setdefault(a.project, []).append((adv, a))
             self._by_project = index
         return self._by_project
 
@@ -394,30 +445,31 @@ class AdvisorySet:
             self._groups = {x: frozenset(m) for m in members.values() for x in m}
         return self._groups.get(ident, frozenset({ident}))
 
-    def matching(self, project: str, filename: str, sha256: str | None) -> list[Advisory]:
-        """The live advisories naming this file of ``project`` (by version or by hash)."""
-        candidates = self.projects().get(project)
-        if not candidates:
-            return []
-        version, raw = file_version(filename)
-        return [adv for adv in candidates
-                if any(a.project == project and a.matches(version, raw, sha256) for a in adv.affected)]
+    def matching(self, project: str, filename: str, hashes: Iterable[str] = ()) -> list[Advisory]:
+        """The live advisories naming this file of ``project``, by version or by one of its sha256 ``hashes``."""
+        matcher = self._matchers.get(project)
+        if matcher is None:
+            pairs = self.projects().get(project)
+            if not pairs:
+                return []
+            matcher = self._matchers[project] = _ProjectMatcher(pairs)
+        version, text = file_version(filename)
+        return matcher.matching(version, text, hashes)
 
-    def block(self, rules: Rules, project: str, filename: str, sha256: str | None) -> Block | None:
+    def block(self, rules: Rules, project: str, filename: str, hashes: Iterable[str] = ()) -> Block | None:
         """Whether ``rules`` keep this file out; malicious beats vulnerable, then the most severe wins."""
         if not rules.block_malicious and rules.block_vulnerable == "none":
             return None
-        threshold = LEVELS.index(rules.block_vulnerable)
+        threshold = _LEVEL_RANK[rules.block_vulnerable]
         best: tuple[tuple[int, float], Advisory, str] | None = None
-        for adv in self.matching(project, filename, sha256):
-            group = self.group(adv.id)
-            if group & rules.allow:
+        for adv in self.matching(project, filename, hashes):
+            if rules.allow and self.group(adv.id) & rules.allow:
                 continue
             if adv.malicious and rules.block_malicious:
                 rule, rank = RULE_MALICIOUS, (len(LEVELS), 0.0)
             elif (not adv.malicious and threshold > 0 and adv.severity is not None
-                  and LEVELS.index(adv.severity.level) >= threshold):
-                rule, rank = RULE_VULNERABLE, (LEVELS.index(adv.severity.level), adv.severity.score or 0.0)
+                  and _LEVEL_RANK[adv.severity.level] >= threshold):
+                rule, rank = RULE_VULNERABLE, (_LEVEL_RANK[adv.severity.level], adv.severity.score or 0.0)
             else:
                 continue
             if best is None or rank > best[0]:
@@ -425,10 +477,8 @@ class AdvisorySet:
         if best is None:
             return None
         _, adv, rule = best
-        version, raw = file_version(filename)
         return Block(rule, adv.id, tuple(sorted(self.group(adv.id) - {adv.id})),
-                     adv.severity.level if adv.severity else None, project,
-                     str(version) if version is not None else raw, filename)
+                     adv.severity.level if adv.severity else None, project, file_version(filename)[1], filename)
 
 
 def _modified_key(text: str) -> datetime:
