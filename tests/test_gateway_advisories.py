@@ -24,7 +24,8 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
-from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.test_osv import V3_MEDIUM, mal, pysec
@@ -115,7 +116,7 @@ def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: 
         record = write(tmp_path / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
         start = time.monotonic()
         assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
-        wait_for(lambda: bad not in _edge_offers(edge.url, "evil-pkg"), LIMIT, "the edge dropping the blocked file")
+        wait_for(lambda: bad not in _edge_offers(edge.url, "evil-pkg"), "the edge dropping the blocked file", timeout=LIMIT)
         blocked_after = time.monotonic() - start
         r = install("pip", edge.url, tmp_path / "t2", "evil-pkg")
         assert r.returncode == 0 and _installed(tmp_path / "t2", "evil-pkg") == "1.0", r.stdout + r.stderr
@@ -130,7 +131,7 @@ def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: 
                           withdrawn="2024-09-01T00:00:00Z"))
         start = time.monotonic()
         assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
-        wait_for(lambda: bad in _edge_offers(edge.url, "evil-pkg"), LIMIT, "the edge offering the file again")
+        wait_for(lambda: bad in _edge_offers(edge.url, "evil-pkg"), "the edge offering the file again", timeout=LIMIT)
         lifted_after = time.monotonic() - start
         assert metric(gw.base, 'tufproxy_gateway_advisory_blocked_files{rule="advisory-malicious"}') == 0
     print(f"import -> edge blocks in {blocked_after:.2f}s, withdrawn -> edge offers in {lifted_after:.2f}s (goal {FAST}s)")
@@ -190,8 +191,8 @@ def test_a_block_does_not_wait_for_an_unreachable_index(tmp_path: Path, evil_ind
         evil_index.__exit__(None, None, None)  # the index is gone from now on
         record = write(tmp_path / "MAL-2024-5.json", mal(ident="MAL-2024-5", name="evil-pkg", versions=("1.0",)))
         assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
-        wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}, LIMIT,
-                 "the block taken from the signed page")
+        wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"},
+                 "the block taken from the signed page", timeout=LIMIT)
 
 
 class Feed:
@@ -237,11 +238,11 @@ def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestI
     try:
         with _gateway(tmp_path, evil_index, "--advisories-url", feed.url, "--advisories-refresh", "0.5") as gw, \
                 edge_for(tmp_path, gw) as edge:
-            wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-1.0-py3-none-any.whl"}, LIMIT, "the feed's block")
-            wait_for(lambda: 304 in feed.answers, LIMIT, "a conditional GET answered 304")
+            wait_for(lambda: _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-1.0-py3-none-any.whl"}, "the feed's block", timeout=LIMIT)
+            wait_for(lambda: 304 in feed.answers, "a conditional GET answered 304", timeout=LIMIT)
             feed.publish(mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",), modified="2024-09-01T00:00:00Z",
                              withdrawn="2024-09-01T00:00:00Z"))
-            wait_for(lambda: len(_edge_offers(edge.url, "evil-pkg")) == 2, LIMIT, "the withdrawn record lifting the block")
+            wait_for(lambda: len(_edge_offers(edge.url, "evil-pkg")) == 2, "the withdrawn record lifting the block", timeout=LIMIT)
             assert feed.answers.count(200) == 2  # the unchanged feed was never downloaded again
         listing = json.loads(tufproxy("gateway", "advisories", str(tmp_path / "gw"), "--json").stdout)
         assert listing["counts"]["withdrawn"] == 1 and feed.url in listing["sources"]
@@ -263,7 +264,7 @@ def test_who_got_a_blocked_file_across_two_edges(tmp_path: Path, evil_index: Tes
         record = write(tmp_path / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",),
                                                          aliases=["GHSA-evil-evil-evil"]))
         assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
-        wait_for(lambda: any(a.get("advisory") == "MAL-2024-9" for a in gw.audit()), LIMIT, "the gateway's block record")
+        wait_for(lambda: any(a.get("advisory") == "MAL-2024-9" for a in gw.audit()), "the gateway's block record", timeout=LIMIT)
     every = [*map(str, logs), str(gw.audit_path)]
     for query in (("--advisory", "MAL-2024-9"), ("--advisory", "GHSA-evil-evil-evil"), ("--file", bad),
                   ("--project", "Evil.Pkg==2.0.0")):

@@ -17,7 +17,8 @@ import pytest
 from proxy.protocol import index
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install, uv_path
-from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
@@ -87,4 +88,4 @@ def test_archived_and_deprecated_pass_through_and_quarantined_is_never_published
                 return e.code == 404
             return False
 
-        wait_for(gone, 30, "the quarantined project leaving the edge")
+        wait_for(gone, "the quarantined project leaving the edge", timeout=30)
