@@ -280,3 +280,26 @@ def test_who_got_a_blocked_file_across_two_edges(tmp_path: Path, evil_index: Tes
     r = tufproxy("audit", "who-got", "--file", bad, "--project", "x==1", *every)
     assert r.returncode == 2 and "exactly one" in r.stderr
     assert tufproxy("audit", str(logs[0])).returncode == 0  # the summary still works
+
+
+def test_the_advisory_set_crosses_the_air_gap_and_verify_reports_what_it_blocks(tmp_path: Path, evil_index: TestIndex) -> None:
+    gateway_init(tmp_path / "gw")
+    write(tmp_path / "recs" / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
+    write(tmp_path / "recs" / "PYSEC-2024-7.json", pysec(events=({"introduced": "0"}, {"fixed": "2.0"})))
+    assert tufproxy("gateway", "advisories", "import", str(tmp_path / "gw"), str(tmp_path / "recs")).returncode == 0
+    dest = tmp_path / "usb"
+    with _gateway(tmp_path, evil_index) as gw:  # default policy: malicious blocked, vulnerable kept
+        r = tufproxy("mirror", "sync", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                     "--dest", str(dest), "--project", "evil-pkg", "--project", "requests-like")
+        assert r.returncode == 0, r.stdout + r.stderr
+    carried = dest / "simple" / "advisories.osv.json"
+    assert json.loads(carried.read_bytes())["records"][0]["id"] == "MAL-2024-9"
+    assert not list(dest.rglob("evil_pkg-2.0*"))  # blocked at the gateway: never carried
+    r = tufproxy("mirror", "verify", str(dest), "--root", str(gw.root), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert [(b["advisory"], b["file"]) for b in report["blocked"]] == [("PYSEC-2024-7", "requests_like-1.0-py3-none-any.whl")]
+    # The carried set is verified like any target: an edit is corrupt, not believed.
+    carried.write_bytes(carried.read_bytes().replace(b"MAL-2024-9", b"MAL-2024-8"))
+    report = json.loads(tufproxy("mirror", "verify", str(dest), "--root", str(gw.root), "--json").stdout)
+    assert not report["sound"] and report["blocked"] == []

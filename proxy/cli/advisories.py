@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proxy.gateway.advisories import SourceError, Store, import_into, load, store_path
+from proxy.gateway.advisories import SourceError, Store, import_into, load, sign_store, store_path
 from proxy.gateway.pages import withheld
 from proxy.gateway.policy import Policy, PolicyError, resolve_policy
 from proxy.protocol import index
 from proxy.protocol.errors import CommandError
 from proxy.protocol.osv import Block
+from proxy.repository import Repository, RepositoryError
 
 log = logging.getLogger(__name__)
 USAGE = "tufproxy gateway advisories [-h] [--json] (import DIR FILE... | DIR)"
@@ -88,8 +89,11 @@ def _import(gateway_dir: Path, files: list[str]) -> int:
                            "'tufproxy gateway init'")
     try:
         store, report = import_into(store_path(gateway_dir), [Path(f) for f in files])
+        sign_store(Repository.open(gateway_dir.parent), store_path(gateway_dir))
     except SourceError as e:
         raise CommandError(str(e)) from None
+    except RepositoryError as e:
+        raise CommandError(f"imported, but the advisory target could not be signed: {e}") from None
     warning = report.warning()
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -272,7 +272,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
                               connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
         feeds = (feed_http, asyncio.create_task(
-            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), max_size=values["advisories_max_size"])
+            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
+                  max_size=values["advisories_max_size"])
             .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.protocol.errors import Fault
-from proxy.protocol.osv import Advisory, AdvisorySet, RecordError, parse_record
+from proxy.protocol.osv import ADVISORY_TARGET, Advisory, AdvisorySet, RecordError, parse_record, read_store
+from proxy.repository import Repository
 from proxy.util.atomic import atomic_write
 
 log = logging.getLogger(__name__)
@@ -135,11 +136,16 @@ class Store:
 def load(path: Path) -> Store:
     """The store at ``path``; an empty one if there is none yet."""
     try:
-        data = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except FileNotFoundError:
         return Store(AdvisorySet())
-    records = (parse_record(r) for r in data.get("records", ()))
-    return Store(AdvisorySet.of(r for r in records if r is not None), data.get("imported"), list(data.get("sources", [])))
+    data = json.loads(raw)
+    return Store(read_store(raw), data.get("imported"), list(data.get("sources", [])))
+
+
+def sign_store(repo: Repository, path: Path) -> None:
+    """Sign the store as the repository's advisory target (mirror sync carries it across air gaps)."""
+    repo.publish_target(ADVISORY_TARGET, path.read_bytes())
 
 
 def import_into(path: Path, sources: Iterable[Path], label: str | None = None) -> tuple[Store, ImportReport]:

@@ -6,7 +6,8 @@ internal copy of the PyPI one, say).  It is fetched with a conditional GET
 ``DIR/gateway/feeds.json``) through the same bounded client as index pages
 (:class:`~proxy.transport.indexhttp.IndexHTTP`), streamed to a temporary file
 of at most ``max_size`` bytes beside the store, and imported like
-``gateway advisories import`` does (:mod:`proxy.gateway.advisories`); the
+``gateway advisories import`` does (:mod:`proxy.gateway.advisories`), and
+signed as the repository's advisory target; the
 gateway's :meth:`~proxy.gateway.service.Gateway.watch_advisories` then
 republishes what changed.  A feed that cannot be fetched keeps what was
 imported before, logged; nothing is lifted by a failure.
@@ -22,7 +23,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.gateway.advisories import SourceError, import_into
+from proxy.gateway.advisories import SourceError, import_into, sign_store
+from proxy.repository import Repository, RepositoryError
 from proxy.transport.indexhttp import IndexHTTP, strip_credentials
 from proxy.transport.upstream import DownloadError
 from proxy.util.atomic import atomic_write
@@ -35,8 +37,9 @@ STATE_NAME = "feeds.json"
 class Feeds:
     """See the module docstring; :meth:`run` until cancelled, :meth:`fetch_all` once."""
 
-    def __init__(self, urls: Sequence[str], http: IndexHTTP, store: Path, *, max_size: int) -> None:
+    def __init__(self, urls: Sequence[str], http: IndexHTTP, store: Path, repo: Repository, *, max_size: int) -> None:
         self.urls = list(urls)
+        self.repo = repo
         self.http = http
         self.store = store
         self.max_size = max_size
@@ -55,7 +58,7 @@ class Feeds:
         for url in self.urls:
             try:
                 imported += await self._fetch(url)
-            except (DownloadError, SourceError, OSError) as e:
+            except (DownloadError, SourceError, OSError, RepositoryError) as e:
                 log.error("advisory feed %s: %s; keeping what was imported before", strip_credentials(url)[0], e)
         return imported
 
@@ -75,6 +78,7 @@ class Feeds:
             _, report = await asyncio.to_thread(import_into, self.store, [Path(tmp)], clean)
         finally:
             os.unlink(tmp)
+        await asyncio.to_thread(sign_store, self.repo, self.store)
         if report.warning():
             log.warning("advisory feed %s: %s", clean, report.warning())
         log.info("advisory feed %s: %d record(s), %d new or newer", clean, report.pypi, report.kept)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,10 @@ _GHSA_LEVELS = {"LOW": "low", "MODERATE": "medium", "MEDIUM": "medium", "HIGH": 
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 MAX_AFFECTED = 10_000  # per record: a bound on what one record may make us keep
+# The gateway signs its advisory store as this target; mirror sync carries it, mirror verify reads it.
+# Under simple/ because the gateway's bins are delegated only simple/* and packages/*/* (changing that
+# needs the offline targets key); one segment under simple/ is never a project page (simple/<p>/index.*).
+ADVISORY_TARGET = "simple/advisories.osv.json"
 
 
 class RecordError(ValueError):
@@ -479,6 +484,16 @@ class AdvisorySet:
         _, adv, rule = best
         return Block(rule, adv.id, tuple(sorted(self.group(adv.id) - {adv.id})),
                      adv.severity.level if adv.severity else None, project, file_version(filename)[1], filename)
+
+
+def read_store(data: bytes) -> AdvisorySet:
+    """The advisories of a store file (``{"records": [compact records]}``, :meth:`Advisory.to_json`)."""
+    try:
+        records = json.loads(data).get("records", [])
+    except (ValueError, AttributeError) as e:
+        raise RecordError(f"not an advisory store: {e}") from None
+    parsed = (parse_record(r) for r in _list(records, "records"))
+    return AdvisorySet.of(r for r in parsed if r is not None)
 
 
 def _modified_key(text: str) -> datetime:
