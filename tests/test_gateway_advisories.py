@@ -149,6 +149,9 @@ def test_vulnerable_threshold_allow_and_policy_display(tmp_path: Path, evil_inde
         assert _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-1.0-py3-none-any.whl"}
         audit = [a for a in gw.audit() if a.get("reason") == "advisory-vulnerable"]
         assert [(a["advisory"], a["severity"], a["version"]) for a in audit] == [("GHSA-mmmm-mmmm-mmmm", "medium", "2.0")]
+        accepted = [a for a in gw.audit() if a.get("reason") == "advisory-allowed"]
+        assert [(a["advisory"], a["file"]) for a in accepted] == [("PYSEC-2024-7", "requests_like-1.0-py3-none-any.whl")]
+        assert metric(gw.base, 'tufproxy_gateway_advisory_blocked_files{rule="advisory-vulnerable"}') == 1
     shown = tufproxy("gateway", "policy", str(tmp_path / "gw"))
     assert "block-vulnerable (from severity): medium" in shown.stdout and "allow-advisory: GHSA-aaaa-bbbb-cccc" in shown.stdout
     assert "block-malicious (OSV advisories): yes" in shown.stdout

@@ -145,8 +145,10 @@ def test_allow_advisory_covers_its_aliases_both_ways() -> None:
     assert aset.group("CVE-2024-1") == {"PYSEC-2024-7", "GHSA-aaaa-bbbb-cccc", "CVE-2024-1"}
     f = "requests_like-1.0.tar.gz"
     assert aset.block(Rules(block_vulnerable="high"), "requests-like", f) is not None
+    assert not aset.block(Rules(block_vulnerable="high"), "requests-like", f).allowed
     for allowed in ("PYSEC-2024-7", "GHSA-aaaa-bbbb-cccc", "CVE-2024-1"):
-        assert aset.block(Rules(block_vulnerable="high", allow=frozenset({allowed})), "requests-like", f) is None
+        block = aset.block(Rules(block_vulnerable="high", allow=frozenset({allowed})), "requests-like", f)
+        assert block is not None and block.allowed, allowed  # kept, and reported as an accepted risk
 
 
 def test_compact_form_round_trips() -> None:

@@ -50,7 +50,8 @@ def blocks_in_force(directory: Path, store: Store, policy: Policy) -> list[Block
         except (OSError, index.IndexParseError) as e:
             log.warning("cannot read the signed page %s: %s", path, e)
             continue
-        found.extend(b for d in page.files if (b := withheld(store.advisories, policy, project, d, None)) is not None)
+        found.extend(b for d in page.files
+                     if (b := withheld(store.advisories, policy, project, d, None)) is not None and not b.allowed)
     return found
 
 

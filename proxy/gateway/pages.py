@@ -47,7 +47,7 @@ class Rendered:
     trimmed: Trimmed
     new_pins: list[Pin] = field(default_factory=list)
     changed: list[Changed] = field(default_factory=list)
-    blocked: list[Block] = field(default_factory=list)
+    blocked: list[Block] = field(default_factory=list)  # left out, or kept under --allow-advisory (``allowed``)
 
 
 def _accepted(hashes: dict[str, str]) -> dict[str, str]:
@@ -88,7 +88,8 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
         pin = ledger.pins.get((project, dist.filename))
         if (block := withheld(advisories, policy, project, dist, pin)) is not None:
             out.blocked.append(block)
-            continue
+            if not block.allowed:
+                continue
         if pin is None:
             pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
             out.new_pins.append(pin)

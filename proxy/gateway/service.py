@@ -214,11 +214,16 @@ class Gateway:
         if blocked:
             self._blocked[project] = tuple(blocked)
         for block in blocked:
-            if block not in before:
-                self.metrics.refusals.labels(block.rule).inc()
-                self.audit.refused(reason=block.rule, target=f"packages/{project}/{block.filename}",
-                                   detail=f"blocked by advisory {block.id}", **block.audit_fields())
-        totals = Counter(b.rule for blocks in self._blocked.values() for b in blocks)
+            if block in before:
+                continue
+            if block.allowed:  # the organisation accepted this risk: served, and on the record
+                self.audit.refused(reason="advisory-allowed", target=f"packages/{project}/{block.filename}",
+                                   detail=f"advisory {block.id} accepted by --allow-advisory", **block.audit_fields())
+                continue
+            self.metrics.refusals.labels(block.rule).inc()
+            self.audit.refused(reason=block.rule, target=f"packages/{project}/{block.filename}",
+                               detail=f"blocked by advisory {block.id}", **block.audit_fields())
+        totals = Counter(b.rule for blocks in self._blocked.values() for b in blocks if not b.allowed)
         for rule in ADVISORY_RULES:
             self.metrics.advisory_blocks.labels(rule).set(totals[rule])
 
@@ -288,7 +293,8 @@ class Gateway:
         page = self.publisher.repo.current_page(project) if advisories and project in advisories.projects() else None
         if page is None:
             return None
-        blocked = [b for d in page.files if (b := withheld(advisories, self.policy, project, d, None)) is not None]
+        blocked = [b for d in page.files if (b := withheld(advisories, self.policy, project, d, None)) is not None
+                   and not b.allowed]
         if not blocked:
             return None
         self._record_blocked(project, blocked)

@@ -332,7 +332,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class Block:
-    """One file an advisory keeps out of the signed pages."""
+    """One file an advisory keeps out of the signed pages (or would, but ``--allow-advisory`` accepts it)."""
 
     rule: str
     id: str
@@ -341,6 +341,7 @@ class Block:
     project: str
     version: str | None
     filename: str
+    allowed: bool = False  # the organisation accepted this risk: the file stays, and that is audited
 
     def audit_fields(self) -> dict[str, Any]:
         return {"rule": self.rule, "advisory": self.id, "aliases": list(self.aliases), "severity": self.severity,
@@ -462,14 +463,15 @@ class AdvisorySet:
         return matcher.matching(version, text, hashes)
 
     def block(self, rules: Rules, project: str, filename: str, hashes: Iterable[str] = ()) -> Block | None:
-        """Whether ``rules`` keep this file out; malicious beats vulnerable, then the most severe wins."""
+        """Whether ``rules`` keep this file out; malicious beats vulnerable, then the most severe wins.
+
+        When only advisories ``rules.allow`` accepts would block it, the answer is that block marked ``allowed``.
+        """
         if not rules.block_malicious and rules.block_vulnerable == "none":
             return None
         threshold = _LEVEL_RANK[rules.block_vulnerable]
-        best: tuple[tuple[int, float], Advisory, str] | None = None
+        best: tuple[tuple[bool, int, float], Advisory, str] | None = None
         for adv in self.matching(project, filename, hashes):
-            if rules.allow and self.group(adv.id) & rules.allow:
-                continue
             if adv.malicious and rules.block_malicious:
                 rule, rank = RULE_MALICIOUS, (len(LEVELS), 0.0)
             elif (not adv.malicious and threshold > 0 and adv.severity is not None
@@ -477,13 +479,15 @@ class AdvisorySet:
                 rule, rank = RULE_VULNERABLE, (_LEVEL_RANK[adv.severity.level], adv.severity.score or 0.0)
             else:
                 continue
-            if best is None or rank > best[0]:
-                best = (rank, adv, rule)
+            enforced = not (rules.allow and self.group(adv.id) & rules.allow)
+            if best is None or (enforced, *rank) > best[0]:
+                best = ((enforced, *rank), adv, rule)
         if best is None:
             return None
-        _, adv, rule = best
+        (enforced, *_), adv, rule = best
         return Block(rule, adv.id, tuple(sorted(self.group(adv.id) - {adv.id})),
-                     adv.severity.level if adv.severity else None, project, file_version(filename)[1], filename)
+                     adv.severity.level if adv.severity else None, project, file_version(filename)[1], filename,
+                     allowed=not enforced)
 
 
 def read_store(data: bytes) -> AdvisorySet:
