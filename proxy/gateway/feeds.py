@@ -25,7 +25,8 @@ from pathlib import Path
 
 from proxy.gateway.advisories import SourceError, import_into, sign_store
 from proxy.repository import Repository, RepositoryError
-from proxy.transport.indexhttp import IndexHTTP, strip_credentials
+from proxy.transport.credentials import strip_credentials
+from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import DownloadError
 from proxy.util.atomic import atomic_write
 from proxy.util.locks import Leadership

@@ -43,6 +43,7 @@ from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Refu
 from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.publisher import Publisher
 from proxy.protocol import index
+from proxy.protocol.access import not_listed
 from proxy.protocol.errors import Fault
 from proxy.protocol.osv import RULES as ADVISORY_RULES
 from proxy.protocol.osv import Block
@@ -118,7 +119,7 @@ class Gateway:
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
-            raise NotListed(f"no index lists {project}")
+            raise NotListed(not_listed(project))
         future = self._inflight.get(project)
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project, prefetch))
