@@ -306,3 +306,14 @@ def test_the_advisory_set_crosses_the_air_gap_and_verify_reports_what_it_blocks(
     carried.write_bytes(carried.read_bytes().replace(b"MAL-2024-9", b"MAL-2024-8"))
     report = json.loads(tufproxy("mirror", "verify", str(dest), "--root", str(gw.root), "--json").stdout)
     assert not report["sound"] and report["blocked"] == []
+
+
+def test_a_corrupt_store_is_one_line_and_loses_nothing(tmp_path: Path) -> None:
+    gateway_init(tmp_path / "gw")
+    store = tmp_path / "gw" / "gateway" / "advisories.json"
+    store.write_text("{broken")
+    write(tmp_path / "MAL-2024-1.json", mal())
+    for argv in (("import", str(tmp_path / "gw"), str(tmp_path / "MAL-2024-1.json")), (str(tmp_path / "gw"),)):
+        r = tufproxy("gateway", "advisories", *argv)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "advisories.json" in r.stderr, r.stderr
+    assert store.read_text() == "{broken"

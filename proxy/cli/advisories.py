@@ -56,7 +56,10 @@ def blocks_in_force(directory: Path, store: Store, policy: Policy) -> list[Block
 
 
 def _show(directory: Path, gateway_dir: Path, policy_path: Path, as_json: bool) -> int:
-    store = load(store_path(gateway_dir))
+    try:
+        store = load(store_path(gateway_dir))
+    except (OSError, ValueError) as e:  # RecordError is a ValueError
+        raise CommandError(f"cannot read {store_path(gateway_dir)}: {e}") from None
     policy = _policy(policy_path)
     blocks = blocks_in_force(directory, store, policy)
     out: dict[str, Any] = {
@@ -93,6 +96,8 @@ def _import(gateway_dir: Path, files: list[str]) -> int:
         sign_store(Repository.open(gateway_dir.parent), store_path(gateway_dir))
     except SourceError as e:
         raise CommandError(str(e)) from None
+    except ValueError as e:  # the store itself: nothing was written
+        raise CommandError(f"cannot read {store_path(gateway_dir)}: {e}") from None
     except RepositoryError as e:
         raise CommandError(f"imported, but the advisory target could not be signed: {e}") from None
     warning = report.warning()

@@ -140,7 +140,7 @@ def load(path: Path) -> Store:
     except FileNotFoundError:
         return Store(AdvisorySet())
     data = json.loads(raw)
-    return Store(read_store(raw), data.get("imported"), list(data.get("sources", [])))
+    return Store(read_store(data), data.get("imported"), list(data.get("sources", [])))
 
 
 def sign_store(repo: Repository, path: Path) -> None:

@@ -490,10 +490,10 @@ class AdvisorySet:
                      allowed=not enforced)
 
 
-def read_store(data: bytes) -> AdvisorySet:
-    """The advisories of a store file (``{"records": [compact records]}``, :meth:`Advisory.to_json`)."""
+def read_store(data: bytes | Mapping[str, Any]) -> AdvisorySet:
+    """The advisories of a store file (``{"records": [compact records]}``, :meth:`Advisory.to_json`), raw or parsed."""
     try:
-        records = json.loads(data).get("records", [])
+        records = (json.loads(data) if isinstance(data, bytes) else data).get("records", [])
     except (ValueError, AttributeError) as e:
         raise RecordError(f"not an advisory store: {e}") from None
     parsed = (parse_record(r) for r in _list(records, "records"))
