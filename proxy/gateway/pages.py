@@ -70,7 +70,7 @@ def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist:
     if advisories is None or not len(advisories):
         return None
     hashes = {h for h in (pin.hashes.get("sha256") if pin else None, dist.hashes.get("sha256")) if h}
-    return advisories.block(policy.advisory_rules(), project, dist.filename, hashes)
+    return advisories.block(policy.advisory_rules, project, dist.filename, hashes)
 
 
 def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advisories: AdvisorySet | None = None) -> Rendered:

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import enum
 import fnmatch
+import functools
 import os
 import re
 from collections import Counter
@@ -450,7 +451,9 @@ class Policy:
     block_vulnerable: str = "none"
     allow_advisory: tuple[str, ...] = ()
 
+    @functools.cached_property
     def advisory_rules(self) -> Rules:
+        """The advisory settings as :mod:`proxy.protocol.osv` applies them (built once: asked per file)."""
         return Rules(self.block_malicious, self.block_vulnerable, frozenset(self.allow_advisory))
 
     # -------------------------------------------------------- projects

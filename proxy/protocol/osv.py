@@ -300,6 +300,12 @@ def _parsed(text: str) -> Version | None:
     return _version(text)
 
 
+@functools.lru_cache(maxsize=4096)
+def _normalised(text: str) -> str:
+    version = _parsed(text)
+    return str(version) if version is not None else text
+
+
 def file_version(filename: str) -> tuple[Version | None, str | None]:
     """The version a wheel or sdist name carries: parsed (None if it does not parse) and as text, normalised if it parses.
 
@@ -314,8 +320,7 @@ def file_version(filename: str) -> tuple[Version | None, str | None]:
         raw = stem.rpartition("-")[2] if "-" in stem and stem != filename else None
     if raw is None:
         return None, None
-    version = _parsed(raw)
-    return version, str(version) if version is not None else raw
+    return _parsed(raw), _normalised(raw)
 
 
 # ---------------------------------------------------------------- the set and the decision
