@@ -55,6 +55,8 @@ ABSENT_TTL = 60.0
 MAX_ABSENT = 100_000
 # Past this, a worker stops waiting for another's publish of the same project and fetches it too.
 PUBLISH_LOCK_WAIT = 60.0
+# Projects an advisory change republishes per round (a second): each is one index fetch.
+REPUBLISH_BATCH = 100
 
 
 class NotListed(Exception):
@@ -277,7 +279,10 @@ class Gateway:
             if due and (leader is None or leader.held()):
                 self.publisher.reload()
                 # A project being published now may have been rendered with the old set: it is due next time.
-                batch, due = sorted(due & self.publisher.published), due & self._inflight.keys()
+                # At most REPUBLISH_BATCH a round: the first round after a start may name thousands.
+                published = sorted(due & self.publisher.published)
+                batch, rest = published[:REPUBLISH_BATCH], published[REPUBLISH_BATCH:]
+                due = (due & self._inflight.keys()) | set(rest)
                 if batch:
                     try:
                         changed = await self.refresh(batch)
