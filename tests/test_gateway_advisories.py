@@ -317,3 +317,13 @@ def test_a_corrupt_store_is_one_line_and_loses_nothing(tmp_path: Path) -> None:
         r = tufproxy("gateway", "advisories", *argv)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "advisories.json" in r.stderr, r.stderr
     assert store.read_text() == "{broken"
+
+
+def test_an_import_blocks_under_workers_too(tmp_path: Path, evil_index: TestIndex) -> None:
+    """Every worker reloads the store; the worker that leads republishes."""
+    bad = "evil_pkg-2.0-py3-none-any.whl"
+    with _gateway(tmp_path, evil_index, "--workers", "2") as gw, edge_for(tmp_path, gw) as edge:
+        assert bad in _edge_offers(edge.url, "evil-pkg")
+        record = write(tmp_path / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
+        assert tufproxy("gateway", "advisories", "import", str(gw.directory), str(record)).returncode == 0
+        wait_for(lambda: bad not in _edge_offers(edge.url, "evil-pkg"), "the edge dropping the blocked file", timeout=LIMIT)
