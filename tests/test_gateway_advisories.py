@@ -125,7 +125,8 @@ def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: 
         assert audit[0]["project"] == "evil-pkg" and audit[0]["version"] == "2.0" and audit[0]["target"] == f"packages/evil-pkg/{bad}"
         assert metric(gw.base, 'tufproxy_gateway_advisory_blocked_files{rule="advisory-malicious"}') == 1
         listing = json.loads(tufproxy("gateway", "advisories", str(gw.directory), "--json").stdout)
-        assert [b["file"] for b in listing["blocks_in_force"]] == []  # the signed page no longer lists it
+        assert [(b["advisory"], b["file"]) for b in listing["blocks_in_force"]] == [("MAL-2024-9", bad)]
+        assert bad not in (gw.directory / "public" / "simple" / "evil-pkg" / "index.json").read_text()
         # Withdrawn: the file comes back as fast.
         write(record, mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",), modified="2024-09-01T00:00:00Z",
                           withdrawn="2024-09-01T00:00:00Z"))
@@ -134,6 +135,7 @@ def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: 
         wait_for(lambda: bad in _edge_offers(edge.url, "evil-pkg"), "the edge offering the file again", timeout=LIMIT)
         lifted_after = time.monotonic() - start
         assert metric(gw.base, 'tufproxy_gateway_advisory_blocked_files{rule="advisory-malicious"}') == 0
+        assert json.loads(tufproxy("gateway", "advisories", str(gw.directory), "--json").stdout)["blocks_in_force"] == []
     print(f"import -> edge blocks in {blocked_after:.2f}s, withdrawn -> edge offers in {lifted_after:.2f}s (goal {FAST}s)")
 
 

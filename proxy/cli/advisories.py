@@ -3,21 +3,22 @@
 ``import DIR FILE...`` merges records (single JSON files, directories of
 them, zips laid out like OSV's ``all.zip``) into ``DIR/gateway/advisories.json``;
 a running gateway sees the change within a second and republishes the
-projects it names.  ``DIR`` alone lists the store and the blocks in force on
-the signed pages under the policy ``serve`` last recorded.
+projects it names.  ``DIR`` alone lists the store and the blocks in force (the
+files the gateway's ledger has pinned that it keeps out) under the policy
+``serve`` last recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from proxy.gateway.advisories import SourceError, Store, import_into, load, sign_store, store_path
+from proxy.gateway.ledger import Ledger
 from proxy.gateway.pages import withheld
 from proxy.gateway.policy import Policy, PolicyError, resolve_policy
 from proxy.protocol import index
@@ -25,7 +26,6 @@ from proxy.protocol.errors import CommandError
 from proxy.protocol.osv import Block
 from proxy.repository import Repository, RepositoryError
 
-log = logging.getLogger(__name__)
 USAGE = "tufproxy gateway advisories [-h] [--json] (import DIR FILE... | DIR)"
 
 
@@ -38,30 +38,26 @@ def _policy(policy_path: Path) -> Policy:
         raise CommandError(f"cannot read {policy_path}: {e}") from None
 
 
-def blocks_in_force(directory: Path, store: Store, policy: Policy) -> list[Block]:
-    """The files of the signed pages in ``DIR/public/simple`` that the store blocks under ``policy``."""
+def blocks_in_force(gateway_dir: Path, store: Store, policy: Policy) -> list[Block]:
+    """The files the gateway has seen (its ledger's pins) that the store keeps out under ``policy``."""
+    projects = store.advisories.projects()
     found: list[Block] = []
-    for project in sorted(store.advisories.projects()):
-        path = directory / "public" / "simple" / project / "index.json"
-        try:
-            page = index.parse_project_json(path.read_bytes(), project)
-        except FileNotFoundError:
-            continue
-        except (OSError, index.IndexParseError) as e:
-            log.warning("cannot read the signed page %s: %s", path, e)
-            continue
-        found.extend(b for d in page.files
-                     if (b := withheld(store.advisories, policy, project, d, None)) is not None and not b.allowed)
+    for (project, filename), pin in sorted(Ledger(gateway_dir).pins.items()):
+        if project in projects:
+            dist = index.DistFile(filename, pin.url, dict(pin.hashes))
+            block = withheld(store.advisories, policy, project, dist, pin)
+            if block is not None and not block.allowed:
+                found.append(block)
     return found
 
 
-def _show(directory: Path, gateway_dir: Path, policy_path: Path, as_json: bool) -> int:
+def _show(gateway_dir: Path, policy_path: Path, as_json: bool) -> int:
     try:
         store = load(store_path(gateway_dir))
     except (OSError, ValueError) as e:  # RecordError is a ValueError
         raise CommandError(f"cannot read {store_path(gateway_dir)}: {e}") from None
     policy = _policy(policy_path)
-    blocks = blocks_in_force(directory, store, policy)
+    blocks = blocks_in_force(gateway_dir, store, policy)
     out: dict[str, Any] = {
         "records": len(store.advisories), "counts": store.counts(), "newest_modified": store.newest_modified(),
         "last_import": store.imported, "sources": store.sources[-5:],
@@ -78,7 +74,7 @@ def _show(directory: Path, gateway_dir: Path, policy_path: Path, as_json: bool) 
     rules = out["policy"]
     print(f"policy: block-malicious {rules['block_malicious']}, block-vulnerable {rules['block_vulnerable']}, "
           f"allow-advisory {', '.join(rules['allow_advisory']) or 'none'}")
-    print(f"blocks in force on signed pages: {len(blocks)}")
+    print(f"blocks in force (files the gateway has seen, kept out of its signed pages): {len(blocks)}")
     for b in blocks:
         aliases = f" ({', '.join(b.aliases)})" if b.aliases else ""
         print(f"  {b.rule} {b.id}{aliases} {b.severity or '-'}: {b.project} {b.version or '?'} {b.filename}")
@@ -134,6 +130,6 @@ def register(sub: argparse._SubParsersAction, gateway_dir: Callable[[Path], Path
         directory = Path(words[0])
         if not gateway_dir(directory).is_dir():
             raise CommandError(f"{directory} is not a gateway (no {gateway_dir(directory)})")
-        return _show(directory, gateway_dir(directory), policy_file(directory), args.json)
+        return _show(gateway_dir(directory), policy_file(directory), args.json)
 
     p.set_defaults(func=run)

@@ -86,16 +86,17 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
         hashes = _accepted(dist.hashes)
         core = _accepted(dist.core_metadata) if isinstance(dist.core_metadata, dict) else {}
         pin = ledger.pins.get((project, dist.filename))
-        if (block := withheld(advisories, policy, project, dist, pin)) is not None:
-            out.blocked.append(block)
-            if not block.allowed:
-                continue
         if pin is None:
             pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
             out.new_pins.append(pin)
         elif pin.differs_from(hashes, dist.size):
             # The pinned entry stays signed; the index's new contents never are.
             out.changed.append(Changed(pin, hashes, dist.size))
+        # Pinned even when blocked: the ledger remembers every file seen (what a lifted block brings back).
+        if (block := withheld(advisories, policy, project, dist, pin)) is not None:
+            out.blocked.append(block)
+            if not block.allowed:
+                continue
         files.append(dataclasses.replace(
             dist,
             url=page_file_href(project, dist.filename),
