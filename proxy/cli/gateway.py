@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -26,10 +27,13 @@ from typing import Any
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
+from proxy.cli import advisories
 from proxy.cli import ceremony as ceremony_cli
 from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.cli.up import add_up
+from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp, gateway_resource
+from proxy.gateway.feeds import Feeds
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
@@ -67,6 +71,17 @@ from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
+ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this
+
+
+def _file_urls(value: str | list[str]) -> list[str]:
+    """http(s) URLs of files (a feed's zip): as given, with no slash added; text split on commas and spaces."""
+    items = value if isinstance(value, list) else [value]
+    urls = [u for item in items for u in re.split(r"[\s,]+", str(item).strip()) if u]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"not an http(s) URL: {bad[0]!r}")
+    return urls
 
 
 def ledger_dir(directory: Path) -> Path:
@@ -106,6 +121,11 @@ OPTIONS: tuple[Option, ...] = (
            "it from there",
            None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
+    Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
+           "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
+    Option("advisories_refresh", "seconds between conditional GETs of each --advisories-url", 3600.0, _positive_float,
+           metavar="SECONDS"),
+    Option("advisories_max_size", "largest --advisories-url body accepted", "1G", parse_size, metavar="SIZE"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
@@ -138,7 +158,8 @@ What lives where (back up the first three; the rest is fetched again):
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
-                          memory of what was served) and policy.json
+                          memory of what was served), policy.json and
+                          advisories.json (imported OSV advisories)
   DIR/public/packages/    files fetched on demand, checked against the ledger;
                           with --cache-dir DIR2: DIR2/packages/ instead
   DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
@@ -262,7 +283,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
-                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"])
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
@@ -283,9 +305,22 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+    watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
+    feeds = None
+    if values["advisories_url"]:
+        feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
+                              connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+        feeds = (feed_http, asyncio.create_task(
+            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
+                  max_size=values["advisories_max_size"])
+            .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:
         fresh.cancel()
+        watching.cancel()
+        if feeds is not None:
+            feeds[1].cancel()
+            await feeds[0].close()
         if reload_tls is not None:
             reload_tls.cancel()
         if pushing is not None:
@@ -613,6 +648,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
     p.set_defaults(func=_guarded(_cmd_policy))
+
+    advisories.register(sub, ledger_dir, policy_file)
 
     p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
     p.add_argument("dir", metavar="DIR")
