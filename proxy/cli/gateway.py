@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from proxy.cli.repo import _days, _guarded
 from proxy.cli.up import add_up
+from proxy.gateway import provenance
 from proxy.gateway.app import GatewayApp
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
@@ -34,6 +35,7 @@ from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, reso
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.protocol.errors import CommandError
+from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
 from proxy.repository import Expiry, Repository, RepositoryError
 from proxy.serving.config import (
     ConfigError,
@@ -101,6 +103,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    *provenance.OPTIONS,
 )
 
 SERVE_HELP = """\
@@ -221,8 +224,14 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
+    trust = provenance.SigstoreTrust(values["sigstore_trust_root"], values["sigstore_offline"])
+    try:
+        trust.prepare(ledger_dir(directory) / "sigstore")
+    except OSError as e:
+        raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
+    gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
-                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"])
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"], provenance=gate)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     app = GatewayApp(gateway, files, repo.public_dir)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
@@ -347,6 +356,40 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_provenance(args: argparse.Namespace) -> int:
+    ledger = Ledger(ledger_dir(Path(args.dir)))
+    if args.accept:
+        try:
+            project, spec = next(iter(parse_trusted_publishers(args.accept).items()))
+        except ValueError as e:
+            raise CommandError(f"--accept: {e}") from e
+        if not args.reason:
+            raise CommandError("--accept needs --reason TEXT (kept in the ledger and the audit record)")
+        before = ledger.publishers.get(project, {}).get("spec")
+        ledger.append([{"kind": "publisher", "project": project, "spec": str(spec), "filename": None,
+                        "accepted": True, "reason": args.reason}])
+        audit = AuditLog(args.audit_log)
+        try:
+            audit.refused(reason="publisher-accepted", target=f"simple/{project}/", project=project,
+                          expected=before, seen=str(spec), detail=args.reason)
+        finally:
+            audit.close()
+        print(f"{project}: publisher {before or '(none)'} -> {spec} accepted")
+        return 0
+    pins = [{"project": p, "spec": r["spec"], **parse_spec(r["spec"]).to_json(), "time": r.get("time"),
+             "filename": r.get("filename"), "accepted": bool(r.get("accepted")), "reason": r.get("reason")}
+            for p, r in sorted(ledger.publishers.items())]
+    if args.json:
+        print(json.dumps(pins, indent=2))
+        return 0
+    for pin in pins:
+        source = f"accepted: {pin['reason']}" if pin["accepted"] else f"first verified file {pin['filename']}"
+        print(f"{pin['project']}  {pin['spec']}  pinned {pin['time']}  ({source})")
+    if not pins:
+        print("no publisher pinned yet")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy gateway`` and its subcommands."""
     gw = subparsers.add_parser(
@@ -426,3 +469,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
     p.set_defaults(func=_guarded(_cmd_revoke))
+
+    p = sub.add_parser(
+        "provenance",
+        help="list each project's pinned PEP 740 publisher, or accept a change",
+        description="Each project's trusted publisher as pinned in DIR's ledger (kind, repository or e-mail, "
+        "workflow, when, from which file). --accept records a publisher change the operator vouches for, "
+        "in the ledger and the audit log; works beside a running gateway.",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--accept", metavar="PROJECT=SPEC", help="pin this publisher for PROJECT from now on")
+    p.add_argument("--reason", help="why the publisher changed (required with --accept)")
+    p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.set_defaults(func=_guarded(_cmd_provenance))

@@ -10,6 +10,12 @@
   filename change contents, so a later listing with other hashes or size
   is left out, and the pin stays.
 * ``{"kind": "revoke", "project", "filename" (or null: the whole project)}``.
+* ``{"kind": "publisher", "project", "spec", "filename", "accepted"}``: the
+  project's PEP 740 trusted publisher, pinned at its first verified file or
+  accepted by the operator; the latest record wins
+  (:mod:`proxy.gateway.provenance`).
+* ``{"kind": "provenance", "project", "filename", "publisher", "sha256", "url"}``:
+  a file's verified publisher and the sha256 of its provenance object.
 
 Readers pick up lines other processes appended (``tufproxy gateway
 revoke`` beside a running gateway) with :meth:`Ledger.reload`.  A torn
@@ -56,6 +62,8 @@ class Ledger:
         self.pins: dict[tuple[str, str], Pin] = {}
         self.project_index: dict[str, str] = {}
         self.revoked: set[tuple[str, str | None]] = set()
+        self.publishers: dict[str, dict[str, Any]] = {}
+        self.provenance: dict[tuple[str, str], dict[str, Any]] = {}
         self._offset = 0
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +97,10 @@ class Ledger:
             self.project_index.setdefault(record["project"], record["index"])
         elif kind == "revoke":
             self.revoked.add((record["project"], record.get("filename")))
+        elif kind == "publisher":
+            self.publishers[record["project"]] = record
+        elif kind == "provenance":
+            self.provenance[(record["project"], record["filename"])] = record
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Append records durably, then apply them."""

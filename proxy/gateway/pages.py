@@ -74,6 +74,7 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> R
             size=pin.size if pin.size is not None else dist.size,
             # A .metadata file the page gives no hash for could not be checked: let pip read the wheel instead.
             core_metadata=dict(pin.core_metadata) if pin.core_metadata and "sha256" in pin.core_metadata else False,
+            provenance=None,  # the index's URL; what was verified is in the ledger
         ))
     files.sort(key=lambda f: f.filename)
     out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions)

@@ -66,6 +66,7 @@ class DistFile:
     core_metadata: bool | dict[str, str] = False  # PEP 658/714
     size: int | None = None  # PEP 700, JSON only
     upload_time: str | None = None  # PEP 700, JSON only, ISO 8601 as given
+    provenance: str | None = None  # PEP 740: URL of the file's provenance object, as given
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,7 @@ def _html_dist_file(attributes: dict[str, str | None], text: str, base: str | No
         requires_python=attributes.get("data-requires-python") or None,
         yanked=yanked,
         core_metadata=_parse_core_metadata_attr(core),
+        provenance=attributes.get("data-provenance") or None,
     )
 
 
@@ -322,6 +324,7 @@ def _json_dist_file(entry: Any) -> DistFile:
         core_metadata=core,
         size=size,
         upload_time=_typed(entry, "upload-time", (str, type(None))),
+        provenance=_typed(entry, "provenance", (str, type(None))) or None,
     )
 
 

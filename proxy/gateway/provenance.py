@@ -1,0 +1,228 @@
+"""PEP 740 provenance at the gateway: fetch, verify, pin the publisher, leave files out.
+
+:meth:`ProvenanceGate.screen` is the gateway's one hook (called by
+:meth:`proxy.gateway.service.Gateway.fetch` on every listing before it is
+rendered and signed).  For each file not yet pinned in the ledger (so
+verification runs once per file, at its first publish, never per
+request) it fetches the file's provenance object through the index client
+(bounded size, timeouts, the index's and ``--files-origin`` origins only,
+redirects checked), all of a page's at once, and verifies each
+attestation with ``pypi-attestations`` on top of ``sigstore`` (the file's
+sha256 and name against the statement's subject, the publisher against
+the signing certificate); no Sigstore, DSSE or in-toto check is written
+here.  :func:`proxy.protocol.provenance.decide` then says which files are
+left out; each one gets an audit record (rule, project, file, expected and
+seen publisher) and a ``tufproxy_gateway_refusals_total`` label.  The
+ledger learns the project's pinned publisher (``kind: publisher``) and, per
+file, the verified publisher and the provenance object's sha256 (``kind:
+provenance``).
+
+Sigstore's trust root: ``production`` or ``staging``, refreshed over TUF by
+sigstore-python, or with ``--sigstore-offline yes`` the one that ships
+inside sigstore-python, never refreshed.  A FILE is a private trust root,
+always offline.  Offline, sigstore-python's cache lives under
+``DIR/gateway/sigstore`` so no user cache (and no network) is consulted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from proxy.gateway.ledger import Ledger
+from proxy.gateway.listing import Listing
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.protocol import provenance as rules
+from proxy.protocol.index import DistFile
+from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
+from proxy.serving.config import Option
+from proxy.storage.audit import AuditLog
+from proxy.transport.indexhttp import IndexHTTP, origin
+from proxy.transport.upstream import DownloadError, DownloadLengthError
+
+log = logging.getLogger(__name__)
+MAX_PROVENANCE_SIZE = 1 * 2**20  # PyPI's are a few KiB; anything near this is junk
+CONCURRENCY = 16
+_SIGSTORE_URLS = {"production": "https://tuf-repo-cdn.sigstore.dev", "staging": "https://tuf-repo-cdn.sigstage.dev"}
+
+
+def _yes_no(value: Any) -> bool:
+    if value in (True, False):
+        return bool(value)
+    if str(value).lower() in ("yes", "no"):
+        return str(value).lower() == "yes"
+    raise ValueError(f"give yes or no, not {str(value)[:40]!r}")
+
+
+def _trust_root(value: Any) -> str:
+    text = str(value)
+    if text in _SIGSTORE_URLS:
+        return text
+    if not Path(text).is_file():
+        raise ValueError(f"give production, staging or a trusted_root.json FILE; {text[:200]!r} is no file")
+    return str(Path(text).resolve())
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("provenance", "PEP 740: off, verify (invalid provenance leaves a file out), pin (also pin each project's "
+           "first verified publisher; files without provenance or from another publisher leave) or require "
+           "(every file needs valid provenance)", "pin", rules.parse_mode, metavar="MODE"),
+    Option("trusted_publisher", "pin PROJECT's publisher up front: github:OWNER/REPO[@WORKFLOW], "
+           "gitlab:NAMESPACE/PROJECT[@WORKFLOW] or google:EMAIL; repeatable", [], rules.parse_trusted_publishers,
+           repeat=True, metavar="PROJECT=SPEC"),
+    Option("provenance_project", "the --provenance mode for the projects PATTERN matches (first match wins); "
+           "repeatable", [], rules.parse_project_modes, repeat=True, metavar="PATTERN=MODE"),
+    Option("sigstore_trust_root", "Sigstore trust root: production, staging, or a trusted_root.json FILE "
+           "(always offline)", "production", _trust_root, metavar="ROOT"),
+    Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
+           "no", _yes_no, metavar="yes|no"),
+)
+
+
+def policy_of(values: dict[str, Any]) -> ProvenancePolicy:
+    return ProvenancePolicy(values["provenance"], values["trusted_publisher"] or {}, tuple(values["provenance_project"] or ()))
+
+
+class SigstoreTrust:
+    """Which Sigstore trust root verifies attestations, prepared once per process; see the module docstring."""
+
+    def __init__(self, root: str = "production", offline: bool = False) -> None:
+        self.staging = root == "staging"
+        self.file = None if root in _SIGSTORE_URLS else Path(root)
+        self.offline = offline or self.file is not None
+
+    def prepare(self, home: Path) -> None:
+        """Point sigstore-python's cache at ``home`` when offline, holding the shipped root (or FILE)."""
+        logging.getLogger("sigstore._internal.tuf").setLevel(logging.ERROR)  # "offline mode" on every verify
+        if not self.offline:
+            return
+        os.environ["XDG_CACHE_HOME"] = str(home / "cache")
+        os.environ["XDG_DATA_HOME"] = str(home / "data")
+        if self.file is not None:
+            target = home / "cache" / "sigstore-python" / "tuf" / quote(_SIGSTORE_URLS["production"], safe="")
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "trusted_root.json").write_bytes(self.file.read_bytes())
+
+    def verify(self, data: bytes, filename: str, sha256: str) -> Outcome:
+        """Verify provenance object ``data`` for the file; every attestation in it must hold."""
+        # Imported here: pydantic and sigstore load only where provenance is on.
+        import pydantic
+        from pypi_attestations import AttestationError, Distribution, Provenance
+
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            prov = Provenance.model_validate_json(data)
+            dist = Distribution(name=filename, digest=sha256)
+        except (pydantic.ValidationError, ValueError) as e:
+            return Outcome("invalid", f"not a PEP 740 provenance object: {str(e).splitlines()[0][:200]}", digest=digest)
+        seen: PublisherSpec | None = None
+        for bundle in prov.attestation_bundles:
+            try:
+                publisher = rules.from_publisher(bundle.publisher.model_dump())
+            except (ValueError, KeyError) as e:
+                return Outcome("invalid", str(e), digest=digest)
+            if not bundle.attestations:
+                return Outcome("invalid", "an attestation bundle with no attestation", digest=digest)
+            for attestation in bundle.attestations:
+                try:
+                    attestation.verify(bundle.publisher, dist, staging=self.staging, offline=self.offline)
+                except AttestationError as e:
+                    return Outcome("invalid", f"{str(e)[:300]}", publisher, digest)
+                except Exception as e:  # noqa: BLE001 - sigstore raises others on junk (bad DER, TUF): invalid, never a crash
+                    return Outcome("invalid", f"{type(e).__name__}: {str(e)[:300]}", publisher, digest)
+            if seen is not None and seen != publisher:
+                return Outcome("invalid", f"attestations from two publishers ({seen}, {publisher})", publisher, digest)
+            seen = publisher
+        if seen is None:
+            return Outcome("invalid", "no attestation bundle", digest=digest)
+        return Outcome("verified", publisher=seen, digest=digest)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    filename: str
+    rule: str
+    outcome: Outcome
+    expected: PublisherSpec | None
+
+
+class ProvenanceGate:
+    """See the module docstring."""
+
+    def __init__(self, http: IndexHTTP, ledger: Ledger, audit: AuditLog, metrics: GatewayMetrics,
+                 policy: ProvenancePolicy, trust: SigstoreTrust, max_size: int = MAX_PROVENANCE_SIZE) -> None:
+        self.http = http
+        self.ledger = ledger
+        self.audit = audit
+        self.metrics = metrics
+        self.policy = policy
+        self.trust = trust
+        self.max_size = max_size
+        self._slots = asyncio.Semaphore(CONCURRENCY)
+
+    def pinned(self, project: str) -> PublisherSpec | None:
+        record = self.ledger.publishers.get(project)
+        return rules.parse_spec(record["spec"]) if record else None
+
+    async def screen(self, listing: Listing) -> Listing:
+        """``listing`` without the files the policy leaves out; ledger and audit log updated."""
+        project = listing.project
+        mode = self.policy.mode_for(project)
+        if mode == "off":
+            return listing
+        new = [d for d in listing.page.files if (project, d.filename) not in self.ledger.pins]
+        if not new:
+            return listing
+        outcomes = await asyncio.gather(*(self._outcome(d) for d in new))
+        pinned = self.pinned(project) if mode in ("pin", "require") else None
+        expected = self.policy.expected(project, pinned)
+        records: list[dict[str, Any]] = []
+        left: list[LeftOut] = []
+        for dist, outcome in zip(new, outcomes, strict=True):
+            rule = rules.decide(mode, expected, outcome)
+            if rule is not None:
+                left.append(LeftOut(dist.filename, rule, outcome, expected))
+                continue
+            if outcome.state != "verified":
+                continue
+            assert outcome.publisher is not None
+            if expected is None and mode in ("pin", "require"):
+                expected = outcome.publisher  # the first verified publisher: pinned from here on
+                records.append({"kind": "publisher", "project": project, "spec": str(expected),
+                                "filename": dist.filename, "accepted": False})
+            records.append({"kind": "provenance", "project": project, "filename": dist.filename,
+                            "publisher": str(outcome.publisher), "sha256": outcome.digest, "url": dist.provenance})
+        self.ledger.append(records)
+        for out in left:
+            self.metrics.refusals.labels(out.rule).inc()
+            self.audit.refused(reason=out.rule, target=f"packages/{project}/{out.filename}", project=project,
+                               file=out.filename, expected=str(out.expected) if out.expected else None,
+                               seen=str(out.outcome.publisher) if out.outcome.publisher else None,
+                               detail=out.outcome.detail or None)
+        if not left:
+            return listing
+        gone = {out.filename for out in left}
+        return replace(listing, page=replace(listing.page, files=tuple(d for d in listing.page.files if d.filename not in gone)))
+
+    async def _outcome(self, dist: DistFile) -> Outcome:
+        if dist.provenance is None:
+            return Outcome("missing")
+        url = dist.provenance  # absolute and credential-free since the listing was validated
+        allowed = (*self.http.index_urls, *self.http.files_origins)
+        if not url.startswith(("http://", "https://")) or origin(url) not in {origin(a) for a in allowed}:
+            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin")
+        async with self._slots:
+            try:
+                async with self.http.get(url, self.max_size, allowed, accept="application/json") as response:
+                    data = b"".join([chunk async for chunk in response.body])
+            except DownloadLengthError:
+                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes")
+            except DownloadError as e:
+                return Outcome("invalid", f"provenance not fetched: {str(e)[:300]}")
+        return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"])
