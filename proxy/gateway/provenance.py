@@ -49,6 +49,8 @@ from proxy.transport.upstream import DownloadError, DownloadLengthError
 log = logging.getLogger(__name__)
 MAX_PROVENANCE_SIZE = 1 * 2**20  # PyPI's are a few KiB; anything near this is junk
 CONCURRENCY = 16
+MAX_REMEMBERED = 100_000  # outcomes of files left out, kept so a refresh neither re-verifies nor re-audits them
+_NOT_FETCHED = "provenance not fetched"
 _SIGSTORE_URLS = {"production": "https://tuf-repo-cdn.sigstore.dev", "staging": "https://tuf-repo-cdn.sigstage.dev"}
 
 
@@ -165,6 +167,10 @@ class ProvenanceGate:
         self.trust = trust
         self.max_size = max_size
         self._slots = asyncio.Semaphore(CONCURRENCY)
+        # (file URL, filename, sha256, provenance URL) -> outcome, for files not pinned (left out); fetch
+        # failures are not kept (the next refresh tries again), and a left-out file is audited when its rule changes.
+        self._outcomes: dict[tuple[str, str, str, str], Outcome] = {}
+        self._audited: dict[tuple[str, str], tuple[str, str]] = {}
 
     def pinned(self, project: str) -> PublisherSpec | None:
         record = self.ledger.publishers.get(project)
@@ -200,6 +206,11 @@ class ProvenanceGate:
                             "publisher": str(outcome.publisher), "sha256": outcome.digest, "url": dist.provenance})
         self.ledger.append(records)
         for out in left:
+            if self._audited.get((project, out.filename)) == (out.rule, out.outcome.detail):
+                continue
+            if len(self._audited) >= MAX_REMEMBERED:
+                self._audited.clear()
+            self._audited[(project, out.filename)] = (out.rule, out.outcome.detail)
             self.metrics.refusals.labels(out.rule).inc()
             self.audit.refused(reason=out.rule, target=f"packages/{project}/{out.filename}", project=project,
                                file=out.filename, expected=str(out.expected) if out.expected else None,
@@ -213,6 +224,18 @@ class ProvenanceGate:
     async def _outcome(self, dist: DistFile) -> Outcome:
         if dist.provenance is None:
             return Outcome("missing")
+        key = (dist.url, dist.filename, dist.hashes["sha256"], dist.provenance)
+        if (known := self._outcomes.get(key)) is not None:
+            return known
+        outcome = await self._verified(dist)
+        if not outcome.detail.startswith(_NOT_FETCHED):
+            if len(self._outcomes) >= MAX_REMEMBERED:
+                self._outcomes.clear()
+            self._outcomes[key] = outcome
+        return outcome
+
+    async def _verified(self, dist: DistFile) -> Outcome:
+        assert dist.provenance is not None
         url = dist.provenance  # absolute and credential-free since the listing was validated
         allowed = (*self.http.index_urls, *self.http.files_origins)
         if not url.startswith(("http://", "https://")) or origin(url) not in {origin(a) for a in allowed}:
@@ -224,5 +247,5 @@ class ProvenanceGate:
             except DownloadLengthError:
                 return Outcome("invalid", f"provenance object larger than {self.max_size} bytes")
             except DownloadError as e:
-                return Outcome("invalid", f"provenance not fetched: {str(e)[:300]}")
+                return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}")
         return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"])

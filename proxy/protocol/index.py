@@ -398,6 +398,8 @@ def _html_link(dist: DistFile) -> str:
     if core is not None:
         # PEP 714: the legacy attribute too, with the same value, for older clients.
         parts.append(f' data-core-metadata="{_attr(core)}" data-dist-info-metadata="{_attr(core)}"')
+    if dist.provenance:
+        parts.append(f' data-provenance="{_attr(dist.provenance)}"')
     parts.append(f">{_attr(dist.filename)}</a><br />")
     return "".join(parts)
 
@@ -443,7 +445,8 @@ def _json_file(dist: DistFile) -> dict[str, Any]:
         # "dist-info-metadata" key in JSON because pip 22.3-23.1 crash on it.
         "data-dist-info-metadata": core,
     }
-    optional = {"requires-python": dist.requires_python, "size": dist.size, "upload-time": dist.upload_time}
+    optional = {"requires-python": dist.requires_python, "size": dist.size, "upload-time": dist.upload_time,
+                "provenance": dist.provenance}
     entry.update((k, v) for k, v in optional.items() if v is not None)
     return entry
 
