@@ -342,7 +342,7 @@ def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], enviro
         else:
             raw, source = opt.default, opt.flag
         try:
-            if opt.repeat and isinstance(raw, list):
+            if opt.repeat and isinstance(raw, list) and opt.parse is _url_list:  # others parse their own lists
                 raw = [u for g in raw for u in _url_list(g)]
             values[opt.name] = opt.parse(raw) if raw is not None else None
         except (ConfigError, ValueError, TypeError) as e:
