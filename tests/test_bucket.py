@@ -30,7 +30,8 @@ from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists
 from tests.support.clients import install
 from tests.support.faults import Fault, FaultyUpstream, sized_wheel
-from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.s3relay import S3Relay
 from tests.support.seaweed import ACCESS_KEY, BUCKET, SECRET_KEY, Seaweed
@@ -264,7 +265,7 @@ def test_a_waiting_replica_fetches_for_itself_after_the_wait(world: World, seawe
         with replica(world, seaweed, tmp_path / "a", "waiting", *args, upstream=slow.url) as a, \
                 replica(world, seaweed, tmp_path / "b", "waiting", *args, upstream=slow.url) as b:
             threading.Thread(target=fetch_cut_off, args=(a, path), daemon=True).start()
-            wait_for(lambda: obstore.list(store, "leases/").collect(), 60, "replica a's lease")
+            wait_for(lambda: obstore.list(store, "leases/").collect(), "replica a's lease", timeout=60)
 
             assert slow.count(upstream_pattern(world.big.name)) == 1
             seconds, head = first_bytes(b, path, 64 * 1024)
@@ -346,7 +347,7 @@ def test_gateway_publishes_to_a_bucket_and_an_edge_installs_from_it(seaweed: Sea
         def pushed() -> bool:
             names = {m["path"] for batch in obstore.list(store, "packages/") for m in batch}
             return sum(n.endswith(".whl") for n in names) == 3
-        wait_for(pushed, 30, "the files in the bucket")
+        wait_for(pushed, "the files in the bucket", timeout=30)
         wheels = {p.name for p in (tmp_path / ("gwcache" if cache_dir else "gw/public")).glob("packages/*/*.whl")}
         assert len(wheels) == 3, wheels  # the gateway kept its files where the test says
         # An edge that reads only the bucket verifies and installs.

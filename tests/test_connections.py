@@ -22,6 +22,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists
 from tests.support.faults import Fault, FaultyUpstream, get
+from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
 
 
@@ -40,15 +41,6 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return False
     except ConnectionError:
         return True
-
-
-async def _poll(condition, deadline: float) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if condition():
-            return True
-        await asyncio.sleep(0.05)
-    return condition()
 
 
 async def test_idle_and_slow_clients_are_closed_while_requests_keep_their_latency(tmp_path: Path, repo: Repository) -> None:
@@ -78,14 +70,14 @@ async def test_idle_and_slow_clients_are_closed_while_requests_keep_their_latenc
                 await asyncio.sleep(0.1)
         print(f"\n[clients] 30 idle + 5 slow-head connections: page latency max {max(latencies) * 1000:.0f} ms")
         assert max(latencies) < 0.5
-        assert await _poll(lambda: all(_closed_by_peer(sock) for sock in idle + slow), 5.0)
+        await poll(lambda: all(_closed_by_peer(sock) for sock in idle + slow), "idle and slow clients closed", timeout=5)
         # Over the cap: the extra connections are closed at once, requests still served.
         many = [socket.create_connection(("127.0.0.1", p.port)) for _ in range(80)]
         for sock in many:
             sock.setblocking(False)
-        assert await _poll(lambda: sum(_closed_by_peer(sock) for sock in many) >= 20, 0.9)
+        await poll(lambda: sum(_closed_by_peer(sock) for sock in many) >= 20, "20 idle clients closed", timeout=0.9)
         # The idle ones among them go after the timeout, and the proxy takes requests again.
-        assert await _poll(lambda: all(_closed_by_peer(sock) for sock in many), 5.0)
+        await poll(lambda: all(_closed_by_peer(sock) for sock in many), "every idle client closed", timeout=5)
         async with aiohttp.ClientSession() as s:
             assert (await get(s, page)).status == 200
         for sock in idle + slow + many:
@@ -104,22 +96,16 @@ async def test_busy_file_downloads_do_not_starve_a_metadata_refresh(tmp_path: Pa
             assert await asyncio.to_thread(held.arrived.wait, 10)
             repo.add([build_wheel(tmp_path / "late", "late", "1.0")])  # a new timestamp to find
             start = time.monotonic()
-            found = await _poll_status(s, f"{p.base}simple/late/", 10.0)
-            took = time.monotonic() - start
-            held.release()
+            try:
+                await poll(lambda: get(s, f"{p.base}simple/late/"), "the new project", timeout=10, interval=0.2,
+                           done=lambda got: got.status == 200)
+            finally:
+                took = time.monotonic() - start
+                held.release()
             done = await asyncio.gather(*downloads)
         print(f"\n[pools] every file slot busy: new project visible after {took:.2f}s")
-        assert found and took < 5.0, took
+        assert took < 5.0, took
         assert all(d.status == 200 for d in done)
-
-
-async def _poll_status(s: aiohttp.ClientSession, url: str, deadline: float) -> bool:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if (await get(s, url)).status == 200:
-            return True
-        await asyncio.sleep(0.2)
-    return False
 
 
 async def test_a_dripping_mirror_holds_nothing_hostage_once_honest_again(tmp_path: Path, repo: Repository) -> None:
@@ -132,7 +118,7 @@ async def test_a_dripping_mirror_holds_nothing_hostage_once_honest_again(tmp_pat
         up.inject(r"/packages/base/.*", Fault.DRIP, interval=0.05)
         async with aiohttp.ClientSession() as s:
             first = asyncio.create_task(get(s, p.base + wheel.lstrip("/")))
-            assert await _poll(lambda: up.count(r"/packages/base/.*") == 1, 5.0)
+            await poll(lambda: up.count(r"/packages/base/.*") == 1, "one upstream fetch", timeout=5)
             up.clear()  # honest again: a client asking now joins the dripping fetch...
             start = time.monotonic()
             second = await get(s, p.base + wheel.lstrip("/"))

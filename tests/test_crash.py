@@ -33,7 +33,7 @@ from tuf.api.metadata import Metadata
 from proxy.repository import Repository
 from tests.conftest import make_sample_dists
 from tests.support.faults import FaultyUpstream, get, process_tree, sized_wheel
-from tests.support.net import free_port, wait_for_port
+from tests.support.net import free_port
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import all_targets, assert_cache_clean
 
@@ -254,11 +254,14 @@ def unshare_or_skip() -> None:
         pytest.skip(f"cannot make a mount namespace: {probe.stderr!r}")
 
 
+def in_namespace(mount: str, mnt: Path) -> list[str]:
+    """A command prefix: what follows runs in a private mount namespace where ``mount`` (a shell command on $1) ran."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", f'{mount} && shift && exec "$@"', "sh", str(mnt)]
+
+
 def serve_in_namespace(mount: str, mnt: Path, *serve_args: str, **popen) -> subprocess.Popen:
-    """``tufproxy serve`` in a private mount namespace where ``mount`` (a shell command on $1) ran first."""
-    cmd = f'{mount} && shift && exec "$@"'
-    return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd, "sh", str(mnt),
-                             sys.executable, "-m", "proxy", "serve", *serve_args], **popen)
+    """``tufproxy serve`` in a private mount namespace, for a server that must fail to start."""
+    return subprocess.Popen([*in_namespace(mount, mnt), sys.executable, "-m", "proxy", "serve", *serve_args], **popen)
 
 
 async def test_disk_full_refuses_new_cold_files_with_503(small_repo, tmp_path: Path) -> None:
@@ -266,17 +269,10 @@ async def test_disk_full_refuses_new_cold_files_with_503(small_repo, tmp_path: P
     repo, root, upstream, big = small_repo
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    port = free_port()
-    proc = serve_in_namespace('mount -t tmpfs -o size=4m tmpfs "$1"', mnt, "--cache-dir", str(mnt / "cache"),
-                              "--upstream", upstream.url, "--root", str(root), "--listen", f"127.0.0.1:{port}",
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port, proc)
-        await full_cache_behaviour(port, repo, big)
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-    assert b"Traceback" not in err, err.decode()[-2000:]
+    with ProxyProcess(mnt / "cache", "--upstream", upstream.url, "--root", str(root),
+                      prefix=in_namespace('mount -t tmpfs -o size=4m tmpfs "$1"', mnt)) as p:
+        await full_cache_behaviour(p.port, repo, big)
+    assert "Traceback" not in p.log(), p.log()[-2000:]
 
 
 @pytest.mark.parametrize("mount", [

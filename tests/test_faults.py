@@ -25,6 +25,7 @@ from proxy.repository import Repository
 from tests.conftest import make_sample_dists
 from tests.support.faults import Fault, FaultyUpstream, get, sized_wheel
 from tests.support.net import free_port
+from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 
@@ -239,22 +240,13 @@ async def test_metadata_outage_keeps_serving_and_a_lie_fails_closed(world: World
                 outage = [await get(s, at(proxy, HOT)) for _ in range(5)]
                 world.bad.clear()
                 world.bad.inject(r"/metadata/timestamp\.json", Fault.GARBAGE)
-                lie = await until(s, at(proxy, HOT), lambda g: g.status != 200)
+                lie = await poll(lambda: get(s, at(proxy, HOT)), "a refusal", timeout=15, interval=0.1,
+                                 done=lambda g: g.status != 200)
             finally:
                 world.bad.clear()
-            recovered = await until(s, at(proxy, HOT), lambda g: g.status == 200)
+            recovered = await poll(lambda: get(s, at(proxy, HOT)), "a recovery", timeout=15, interval=0.1,
+                                   done=lambda g: g.status == 200)
     assert all(g.status == 200 and g.body == hot for g in outage)
     assert world.bad.count(r"/metadata/timestamp\.json") >= 2
     assert lie.status == 502 and lie.headers["x-tufproxy-reason"] == "bad-metadata"
     assert recovered.body == hot
-
-
-async def until(session: aiohttp.ClientSession, url: str, done, deadline: float = 15.0):
-    """Repeat a request until ``done(response)``: the proxy's refresh interval sets the pace."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while True:
-        got = await get(session, url)
-        if done(got) or loop.time() > end:
-            return got
-        await asyncio.sleep(0.1)

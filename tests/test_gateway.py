@@ -28,7 +28,7 @@ from tests.support.gatewayproc import GatewayProcess, install_chain_first_try
 from tests.support.gatewayproc import edge_for as _edge
 from tests.support.gatewayproc import gateway_init as _gateway_init
 from tests.support.gatewayproc import metric as _metric
-from tests.support.gatewayproc import wait_for as _wait_for
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
@@ -118,7 +118,7 @@ def test_changed_file_is_refused_and_pinned_one_still_installs(
     # The index now serves other bytes under the pinned name, and lists their hash.
     swapped = build_wheel(tmp_path / "evil", "base", "2.0", payload=b"evil")
     test_index.file("base-2.0-py3-none-any.whl").data = swapped.read_bytes()
-    _wait_for(lambda: any(a.get("reason") == "upstream-changed-file" for a in gateway.audit()), what="upstream-changed-file")
+    wait_for(lambda: any(a.get("reason") == "upstream-changed-file" for a in gateway.audit()), what="upstream-changed-file")
     assert _metric(gateway.base, "tufproxy_gateway_pins_refused_total") >= 1
     with _edge(tmp_path, gateway, "edge2") as edge:
         r = install("pip", edge.url, tmp_path / "t2", "app")
@@ -153,8 +153,8 @@ def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: Gate
         test_index.add(build_wheel(tmp_path / "new", "lib", "1.1", requires=["base"]))
         test_index.file("lib-1.0-py3-none-any.whl").yanked = "bad"
         page = gateway.directory / "public" / "simple" / "lib" / "index.json"
-        _wait_for(lambda: b"lib-1.1" in page.read_bytes(), what="new release signed")
-        _wait_for(
+        wait_for(lambda: b"lib-1.1" in page.read_bytes(), what="new release signed")
+        wait_for(
             lambda: (
                 install("pip", edge.url, tmp_path / "t", "lib").returncode == 0
                 and (tmp_path / "t" / "lib-1.1.dist-info").is_dir()
@@ -197,7 +197,7 @@ def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: Gateway
         assert "base-2.0.tar.gz" in seen and "base-2.0-py3-none-any.whl" not in seen
     # Later refreshes (ttl 1 s) keep it out.
     time_signed = (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime
-    _wait_for(
+    wait_for(
         lambda: (
             (gateway.directory / "public" / "metadata" / "timestamp.json").stat().st_mtime > time_signed
             or gateway.log().count("refreshed") >= 2
@@ -407,7 +407,7 @@ def test_cold_file_streams_before_the_index_finishes(
         with pytest.raises((http.client.IncompleteRead, ConnectionError)):
             response.read()
         assert not (gateway.directory / "public" / "packages" / "bigpkg" / big.name).exists()
-        _wait_for(lambda: any(a.get("reason") == "hash-mismatch" for a in gateway.audit()), what="audit record")
+        wait_for(lambda: any(a.get("reason") == "hash-mismatch" for a in gateway.audit()), what="audit record")
     else:
         assert first + response.read() == big.read_bytes()
         assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()
@@ -514,7 +514,7 @@ def test_timestamp_is_resigned_before_it_expires_without_changes(tmp_path: Path,
     expires = lambda: Metadata.from_bytes(timestamp.read_bytes()).signed.expires  # noqa: E731
     with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--page-ttl", "4") as gw:
         first = expires()
-        _wait_for(lambda: expires() > first, timeout=40, what="timestamp re-signed")
+        wait_for(lambda: expires() > first, timeout=40, what="timestamp re-signed")
         assert urllib.request.urlopen(f"{gw.base}readyz", timeout=10).status == 200
 
 
@@ -525,11 +525,11 @@ def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestInd
     ) as gw:
         assert gw.publish("lib")[0] == 200
         test_index.raw_pages["lib"] = b'<meta name="pypi:repository-version" content="2.0">'  # a page we refuse
-        _wait_for(
+        wait_for(
             lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="refused"}') >= 1, what="a refused refresh"
         )
         test_index.__exit__()  # now the index is gone altogether
-        _wait_for(
+        wait_for(
             lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="unreachable"}') >= 1,
             what="an unreachable refresh",
         )
@@ -709,7 +709,7 @@ def test_file_removed_at_the_index_leaves_the_signed_page_within_the_ttl(gateway
     assert "base-2.0.tar.gz" in names()
     test_index.projects["base"] = [f for f in test_index.projects["base"] if f.path.name != "base-2.0.tar.gz"]
     start = time.monotonic()
-    _wait_for(lambda: names() == ["base-2.0-py3-none-any.whl"], timeout=15, what="the removed file leaves the page")
+    wait_for(lambda: names() == ["base-2.0-py3-none-any.whl"], timeout=15, what="the removed file leaves the page")
     # --page-ttl 1: due after 1 s, picked up at the next tick (a quarter ttl), signed after one batch window.
     assert time.monotonic() - start < 5
 
@@ -727,10 +727,10 @@ def test_three_projects_changing_together_cost_one_signature(tmp_path: Path, tes
     # Restarted with a short ttl: all three were fetched before this process, so all are due at its first refresh.
     with GatewayProcess(tmp_path / "gw", *args, "--page-ttl", "1", "--refresh-rate", "100") as gw:
         pages = [gw.directory / "public" / "simple" / p / "index.json" for p in projects]
-        _wait_for(lambda: all(b"-9.0-" in p.read_bytes() for p in pages), what="three new releases signed")
+        wait_for(lambda: all(b"-9.0-" in p.read_bytes() for p in pages), what="three new releases signed")
         # Later refreshes find nothing changed: still one batch, however long we look.
         seen = test_index.requests.count("/simple/app/")
-        _wait_for(lambda: test_index.requests.count("/simple/app/") >= seen + 2, what="two more refreshes")
+        wait_for(lambda: test_index.requests.count("/simple/app/") >= seen + 2, what="two more refreshes")
         assert _metric(gw.base, "tufproxy_gateway_publishes_total") == 1
 
 
@@ -755,8 +755,8 @@ def test_refresh_rate_bounds_page_fetches(tmp_path: Path, test_index: TestIndex)
         # Twelve pages are due every second; the refresher may fetch only `rate` a second.
         fetches = lambda: sum(p.startswith("/simple/rated") for p in test_index.requests)  # noqa: E731
         first = fetches()
-        _wait_for(lambda: fetches() > first, what="a first refresh")
+        wait_for(lambda: fetches() > first, what="a first refresh")
         start, base = time.monotonic(), fetches()
-        _wait_for(lambda: fetches() >= base + 8, timeout=30, what="eight refreshes")
+        wait_for(lambda: fetches() >= base + 8, timeout=30, what="eight refreshes")
         took = time.monotonic() - start
     assert 8 / took <= rate * 1.1, f"{fetches() - base} page fetches in {took:.2f}s"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 # a -> b -> c -> d, and a -> e[extra] on a marker that is false here: prefetch reads names broadly.
@@ -55,8 +56,8 @@ def _pages_asked(index: TestIndex) -> set[str]:
 def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--prefetch-depth", "2") as gw:
         assert gw.publish("pf-a")[0] == 200
-        wait_for(lambda: all(_published(gw, p) for p in ("pf-b", "pf-c", "pf-e")), 30, "the prefetched pages")
-        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="published"}') >= 3, 10, "count")
+        wait_for(lambda: all(_published(gw, p) for p in ("pf-b", "pf-c", "pf-e")), "the prefetched pages", timeout=30)
+        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="published"}') >= 3, "count", timeout=10)
         # Depth 2 below pf-a: pf-c's own dependencies are not read, pf-d never asked of the index.
         assert "pf-d" not in _pages_asked(test_index) and not _published(gw, "pf-d")
         assert not any(p.endswith("pf_c-1.0-py3-none-any.whl.metadata") for p in test_index.requests)
@@ -73,8 +74,8 @@ def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
 def test_a_prefetch_publishes_nothing_a_request_could_not(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--deny-project", "pf-forbidden") as gw:
         assert gw.publish("pf-denied-user")[0] == 200
-        wait_for(lambda: _published(gw, "pf-b"), 30, "the allowed dependency")
-        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="refused"}') >= 1, 10, "refusal")
+        wait_for(lambda: _published(gw, "pf-b"), "the allowed dependency", timeout=30)
+        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="refused"}') >= 1, "refusal", timeout=10)
         assert not _published(gw, "pf-forbidden") and "pf-forbidden" not in _pages_asked(test_index)
         assert any(r.get("reason") == "deny-project" for r in gw.audit())
 
@@ -87,10 +88,10 @@ def test_a_hostile_index_naming_10000_dependencies_costs_at_most_the_budget(tmp_
             index.add(build_wheel(tmp_path / "dists", name, "1.0", requires=names[:100]))
         with _gateway(tmp_path, index, "--prefetch-max", "5", "--prefetch-depth", "3") as gw:
             assert gw.publish("pf-hostile")[0] == 200
-            wait_for(lambda: len(_pages_asked(index)) >= 6, 30, "the prefetches")
+            wait_for(lambda: len(_pages_asked(index)) >= 6, "the prefetches", timeout=30)
             settled = metric(gw.base, "tufproxy_gateway_prefetches_total")
             assert gw.publish("pf-junk-49")[0] == 200  # a later request's own budget: 5 more at most
-            wait_for(lambda: len(_pages_asked(index)) >= 7, 30, "the second miss")
+            wait_for(lambda: len(_pages_asked(index)) >= 7, "the second miss", timeout=30)
         # The first miss asked its 5, the second miss its own page and at most 5 more.
         assert len(_pages_asked(index)) <= 1 + 5 + 1 + 5, sorted(_pages_asked(index))
         assert settled <= 5

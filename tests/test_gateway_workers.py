@@ -25,7 +25,7 @@ from tests.support.clients import uv_path
 from tests.support.gatewayproc import GatewayProcess, install_chain_first_try
 from tests.support.gatewayproc import gateway_init as _gateway_init
 from tests.support.gatewayproc import metric as _metric
-from tests.support.gatewayproc import wait_for as _wait_for
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 CLIENTS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(uv_path() is None, reason="uv not installed"))]
@@ -60,7 +60,7 @@ def test_chain_installs_through_edge_and_two_gateway_workers(tmp_path: Path, tes
     """First try, nothing published yet; files fetched on demand land in --cache-dir, not in DIR/public."""
     cache = tmp_path / "gw-cache"
     with _gateway(tmp_path, test_index, "--cache-dir", str(cache)) as gw:
-        _wait_for(lambda: len(_workers(gw)) == 2, what="two gateway workers")
+        wait_for(lambda: len(_workers(gw)) == 2, what="two gateway workers")
         install_chain_first_try(tmp_path, gw, client)
         for project in ("app", "lib", "base"):
             assert test_index.requests.count(f"/simple/{project}/") == 1
@@ -73,7 +73,7 @@ def test_concurrent_cold_projects_over_two_workers_cost_few_signatures(tmp_path:
         test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))
     snapshots = lambda: len(list((tmp_path / "gw" / "public" / "metadata").glob("*.snapshot.json")))  # noqa: E731
     with _gateway(tmp_path, test_index, "--batch-window", "0.5") as gw:
-        _wait_for(lambda: len(_workers(gw)) == 2, what="two gateway workers")
+        wait_for(lambda: len(_workers(gw)) == 2, what="two gateway workers")
         before = snapshots()
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             answers = list(pool.map(gw.publish, [f"proj{i}" for i in range(50)]))
@@ -120,7 +120,7 @@ def test_kill_9_of_one_worker_mid_publish_leaves_verifying_metadata(tmp_path: Pa
         TrustedClient.initialize(tmp_path / "edge-meta", gw.root.read_bytes())
         trusted = [asyncio.run(_edge_refresh(tmp_path / "edge-meta", gw.base))]
         for round_ in range(5):
-            workers = _wait_for(lambda: len(_workers(gw)) == 2 and _workers(gw), what="two gateway workers")
+            workers = wait_for(lambda: len(_workers(gw)) == 2 and _workers(gw), what="two gateway workers")
             names = [f"crash{(round_ * 6 + k) % 30}" for k in range(6)]
             threads = [threading.Thread(target=_publish_quietly, args=(gw, n)) for n in names]
             for t in threads:
@@ -131,8 +131,8 @@ def test_kill_9_of_one_worker_mid_publish_leaves_verifying_metadata(tmp_path: Pa
                 t.join(15)
             trusted.append(asyncio.run(_edge_refresh(tmp_path / "edge-meta", gw.base)))
         # The supervisor replaced the dead workers; publishing still works and moves versions on.
-        _wait_for(lambda: len(_workers(gw)) == 2, what="workers restarted")
-        _wait_for(lambda: gw.publish("crash29")[0] == 200, what="a publish after the kills")
+        wait_for(lambda: len(_workers(gw)) == 2, what="workers restarted")
+        wait_for(lambda: gw.publish("crash29")[0] == 200, what="a publish after the kills")
         status, answer = gw.publish("app")
         assert status == 200
         trusted.append(asyncio.run(_edge_refresh(tmp_path / "edge-meta", gw.base)))

@@ -26,7 +26,8 @@ from proxy.mirror.tree import STATE_DIR
 from proxy.repository import Repository
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
-from tests.support.gatewayproc import GatewayProcess, gateway_init, metric, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 

@@ -23,8 +23,8 @@ import pytest
 
 from proxy.repository.sample import build_wheel
 from tests.support.clients import clean_env, uv_path
-from tests.support.gatewayproc import wait_for
 from tests.support.net import free_port
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ class World:
                                       stderr=subprocess.STDOUT, start_new_session=True)
             self.servers.append(server)
             port = int(re.search(r"--listen 127\.0\.0\.1:(\d+)", command).group(1))  # type: ignore[union-attr]
-            wait_for(lambda: server.poll() is not None or _answers(port), 30, f"{line[:40]} to listen")
+            wait_for(lambda: server.poll() is not None or _answers(port), f"{line[:40]} to listen", timeout=30)
             assert server.poll() is None, (self.tmp / f"server{len(self.servers) - 1}.log").read_text()
             return ""
         done = subprocess.run(command, shell=True, cwd=self.tmp, env=self.env, capture_output=True, text=True,

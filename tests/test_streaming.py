@@ -30,7 +30,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install, pip, uv_path
 from tests.support.faults import Fault, FaultyUpstream, get, process_tree, sized_wheel
-from tests.support.gatewayproc import wait_for
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 
@@ -92,7 +92,7 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
         r = install(client, p.url, tmp_path / "t", "big")
         # Counted when the fetch reaches the mismatch, which may come after the client has exited.
         counted = 'tufproxy_verification_failures_total{reason="hash-mismatch"}'
-        wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), 30, "the hash-mismatch metric")
+        wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), "the hash-mismatch metric", timeout=30)
     assert r.returncode != 0, r.stdout
     assert not (tmp_path / "t").exists() or not list((tmp_path / "t").glob("big*"))
     assert_cache_clean(tmp_path / "cache", big.repo)
@@ -197,11 +197,12 @@ def _one_client_per_worker(proxy: ProxyProcess, upstream: FaultyUpstream) -> lis
     """Two connections the kernel gave to different workers (new connections until it did)."""
     assert proxy.proc is not None
     workers = set(wait_for(lambda: set(process_tree(proxy.proc.pid)) - {proxy.proc.pid} if "(2 workers," in proxy.log()
-                           else None, WAIT, "2 workers to be ready"))
+                           else None, "2 workers to be ready", timeout=WAIT))
     by_worker: dict[int, socket.socket] = {}
     for _ in range(64):
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=WAIT)
-        pid = wait_for(lambda sock=sock: _worker_of(sock, proxy.port, workers), WAIT, "a worker to accept the connection")
+        pid = wait_for(lambda sock=sock: _worker_of(sock, proxy.port, workers), "a worker to accept the connection",
+                       timeout=WAIT)
         if pid in by_worker:
             sock.close()
         else:
@@ -215,7 +216,7 @@ def _both_get(first: _RawClient, second: _RawClient, upstream: FaultyUpstream, p
     """``first`` asks, ``second`` joins once the upstream was asked; both read to the end.
     How many times the upstream was asked for the file."""
     first.get(path)
-    wait_for(lambda: upstream.count(r"/packages/big/.*\.whl"), WAIT, "the upstream to be asked for the file")
+    wait_for(lambda: upstream.count(r"/packages/big/.*\.whl"), "the upstream to be asked for the file", timeout=WAIT)
     second.get(path)
     for client in (first, second):
         assert client.first_byte.wait(WAIT) and client.ended.wait(WAIT)

@@ -6,10 +6,8 @@ signed tree, and the upstream lies the way the issue describes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +17,8 @@ from tuf.api.metadata import Metadata
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import make_sample_dists
-from tests.support.faults import Got, get
+from tests.support.faults import get
+from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
 from tests.support.upstream import Upstream
 
@@ -32,17 +31,6 @@ def metric(text: str, name: str, **labels: str) -> float:
         if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
             total += float(m.group(2))
     return total
-
-
-async def poll(session: aiohttp.ClientSession, url: str, done, timeout: float = 30.0) -> Got:
-    """GET ``url`` until ``done(answer)``, within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = await get(session, url)
-        if done(answer):
-            return answer
-        assert time.monotonic() < deadline, f"{url}: still {answer.status} {answer.body[:200]!r}"
-        await asyncio.sleep(0.1)
 
 
 def audit_records(path: Path) -> list[dict]:
@@ -83,7 +71,8 @@ async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
             up.replace(rf"/metadata/{snapshot}\.snapshot\.json", lie)
 
             # Until a refresh has seen the new timestamp, the old state answers (404 or 503 while one runs).
-            refused = await poll(session, f"{proxy.url}fresh/", lambda a: a.status not in (404, 503))
+            refused = await poll(lambda: get(session, f"{proxy.url}fresh/"), "a refusal", interval=0.1,
+                                 done=lambda a: a.status not in (404, 503))
             assert refused.status == 502, refused
             assert refused.headers["x-tufproxy-reason"] == "bad-metadata"
             # Fail closed like a replayed snapshot: a project of the old state is refused too.
@@ -91,16 +80,16 @@ async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
             records = [r for r in audit_records(audit) if r.get("reason") == "bad-metadata"]
             assert records and records[0]["role"] == "snapshot" and records[0]["event"] == "refused"
             # The refresher lives on: it keeps retrying (and counting) while the mirror lies.
-            text = ""
-            deadline = time.monotonic() + 30
-            while metric(text, "tufproxy_refresh_failures_total", reason="bad-metadata") < 2:
-                assert time.monotonic() < deadline, text
-                await asyncio.sleep(0.1)
-                text = await (await session.get(f"{proxy.base}metrics")).text()
+            async def metrics() -> str:
+                return await (await session.get(f"{proxy.base}metrics")).text()
+
+            text = await poll(metrics, "two refresh failures", interval=0.1,
+                              done=lambda t: metric(t, "tufproxy_refresh_failures_total", reason="bad-metadata") >= 2)
             assert metric(text, "tufproxy_verification_failures_total", reason="bad-metadata") >= 1
             # Honest again: the new release is served without a restart.
             up.clear()
-            assert (await poll(session, f"{proxy.url}fresh/", lambda a: a.status == 200)).status == 200
+            assert (await poll(lambda: get(session, f"{proxy.url}fresh/"), "fresh served", interval=0.1,
+                               done=lambda a: a.status == 200)).status == 200
         assert "Traceback" not in proxy.log()
 
 

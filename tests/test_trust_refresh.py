@@ -17,6 +17,7 @@ import pytest
 
 from proxy.protocol.errors import MetadataPending
 from proxy.trust import BadSignature
+from tests.support.poll import poll
 from tests.support.trustenv import Env, env, tampered
 from tests.support.upstream import Reply
 
@@ -122,7 +123,7 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
 
     env.up.override(TS, stalled)
     try:
-        await poll_until(client._due)
+        await poll(client._due, "a refresh due", timeout=10, interval=0.01)
         started = time.monotonic()
         assert (await client.get_target(known)).path == known  # a hit: starts the cycle, waits for nothing
         assert time.monotonic() - started < 0.4
@@ -140,10 +141,3 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
     assert (await client.get_target(fresh)).path == fresh
     with pytest.raises(UnknownTarget):
         await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
-
-
-async def poll_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        await asyncio.sleep(0.01)

@@ -17,8 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -30,21 +28,12 @@ from proxy.util.locks import FetchLocks
 from tests.conftest import SampleRepo
 from tests.support.clients import pip
 from tests.support.faults import process_tree
+from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tree import assert_cache_clean
 from tests.support.upstream import Reply, Upstream
 
 WAIT = 20.0
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT) -> object:
-    """Poll an observable condition until it holds (bounded), like wait_for_port."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def children(pid: int) -> set[int]:

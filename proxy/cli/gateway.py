@@ -15,14 +15,17 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.cli.repo import _days, _guarded
+from proxy.cli import ceremony as ceremony_cli
+from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.cli.up import add_up
 from proxy.gateway import provenance
 from proxy.gateway.app import GatewayApp
@@ -35,20 +38,14 @@ from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, reso
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
+from proxy.protocol.options import positive_float as _positive_float
+from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
-from proxy.repository import Expiry, Repository, RepositoryError
-from proxy.serving.config import (
-    ConfigError,
-    Option,
-    _positive_float,
-    _store_url,
-    _url_list,
-    add_arguments,
-    parse_listen,
-    parse_size,
-    read_config,
-    resolve_values,
-)
+from proxy.repository import Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
+from proxy.serving.config import _store_url, add_arguments, read_config
 from proxy.serving.serve import stop_on_signals
 from proxy.serving.workers import Started, Supervisor
 from proxy.storage.audit import AuditLog
@@ -122,7 +119,8 @@ signed state from disk; a project's page is fetched by one of them.
 
 What lives where (back up the first three; the rest is fetched again):
   DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
-                          (keep offline) and online.pem (the running gateway's)
+                          (keep offline) and online.pem (the running gateway's);
+                          uris.json for keys in a token or KMS (no private key)
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
@@ -134,14 +132,10 @@ What lives where (back up the first three; the rest is fetched again):
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    expiry = Expiry(root=args.root_expiry, targets=args.offline_expiry, bins=args.offline_expiry,
-                    timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry)
-    repo = Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold,
-                           expiry=expiry, layout="gateway", clock_versions=True)
+    repo = init_repository(args, layout="gateway", clock_versions=True)
     ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
-    print(f"initialised gateway {repo.path}: {args.bins} bins, {args.root_keys} root key(s), threshold {args.root_threshold}")
-    print(f"keys in {repo.keys.directory}: move root-*.pem, targets.pem and bins.pem offline; "
-          "the gateway needs only online.pem")
+    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print("the running gateway needs only the online key")
     print(f"edges pin {repo.metadata_dir / '1.root.json'}")
     return 0
 
@@ -215,9 +209,20 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory))
+    try:
+        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
+        await asyncio.to_thread(repo.keys.check, ONLINE)
+    except KeyUnavailable as e:
+        audit.close()
+        raise CommandError(f"the online key: {e}") from None
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
+
+    def key_failed(error: KeyUnavailable) -> None:
+        metrics.signing_errors.inc()
+        audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
+
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None)
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed)
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -275,12 +280,16 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:
         await started.stop()
 
 
+def resolve_serve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], Policy]:
+    """``gateway serve``'s settings and policy: one read of ``--config`` for both tables, all parsed up front."""
+    file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
+    return (resolve_values(args, OPTIONS, environ, file_values, str(args.config)),
+            resolve_policy(args, environ, file_values, str(args.config)))
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        # One read of --config for both tables; every setting is parsed before anything starts.
-        file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
-        values = resolve_values(args, OPTIONS, file_values=file_values)
-        policy = resolve_policy(args, os.environ, file_values, str(args.config))
+        values, policy = resolve_serve(args)
     except ConfigError as e:
         raise CommandError(str(e)) from e
     if not values["index_url"]:
@@ -400,7 +409,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR")
+    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
+                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument(
         "--bins",
@@ -408,8 +418,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_BINS,
         help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
     )
-    p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
-    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument(
         "--offline-expiry",
@@ -483,3 +492,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", help="why the publisher changed (required with --accept)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
     p.set_defaults(func=_guarded(_cmd_provenance))
+
+    ceremony_cli.register(sub, _open, _guarded)

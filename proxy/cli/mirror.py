@@ -20,8 +20,8 @@ from proxy.mirror.select import (
 from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, parse_datetime, parse_size, parsed
 from proxy.protocol.profiles import get_profile
-from proxy.serving.config import ConfigError, parse_datetime, parse_size
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")
@@ -45,7 +45,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
             spec=args.version_spec, platforms=args.platform or (), abis=args.abi or (),
             python_versions=args.python_version or (), sdists=not args.no_sdist, yanked=not args.exclude_yanked,
         )
-        max_file_size = parse_size(args.max_file_size)
+        max_file_size = parsed("--max-file-size", parse_size, args.max_file_size)
     except OSError as e:
         raise CommandError(f"cannot read requirements file {e.filename}: {e.strerror or e}") from e
     except (SelectionError, ConfigError) as e:
@@ -82,7 +82,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     try:
-        until = parse_datetime(args.allow_expired_until) if args.allow_expired_until else None
+        until = parsed("--allow-expired-until", parse_datetime, args.allow_expired_until) if args.allow_expired_until else None
         report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
                                          allow_expired_until=until,
                                          profile=get_profile(args.profile) if args.profile else None))

@@ -16,8 +16,9 @@ from pathlib import Path
 from aiohttp import web
 
 from proxy.protocol.errors import CommandError
+from proxy.protocol.options import ConfigError, parse_listen, parsed
 from proxy.serving import workers
-from proxy.serving.config import ConfigError, ServeConfig, add_arguments, parse_listen, resolve
+from proxy.serving.config import ServeConfig, add_arguments, resolve
 from proxy.serving.serve import run_loop, start, stop_on_signals
 from proxy.util import logs
 
@@ -84,9 +85,9 @@ def _demo_repository(directory: Path, dists: Path | None) -> Path:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     try:
-        listen = parse_listen(args.listen)
+        listen = parsed("--listen", parse_listen, args.listen)
     except ConfigError as e:
-        raise CommandError(f"--listen: {e}") from e
+        raise CommandError(str(e)) from e
     directory = Path(args.dir)
     repo_dir = _demo_repository(directory, Path(args.dists) if args.dists else None)
 

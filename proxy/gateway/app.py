@@ -18,7 +18,9 @@ Routes:
 
 Refusals map to status by whose fault they are, in :func:`_status`: the
 index lied (502), the index is unreachable (502, reason
-``upstream-unreachable``), not found (404), our resources (503).
+``upstream-unreachable``), not found (404), our resources (503), the
+online key cannot sign (503, ``signing-unavailable``: the token or KMS is
+gone; the last signed tree is still served).
 """
 
 from __future__ import annotations
@@ -172,12 +174,19 @@ class GatewayApp:
         publisher = self.gateway.publisher
         publisher.reload()  # another worker may have re-signed
         problems = []
-        if publisher.timestamp_expires <= time.time():
+        left = publisher.timestamp_expires - time.time()
+        if left <= 0:
             problems.append("published timestamp has expired")
+        elif left < publisher.repo.settings.expiry.timestamp.total_seconds() / 4:
+            # Re-signed at half its lifetime: this close to expiry, signing has been failing for a while.
+            problems.append(f"published timestamp expires in {left:.0f} s")
         if not (self.public_dir / "metadata" / "timestamp.json").is_file():
             problems.append("no timestamp.json")
         status = 503 if problems else 200
-        return web.json_response({"ready": not problems, "problems": problems,
+        # A key that cannot sign alone leaves the gateway ready: what it serves is still valid, and a
+        # load balancer that dropped it would stop edges from reading that too.
+        signing = None if publisher.signing_error is None else str(publisher.signing_error)
+        return web.json_response({"ready": not problems, "problems": problems, "signing_error": signing,
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:

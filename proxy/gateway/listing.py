@@ -6,8 +6,11 @@ the first index's page that lists it, never a merge (uv's
 ``first-index``); which indexes it may ask is the policy's decision
 (:meth:`proxy.gateway.policy.Policy.choose_index`: the ledger's index
 alone for a project published before, the first alone for a name claimed
-private).  A 404 moves on to the next index; any other failure is a
-refusal, so a broken first index never lets a later one answer for it.
+private).  The indexes are asked through the one failover loop
+(:func:`proxy.transport.failover.failover`, which says what each answer
+means): a 404 or 410 moves on to the next index; any other failure (a 403
+included) is a refusal, so a broken first index never lets a later one
+answer for it.
 
 Validation, before anything can be signed: the page is for the project
 asked for; its size is bounded; every file name is a distribution file
@@ -37,8 +40,9 @@ from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
+from proxy.transport.failover import Exhausted, Outcome, Tried, failover
 from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
-from proxy.transport.upstream import DownloadError, DownloadHTTPError, DownloadLengthError
+from proxy.transport.upstream import DownloadLengthError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 
@@ -113,43 +117,41 @@ class IndexClient:
         project = canonicalize_name(project)
         urls = self.index_urls
         served = None if only is None else urls.index(only) if only in urls else len(urls)
-        states: list[IndexState | None] = [None] * len(urls)
-        found: dict[int, Listing] = {}
-        unreachable: dict[int, IndexUnreachable] = {}
-        while (choice := policy.choose_index(project, states, served)).probe is not None:
-            i = choice.probe
-            try:
-                listing = await self._from_index(urls[i], project)
-            except IndexUnreachable as e:
-                states[i], unreachable[i] = IndexState.UNREACHABLE, e
-                continue
-            states[i] = IndexState.ABSENT if listing is None else IndexState.LISTED
-            if listing is not None:
-                found[i] = listing
-        if choice.index is not None:
-            return found[choice.index]
+
+        def states(tried: Tried) -> list[IndexState | None]:
+            # A "not here" moves on; any other failure, a lie included, is an index that did not answer.
+            return [None if o is None else IndexState.ABSENT if o is Outcome.MISSING else IndexState.UNREACHABLE
+                    for o in tried.outcomes()]
+
+        def choose(tried: Tried) -> int | None:
+            return policy.choose_index(project, states(tried), served).probe
+
+        try:
+            return await failover([f"{base}{project}/" for base in urls],
+                                  lambda i, url: self._from_index(urls[i], url, project), choose=choose)
+        except Exhausted as e:
+            tried = e.tried
+        choice = policy.choose_index(project, states(tried), served)
         assert choice.refusal is not None
         if choice.refusal.kind is RefusalKind.UNREACHABLE:
-            raise next(iter(unreachable.values()))
+            failed = next(a for a in tried.attempts if a.outcome is not Outcome.MISSING)
+            raise self._refused(failed.url, failed.error) from failed.error
         return choice.refusal
 
-    async def _from_index(self, base: str, project: str) -> Listing | None:
-        url = f"{base}{project}/"
+    def _refused(self, url: str, error: Exception | None) -> PageRefused:
+        """Why an index that did not answer with a page ends the search."""
+        if isinstance(error, DownloadLengthError):
+            return PageRefused("oversized-page", f"{url}: page larger than {self.max_page_size} bytes", url)
+        if isinstance(error, RedirectRefused):
+            return PageRefused("bad-redirect", str(error), url)
+        return IndexUnreachable(str(error), url)
+
+    async def _from_index(self, base: str, url: str, project: str) -> Listing:
+        """The page at ``url``; transport errors raised as they are, for :func:`failover` to read."""
         allowed = (origin(base),)
-        try:
-            async with self.http.get(url, self.max_page_size, allowed, accept=ACCEPT) as response:
-                chunks = [chunk async for chunk in response.body]
-                final_url, content_type = response.url, response.content_type
-        except DownloadHTTPError as e:
-            if e.status in (404, 410):
-                return None
-            raise IndexUnreachable(str(e), url) from e
-        except DownloadLengthError as e:
-            raise PageRefused("oversized-page", f"{url}: page larger than {self.max_page_size} bytes", url) from e
-        except RedirectRefused as e:
-            raise PageRefused("bad-redirect", str(e), url) from e
-        except DownloadError as e:
-            raise IndexUnreachable(str(e), url) from e
+        async with self.http.get(url, self.max_page_size, allowed, accept=ACCEPT) as response:
+            chunks = [chunk async for chunk in response.body]
+            final_url, content_type = response.url, response.content_type
         data = b"".join(chunks)
         try:
             if "json" in content_type:

@@ -46,6 +46,8 @@ class GatewayMetrics:
         )
         self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
+        self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
+                                      "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
         self.policy_hidden = Gauge(
             "tufproxy_gateway_policy_hidden_files",

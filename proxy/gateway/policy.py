@@ -46,7 +46,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.index import ProjectPage
-from proxy.serving.config import ConfigError, Option
+from proxy.protocol.options import ConfigError, Option, add_options, resolve_values
 
 # Rule slugs: audit records and metric labels (a bounded set).
 RULE_MIN_RELEASE_AGE = "min-release-age"
@@ -606,36 +606,20 @@ POLICY_KEYS = frozenset(opt.name for opt in POLICY_OPTIONS)
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """The policy flags, in their own ``--help`` group (defaults stay None: we tell what was given)."""
-    group = parser.add_argument_group("policy (applied before signing; flags beat TUFPROXY_* variables beat "
-                                      "the TOML file)")
-    for opt in POLICY_OPTIONS:
-        default = opt.default if opt.default not in (None, [], {}) else "none"
-        group.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar,
-                           help=f"{opt.help} [env {opt.env}; default: {default}]")
+    add_options(parser.add_argument_group("policy (applied before signing; flags beat TUFPROXY_* variables beat "
+                                          "the TOML file)"), POLICY_OPTIONS)
 
 
 def resolve_policy(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ,
                    file_values: Mapping[str, Any] | None = None, file_label: str = "the config file") -> Policy:
     """Flags, then ``TUFPROXY_*`` variables, then ``file_values`` (the TOML file's keys), then defaults.
 
-    All settings are parsed before any is used: the first unusable one raises
+    The one resolver (:func:`proxy.protocol.options.resolve_values`): all
+    settings are parsed before any is used; the first unusable one raises
     :class:`PolicyError` naming where it came from, and nothing is applied.
     """
-    file_values = file_values or {}
-    values: dict[str, Any] = {}
-    for opt in POLICY_OPTIONS:
-        given = getattr(args, opt.name, None) if args is not None else None
-        if given is not None:
-            raw, where = given, opt.flag
-        elif opt.env in environ:
-            raw, where = environ[opt.env], opt.env
-        elif opt.name in file_values:
-            raw, where = file_values[opt.name], f"{opt.name} in {file_label}"
-        else:
-            values[opt.name] = opt.parse(opt.default) if opt.default is not None else None
-            continue
-        try:
-            values[opt.name] = opt.parse(raw) if raw is not None else None
-        except (PolicyError, ValueError, TypeError) as e:
-            raise PolicyError(f"{where}: {e}") from None
+    try:
+        values = resolve_values(args, POLICY_OPTIONS, environ, file_values or {}, file_label)
+    except ConfigError as e:
+        raise PolicyError(str(e)) from e
     return Policy(**values)

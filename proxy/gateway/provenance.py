@@ -40,8 +40,8 @@ from proxy.gateway.listing import Listing
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.protocol import provenance as rules
 from proxy.protocol.index import DistFile
+from proxy.protocol.options import Option, yes_no
 from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
-from proxy.serving.config import Option
 from proxy.storage.audit import AuditLog
 from proxy.transport.indexhttp import IndexHTTP, origin
 from proxy.transport.upstream import DownloadError, DownloadLengthError
@@ -52,14 +52,6 @@ CONCURRENCY = 16
 MAX_REMEMBERED = 100_000  # outcomes of files left out, kept so a refresh neither re-verifies nor re-audits them
 _NOT_FETCHED = "provenance not fetched"
 _SIGSTORE_URLS = {"production": "https://tuf-repo-cdn.sigstore.dev", "staging": "https://tuf-repo-cdn.sigstage.dev"}
-
-
-def _yes_no(value: Any) -> bool:
-    if value in (True, False):
-        return bool(value)
-    if str(value).lower() in ("yes", "no"):
-        return str(value).lower() == "yes"
-    raise ValueError(f"give yes or no, not {str(value)[:40]!r}")
 
 
 def _trust_root(value: Any) -> str:
@@ -83,7 +75,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("sigstore_trust_root", "Sigstore trust root: production, staging, or a trusted_root.json FILE "
            "(always offline)", "production", _trust_root, metavar="ROOT"),
     Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
-           "no", _yes_no, metavar="yes|no"),
+           "no", yes_no, metavar="yes|no"),
 )
 
 

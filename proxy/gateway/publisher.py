@@ -22,6 +22,13 @@ worker's batch, and a worker killed mid-batch leaves the previous
 timestamp in force and releases the lock with its death.  What other
 workers signed reaches this one's view (``published``, the timestamp
 version) through :meth:`Publisher.reload`.
+
+When the online key cannot sign (its token removed, its KMS unreachable:
+:class:`~proxy.repository.keysource.SigningError`), the batch's waiters hear
+that error (the app answers 503), the last signed tree stays served, and the
+key is not asked again until a back-off (1 s doubling to 30 s) has passed:
+meanwhile new batches fail at once and a probe signature retries in the
+background, so a token put back is used again without a restart.
 """
 
 from __future__ import annotations
@@ -39,10 +46,13 @@ from tuf.api.metadata import Metadata
 
 from proxy.protocol import index
 from proxy.repository import Repository
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
 
 log = logging.getLogger(__name__)
 
 Pages = dict[str, index.ProjectPage | None]
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 
 
 class Publisher:
@@ -50,8 +60,14 @@ class Publisher:
 
     def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
-                 after: Callable[[], Awaitable[object]] | None = None) -> None:
+                 after: Callable[[], Awaitable[object]] | None = None,
+                 key_failed: Callable[[KeyUnavailable], None] | None = None) -> None:
         self.repo = repo
+        self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
+        # Why the online key cannot sign now (None: it can), and when it is next tried.
+        self.signing_error: KeyUnavailable | None = None
+        self._backoff, self._retry_at = 0.0, 0.0
+        self._probe: asyncio.Task[None] | None = None
         # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
@@ -96,9 +112,39 @@ class Publisher:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _key_down(self, error: KeyUnavailable) -> None:
+        self.signing_error = error
+        if self._key_failed is not None:
+            self._key_failed(error)
+        if not error.retry:
+            # A wrong PIN tried again counts towards locking the token: the operator fixes it and restarts.
+            self._retry_at = float("inf")
+            log.error("the online key cannot sign, not retried (fix the PIN and restart): %s", error)
+            return
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self._backoff * 2))
+        self._retry_at = time.monotonic() + self._backoff
+        log.error("the online key cannot sign (retrying in %.0f s): %s", self._backoff, error)
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._retry())
+
+    async def _retry(self) -> None:
+        """Probe the key after each back-off until it signs again."""
+        while self.signing_error is not None:
+            await asyncio.sleep(max(0.0, self._retry_at - time.monotonic()))
+            try:
+                await asyncio.to_thread(self.repo.keys.check, ONLINE)
+            except KeyUnavailable as e:
+                self._key_down(e)
+                if not e.retry:
+                    return
+                continue
+            log.info("the online key signs again")
+            self.signing_error, self._backoff = None, 0.0
 
     @contextlib.contextmanager
     def preparing(self) -> Iterator[None]:
@@ -143,9 +189,20 @@ class Publisher:
             resign, self._resign = self._resign, False
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()
+            if self.signing_error is not None and start < self._retry_at:
+                for w in waiters:  # backing off: the key is not asked again yet
+                    if not w.done():
+                        w.set_exception(KeyUnavailable(str(self.signing_error)))
+                continue
             try:
                 signed = await asyncio.to_thread(self._sign, pages, resign)
+                self.signing_error, self._backoff = None, 0.0
             except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
+                # tuf's Metadata.sign wraps the signer's error (UnsignedMetadataError): the key's failure is its cause.
+                key = e if isinstance(e, KeyUnavailable) else e.__cause__
+                if isinstance(key, KeyUnavailable):
+                    self._key_down(key)
+                    e = key
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
                 for w in waiters:
                     if not w.done():

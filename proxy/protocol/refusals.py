@@ -57,6 +57,8 @@ BY_REASON: dict[str, Row] = {
     "bucket-denied": Row(503, Fault.OURS, "shared bucket unreachable, retry", audit=False),
     "busy": Row(503, Fault.OURS, "too many downloads in progress, retry", audit=False),
     "storage": Row(503, Fault.OURS, "storage error, retry", audit=False),
+    # The gateway's online key cannot sign (token removed, KMS unreachable); what is signed is still served.
+    "signing-unavailable": Row(503, Fault.OURS, "the signing key is unavailable, retry", audit=True),
     "audit-unwritable": Row(500, Fault.OURS, "audit log unwritable: refusing to serve", audit=False),
     "not-acceptable": Row(406, Fault.CLIENT, "none of the Accept types is served: try "
                                              "application/vnd.pypi.simple.v1+json or text/html", audit=False),

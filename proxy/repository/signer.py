@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from securesystemslib.signer import Signer
+from securesystemslib.signer import Key, Signer
 from tuf.api.metadata import (
     DelegatedRole,
     Delegations,
@@ -71,7 +71,8 @@ from proxy.protocol.layout import (
 from proxy.protocol.model import file_digest
 from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
-from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
+from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
+from proxy.repository.keysource import KeyUnavailable
 from proxy.util.atomic import atomic_link, atomic_write
 
 BINS_ROLE = "bins"
@@ -170,6 +171,7 @@ class _Change:
         self.plain: dict[str, bytes | Path] = {}  # served path -> bytes or a local file, not a target
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
+        self.signed_elsewhere: set[str] = set()  # roles (and root) signed by the ceremony: published as they are
         self.root: Metadata[Root] = repo._load("root", repo.root_version())
         self.report = ChangeReport()
 
@@ -231,13 +233,15 @@ class _Change:
         repo = self.repo
         staged: list[tuple[Path, bytes]] = []
         if self.root_dirty:
-            self._sign_root()
+            if "root" not in self.signed_elsewhere:
+                self._sign_root()
             root_file = repo.metadata_dir / metadata_filename("root", self.root.signed.version)
             staged.append((root_file, self.root.to_bytes(_SERIALIZER)))
         # Delegated roles first (bin-n, then bins, then targets), so snapshot lists their new versions.
         for name in sorted(self.dirty, key=lambda r: (not _is_bin(r), r != BINS_ROLE, r)):
             md = self.role(name)
-            self._sign(name, md)
+            if name not in self.signed_elsewhere:
+                self._sign(name, md)
             data = md.to_bytes(_SERIALIZER)
             staged.append((repo.metadata_dir / metadata_filename(name, md.signed.version), data))
             self.snapshot.signed.meta[f"{name}.json"] = MetaFile(version=md.signed.version)
@@ -346,11 +350,17 @@ class Repository:
         now: datetime | None = None,
         layout: str = "tufproxy",
         clock_versions: bool = False,
+        key_uris: KeyURIs | None = None,
     ) -> Repository:
         """Create keys and the first signed metadata (empty targets) in ``path``.
 
         ``layout`` is a :mod:`proxy.protocol.profiles` name: ``tufproxy`` or ``warehouse``.
+        A role ``key_uris`` names keeps its key where the URI says (a token, a
+        KMS): its public key goes into the metadata, no private key into ``path``.
         """
+        uris = key_uris or KeyURIs()
+        if uris.root:
+            root_keys = len(uris.root)
         path = Path(path)
         if bins < 2 or bins & (bins - 1) or bins > 2**16:
             raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
@@ -366,10 +376,17 @@ class Repository:
         repo = cls(path, settings)
         when = _now(now)
         repo.keys.create_dir()
-        roots = [repo.keys.generate_root() for _ in range(root_keys)]
-        targets_key = repo.keys.generate(TARGETS)
-        bins_key = repo.keys.generate(BINS)
-        online = repo.keys.generate(ONLINE)
+
+        # Keys by URI first: a token or KMS that cannot sign stops init before any key file is written.
+        named = {name: repo.keys.adopt(name, uri) for name, uri in
+                 ((ONLINE, uris.online), (TARGETS, uris.targets), (BINS, uris.bins)) if uri is not None}
+        roots = [repo.keys.adopt(ROOT, uri) for uri in uris.root]
+        if len({s.public_key.keyid for s in roots}) != len(roots):
+            raise RepositoryError("the same root key is given twice")
+        roots = roots or [repo.keys.generate_root() for _ in range(root_keys)]
+        targets_key = named.get(TARGETS) or repo.keys.generate(TARGETS)
+        bins_key = named.get(BINS) or repo.keys.generate(BINS)
+        online = named.get(ONLINE) or repo.keys.generate(ONLINE)
 
         root = Root(consistent_snapshot=True, expires=when + settings.expiry.root)
         for s in roots:
@@ -660,7 +677,7 @@ class Repository:
                 if due(role, change.role(role), forced=False):
                     try:
                         self.keys.load(role)
-                    except MissingKey:
+                    except (MissingKey, KeyUnavailable):  # kept offline (a file moved away, a token unplugged)
                         continue
                     change.dirty.add(role)
             for name in _bin_names(change):
@@ -705,6 +722,42 @@ class Repository:
             if new_keys is not None:
                 for keyid in old_root_keyids:
                     self.keys.retire_root(keyid)
+            return report
+
+    def publish_signed(self, root: Metadata[Root], offline: Mapping[str, Metadata], keys: Mapping[str, tuple[str, Key]],
+                       now: datetime | None = None) -> ChangeReport:
+        """Publish what the root ceremony signed (:mod:`proxy.repository.ceremony`): root N+1, new targets/bins
+        versions as they are, then snapshot and timestamp, and every bin-n again when the online key changed.
+
+        ``keys`` are the roles whose key changed to a URI (role -> URI, public key), recorded under the lock:
+        the new online key signs this change and every later one.
+        """
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            if root.signed.version != change.root.signed.version + 1:
+                raise RepositoryError(f"the draft is root v{root.signed.version}; the repository is at root "
+                                      f"v{change.root.signed.version}: draft again")
+            for name, md in offline.items():
+                current = change.role(name).signed.version
+                if md.signed.version <= current:
+                    raise RepositoryError(f"the draft's {name} v{md.signed.version} is not newer than v{current}: draft again")
+            # Only the online key must sign here and now; a new targets or bins key is offline, only recorded.
+            signers = {role: self.keys.open(uri, public) for role, (uri, public) in keys.items() if role == ONLINE}
+            change.root, change.root_dirty = root, True
+            change.signed_elsewhere = {"root", *offline}
+            for name, md in offline.items():
+                change._roles[name] = md
+                change.dirty.add(name)
+            if ONLINE in signers:
+                change.online = signers[ONLINE]
+                change.dirty.update(_bin_names(change))
+            report = change.commit()
+            report.signed["root"] = root.signed.version
+            for name, md in offline.items():
+                report.signed[name] = md.signed.version
+            for role, (uri, public) in keys.items():
+                self.keys.record(role, uri, public)
             return report
 
     def _rotate_online(self, change: _Change) -> None:

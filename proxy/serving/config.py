@@ -2,8 +2,10 @@
 
 Each option is declared once in :data:`OPTIONS`; the argparse flags, the
 ``TUFPROXY_<NAME>`` environment variables and the keys of the TOML file
-given with ``--config`` all come from that table.  Precedence: flags, then
-environment, then file, then the default.
+given with ``--config`` all come from that table, resolved by the one
+resolver every subcommand uses (:mod:`proxy.protocol.options`: flags, then
+environment, then file, then the default).  The parsers' short names in
+the table are :mod:`proxy.protocol.options`'s.
 """
 
 from __future__ import annotations
@@ -11,70 +13,30 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from proxy.protocol.errors import Fault
+from proxy.protocol.options import (
+    ConfigError,
+    Option,
+    add_options,
+    load_config,
+    parse_datetime,
+    parse_listen,
+    parse_size,
+    resolve_values,
+)
+from proxy.protocol.options import positive_float as _positive_float
+from proxy.protocol.options import positive_int as _positive_int
+from proxy.protocol.options import url as _url
+from proxy.protocol.options import url_list as _url_list
+from proxy.protocol.options import worker_count as _worker_count
+from proxy.protocol.options import yes_no as _yes_no
 from proxy.protocol.profiles import Profile, get_profile, recorded_profile
 from proxy.transport.bucket import BucketConfigError, parse_store_url
-
-ENV_PREFIX = "TUFPROXY_"
-
-
-class ConfigError(ValueError):
-    """A setting has a value we cannot use."""
-
-    reason = "bad-configuration"
-    fault = Fault.OPERATOR
-
-
-def parse_size(value: str | int) -> int:
-    """``10G``, ``512M``, ``1.5T`` or a plain byte count."""
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
-    if not m:
-        raise ConfigError(f"not a size: {value!r} (try 512M, 10G)")
-    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()]
-    return int(float(m.group(1)) * scale)
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
-    m = re.fullmatch(r"\[?([^\]]*)\]?:(\d{1,5})", value.strip())
-    if not m or not 0 <= int(m.group(2)) <= 65535:
-        raise ConfigError(f"wants HOST:PORT, not {value!r}")
-    return m.group(1) or "127.0.0.1", int(m.group(2))
-
-
-def _worker_count(value: str | int) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 256:
-        raise ConfigError(f"wants a whole number from 1 to 256, not {value!r}")
-    return n
-
-
-def _yes_no(value: str | bool) -> bool:
-    word = str(value).strip().lower()
-    if word in ("1", "yes", "true", "on"):
-        return True
-    if word in ("0", "no", "false", "off"):
-        return False
-    raise ConfigError(f"wants yes or no, not {value!r}")
-
-
-def _positive_int(value: str | int) -> int:
-    n = int(value)
-    if n < 1:
-        raise ConfigError(f"must be 1 or more: {value!r}")
-    return n
 
 
 def cpu_count() -> int:
@@ -82,72 +44,12 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _positive_float(value: str | float) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        f = 0.0
-    if not f > 0:
-        raise ConfigError(f"wants a number more than 0, not {value!r}")
-    return f
-
-
-def parse_datetime(value: str | datetime | date) -> datetime:
-    """An ISO 8601 date or date-time (TOML dates too); naive means UTC."""
-    if isinstance(value, datetime):
-        when = value
-    elif isinstance(value, date):
-        when = datetime(value.year, value.month, value.day)
-    else:
-        try:
-            when = datetime.fromisoformat(str(value).strip())
-        except ValueError:
-            raise ConfigError(f"not an ISO date: {value!r} (try 2030-01-31)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _url_list(value: str | list[str]) -> list[str]:
-    items = value if isinstance(value, list) else re.split(r"[\s,]+", value.strip())
-    urls = [u if u.endswith("/") else f"{u}/" for u in map(str, items) if u]
-    for u in urls:
-        if not re.match(r"https?://", u):
-            raise ConfigError(f"not an http(s) URL: {u!r}")
-    return urls
-
-
-def _url(value: str) -> str:
-    urls = _url_list(str(value).strip())
-    if len(urls) != 1:
-        raise ConfigError(f"not one http(s) URL: {value!r}")
-    return urls[0]
-
-
 def _store_url(value: str) -> str:
     try:
-        parse_store_url(value)
+        parse_store_url(str(value))
     except BucketConfigError as e:
         raise ConfigError(str(e)) from None
-    return value.strip()
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting: its flag, its env var, its TOML key, its parser."""
-
-    name: str
-    help: str
-    default: Any = None
-    parse: Callable[[Any], Any] = str
-    repeat: bool = False
-    metavar: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+    return str(value).strip()
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -272,17 +174,14 @@ class ServeConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser, options: tuple[Option, ...] = OPTIONS) -> None:
-    """Add every option as a flag (defaults stay None so we can tell what was given)."""
+    """``--config`` and every option as a flag (:func:`proxy.protocol.options.add_options`)."""
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
-    for opt in options:
-        default = opt.default if not isinstance(opt.default, Path) else str(opt.default)
-        help_text = f"{opt.help} [env {opt.env}; default: {default if default not in (None, []) else 'none'}]"
-        parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar, help=help_text)
+    add_options(parser, options)
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServeConfig:
     """Merge flags, environment and TOML file into a :class:`ServeConfig`."""
-    values = resolve_values(args, OPTIONS, environ)
+    values = resolve_values(args, OPTIONS, environ, read_config(args.config, (o.name for o in OPTIONS)), str(args.config))
     if values["profile"] is None:
         recorded = recorded_profile(values["repository"]) if values["repository"] is not None else None
         values["profile"] = recorded or ServeConfig.profile
@@ -310,41 +209,7 @@ def read_config(path: Path | None, known: Iterable[str]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        file_values = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from e
-    unknown = set(file_values) - set(known)
-    if unknown:
-        raise ConfigError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
-    return file_values
-
-
-def resolve_values(args: argparse.Namespace, options: tuple[Option, ...], environ: Mapping[str, str] = os.environ,
-                   file_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Each option's value from flags, environment, TOML file or default (in that order), parsed.
-
-    ``file_values`` is what :func:`read_config` read, when the caller reads the file for other settings too.
-    """
-    if file_values is None:
-        file_values = read_config(args.config, (o.name for o in options))
-    values: dict[str, Any] = {}
-    for opt in options:
-        given = getattr(args, opt.name, None)
-        # Errors name the setting as it was given: the flag, the variable, or the file and key.
-        if given is not None:
-            raw, source = given, opt.flag
-        elif opt.env in environ:
-            raw, source = environ[opt.env], opt.env
-        elif opt.name in file_values:
-            raw, source = file_values[opt.name], f"{args.config}: {opt.name}"
-            # TOML has types; a setting is text unless it is a list (repeatable settings).
-            raw = raw if isinstance(raw, list) and opt.repeat else str(raw) if not isinstance(raw, date) else raw
-        else:
-            raw, source = opt.default, opt.flag
-        try:
-            if opt.repeat and isinstance(raw, list) and opt.parse is _url_list:  # others parse their own lists
-                raw = [u for g in raw for u in _url_list(g)]
-            values[opt.name] = opt.parse(raw) if raw is not None else None
-        except (ConfigError, ValueError, TypeError) as e:
-            raise ConfigError(f"{source}: {e}") from e
-    return values
+    return load_config(text, str(path), known)

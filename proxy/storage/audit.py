@@ -75,6 +75,10 @@ class AuditLog:
         """Record a lookup that succeeded only because an operator excused expired metadata."""
         self._write({"event": "expired-override", **fields})
 
+    def published_root(self, **fields: Any) -> None:
+        """Record a root ceremony's outcome: the versions published, who signed, which keys changed."""
+        self._write({"event": "root-published", **fields})
+
     def accepted(self, **fields: Any) -> None:
         """Record an artifact served after verification (only when enabled)."""
         if self.log_accepted:

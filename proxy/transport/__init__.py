@@ -2,7 +2,8 @@
 
 The fetcher seam and its HTTP implementation (:mod:`~proxy.transport.upstream`), a directory as a mirror
 (:mod:`~proxy.transport.local`), an S3 bucket (:mod:`~proxy.transport.bucket`,
-:mod:`~proxy.transport.awsprofile`) and HTTP to a plain index (:mod:`~proxy.transport.indexhttp`).
+:mod:`~proxy.transport.awsprofile`), HTTP to a plain index (:mod:`~proxy.transport.indexhttp`), and the one
+failover loop over mirrors with the one reading of what a mirror's answer means (:mod:`~proxy.transport.failover`).
 """
 
-__all__ = ["awsprofile", "bucket", "indexhttp", "local", "upstream"]
+__all__ = ["awsprofile", "bucket", "failover", "indexhttp", "local", "upstream"]

@@ -50,6 +50,9 @@ class DownloadHTTPError(DownloadError):
 class DownloadLengthError(DownloadError):
     """The body is longer than the caller's bound; ``actual``: bytes announced or received so far."""
 
+    reason = "length-mismatch"
+    fault = Fault.REPOSITORY  # the bound comes from signed metadata or our limit: a longer body is a lie
+
     def __init__(self, url: str, max_length: int, actual: int) -> None:
         super().__init__(url, f"{actual} bytes or more, at most {max_length} allowed")
         self.max_length = max_length

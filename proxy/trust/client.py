@@ -27,8 +27,9 @@ bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
   keeps rollback protection even when a later step of that cycle failed;
   a refused role is never written.  Every trusted root is also kept by
   version (``roots/N.root.json``).  Delegated roles are written when verified.
-* Mirrors are tried in order: transport failures move on; verification
-  failures are logged and move on too, and are never accepted.
+* Mirrors are tried in order (:func:`proxy.transport.failover.failover`):
+  transport failures move on; verification failures are logged and move
+  on too, and are never accepted.
 """
 
 from __future__ import annotations
@@ -56,12 +57,8 @@ from proxy.protocol.model import (
 )
 from proxy.protocol.tufset import TopLevelSet
 from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
-from proxy.transport.upstream import (
-    DownloadError,
-    DownloadHTTPError,
-    DownloadLengthError,
-    Fetcher,
-)
+from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
+from proxy.transport.upstream import DownloadLengthError, Fetcher
 from proxy.trust.metadir import MetadataStore
 
 logger = logging.getLogger(__name__)
@@ -375,45 +372,37 @@ class TrustedClient:
     ) -> tuple[bytes, T] | None:
         """Bytes of ``filename`` that ``verify`` accepts, trying each mirror in order.
 
-        Returns None only with ``missing_ok`` when no mirror has the file.
+        ``missing_ok``: whether the file exists is the question (the next
+        root); None answers it when a mirror said it has no such file
+        (:class:`~proxy.transport.failover.Tried` says when).
         """
-        refused: list[errors.RepositoryError] = []
-        failed: list[Exception] = []
-        missing = False
-        for mirror in self.mirrors:
-            url = mirror.metadata(filename)
+        async def attempt(_mirror: int, url: str) -> tuple[bytes, T]:
             try:
                 data = await self._fetcher.fetch_bytes(url, max_length)
-            except DownloadHTTPError as e:
-                if missing_ok and e.status in (403, 404):
-                    missing = True
-                else:
-                    failed.append(e)
-                continue
             except DownloadLengthError as e:
                 # An endless or oversized answer is the upstream lying, not a network fault.
-                refused.append(
-                    errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}")
-                )
-                logger.warning("refusing %s from %s: %s", role, url, e)
-                continue
-            except DownloadError as e:
-                failed.append(e)
-                continue
-            try:
-                # Off the loop for large roles. Safe: ``verify`` only touches this cycle's own
-                # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
-                # self._state, swapped in whole once the cycle ends) or, for delegated roles,
-                # its own arguments (verify_delegated is pure; verified roles are never mutated).
-                return data, verify(data) if role in _SMALL_ROLES else await asyncio.to_thread(verify, data)
-            except errors.RepositoryError as e:
-                refused.append(e)
-                logger.warning("refusing %s from %s (%s): %s", role, url, e.reason, e)
-        if refused:
-            raise refused[0]
-        if missing:
+                raise errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}") from e
+            # Off the loop for large roles. Safe: ``verify`` only touches this cycle's own
+            # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
+            # self._state, swapped in whole once the cycle ends) or, for delegated roles,
+            # its own arguments (verify_delegated is pure; verified roles are never mutated).
+            return data, verify(data) if role in _SMALL_ROLES else await asyncio.to_thread(verify, data)
+
+        async def after(tried: Attempt) -> None:
+            if isinstance(tried.error, errors.RepositoryError):
+                logger.warning("refusing %s from %s (%s): %s", role, tried.url, tried.error.reason, tried.error)
+
+        try:
+            return await failover([m.metadata(filename) for m in self.mirrors], attempt, after=after)
+        except Exhausted as e:
+            tried = e.tried
+        verdict = tried.verdict(probe=missing_ok)
+        if verdict is Outcome.LIE:
+            raise tried.lies[0]
+        if verdict is Outcome.MISSING and missing_ok:
             return None
-        raise errors.UpstreamUnreachable(filename, failed)
+        # A role the repository must serve, missing everywhere, is the upstream broken.
+        raise errors.UpstreamUnreachable(filename, tried.failures)
 
     # -- lookups -------------------------------------------------------
     async def _wait_for_refresh(self, target_path: str) -> None:

@@ -3,7 +3,8 @@
 Every download of something signed (a file or page in the proxy, a target
 in ``tufproxy client`` or ``mirror sync``) goes through :func:`fetch_verified`:
 
-* mirrors are tried in order; a mirror that fails at the transport level
+* mirrors are tried in order (:func:`proxy.transport.failover.failover`, which
+  also says what each failure means); a mirror that fails at the transport level
   after N bytes is continued by the next one from byte N (``Range``), and
   the whole body is verified, so a failover is invisible to the reader;
 * a mirror whose bytes do not verify (length or hash) is reported and the
@@ -34,7 +35,8 @@ from typing import Protocol
 from proxy.protocol.errors import NotFound, RepositoryError, UpstreamUnreachable
 from proxy.protocol.hashing import StreamingVerifier, over_length
 from proxy.protocol.model import VerifiedTarget
-from proxy.transport.upstream import CHUNK_SIZE, DownloadError, DownloadHTTPError, DownloadLengthError, DownloadTimeout, Fetcher
+from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
+from proxy.transport.upstream import CHUNK_SIZE, DownloadError, DownloadLengthError, DownloadTimeout, Fetcher
 
 # Batches at least this big are hashed in a thread (hashlib releases the GIL); smaller ones inline.
 _THREAD_HASH_MIN = 256 * 1024
@@ -151,44 +153,47 @@ class _Fetch:
         self.pace = pace
         self.observer = observer
         self.kept = 0  # bytes handed to the hasher and the sink
+        self.urls: list[str] = []
+        self.start = 0  # where the body stood, and when, as the current mirror was asked
+        self.began = 0.0
 
     async def run(self, urls: list[str]) -> dict[str, str]:
-        refusals: list[RepositoryError] = []
-        failures: list[Exception] = []
-        missing = 0
-        for i, url in enumerate(urls):
-            start, began = self.verifier.received, time.monotonic()
-            try:
-                await self._one(url, start)
-                digests = self.verifier.finish()
-            except DownloadLengthError as e:
-                error: RepositoryError = over_length(self.want.path, self.want.length, e.actual,
-                                                     exact=self.want.exact, role=self.want.role)
-            except RepositoryError as e:
-                error = e
-            except DownloadError as e:
-                failures.append(e)
-                missing += isinstance(e, DownloadHTTPError) and e.status in (404, 410) and start == 0
-                self.observer.attempt(i, "error", self.verifier.received - start, time.monotonic() - began)
-                continue
-            else:
-                self.observer.attempt(i, "ok", self.verifier.received - start, time.monotonic() - began)
-                return digests
-            # A lie (by this mirror, or by one we continued from): start over from the next one.
-            refusals.append(error)
-            self.observer.refused(error, url)
-            self.observer.attempt(i, "refused", self.verifier.received - start, time.monotonic() - began)
-            if self.kept and i + 1 < len(urls):
-                # Only when a mirror follows: a last lie ends the download, and readers of the sink
-                # hear of its refusal rather than of a restart.
-                await self.sink.restart()
-            self.verifier.restart()
-            self.kept = 0
-        if refusals:
-            raise refusals[0]
-        if urls and missing == len(urls):
+        self.urls = urls
+        try:
+            return await failover(urls, self._attempt, after=self._after, resumed=lambda: self.verifier.received > 0)
+        except Exhausted as e:
+            tried = e.tried
+        verdict = tried.verdict()
+        if verdict is Outcome.LIE:
+            raise tried.lies[0]
+        if verdict is Outcome.MISSING:
             raise MissingUpstream(self.want.path, urls)
-        raise UpstreamUnreachable(self.want.path, failures)
+        raise UpstreamUnreachable(self.want.path, tried.failures)
+
+    async def _attempt(self, _mirror: int, url: str) -> dict[str, str]:
+        """One mirror's body, continuing from what earlier mirrors delivered; the verified digests."""
+        self.start, self.began = self.verifier.received, time.monotonic()
+        try:
+            await self._one(url, self.start)
+            return self.verifier.finish()
+        except DownloadLengthError as e:
+            raise over_length(self.want.path, self.want.length, e.actual, exact=self.want.exact, role=self.want.role) from e
+
+    async def _after(self, attempt: Attempt) -> None:
+        if attempt.outcome is Outcome.LIE:
+            assert isinstance(attempt.error, RepositoryError)
+            self.observer.refused(attempt.error, attempt.url)
+        self.observer.attempt(attempt.mirror, attempt.outcome.label, self.verifier.received - self.start,
+                              time.monotonic() - self.began)
+        if attempt.outcome is not Outcome.LIE:
+            return
+        # A lie (by this mirror, or by one we continued from): start over from the next one.
+        if self.kept and attempt.mirror + 1 < len(self.urls):
+            # Only when a mirror follows: a last lie ends the download, and readers of the sink
+            # hear of its refusal rather than of a restart.
+            await self.sink.restart()
+        self.verifier.restart()
+        self.kept = 0
 
     async def _one(self, url: str, start: int) -> None:
         """Receive one mirror's body from ``start`` on; hashing and writing trail one batch behind."""

@@ -6,24 +6,11 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.proxyproc import ProxyProcess
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    """Poll ``condition`` until it is true (its value) or ``timeout`` seconds pass (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s")
 
 
 def gateway_init(directory: Path, *args: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.support.net import free_port, wait_for_port
@@ -13,9 +14,11 @@ from tests.support.net import free_port, wait_for_port
 class ProxyProcess:
     """Start with :meth:`start`; ``url`` is the index URL to give pip."""
 
-    def __init__(self, cache_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cache_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         self.cache_dir = cache_dir
         self.env = env  # added to this process's environment (None: inherit it as it is)
+        self.prefix = tuple(prefix)  # a command that execs the server (e.g. into a private mount namespace)
         self.args = args
         self.port = free_port()
         self.log_path = cache_dir.parent / f"proxy-{self.port}.log"
@@ -37,7 +40,7 @@ class ProxyProcess:
         """Start and wait (at most ``timeout`` seconds) until it listens."""
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - open for the process's life
         env = None if self.env is None else {**os.environ, **self.env}
-        self.proc = subprocess.Popen(self.argv(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen([*self.prefix, *self.argv()], stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             wait_for_port(self.port, self.proc, timeout)
         except RuntimeError as e:
