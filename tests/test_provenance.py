@@ -32,7 +32,8 @@ from proxy.protocol import provenance as rules
 from proxy.protocol.provenance import Outcome, PublisherSpec, decide, parse_spec
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init, wait_for
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
 ASSETS = Path(__file__).parent / "assets" / "provenance"
@@ -263,7 +264,7 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
     build = build_wheel(tmp_path / "dists", "pypi-attestations", "0.0.20")
     prov_index.add(build)
     with _gateway(tmp_path, prov_index) as gw:
-        wait_for(lambda: refusals(gw, rules.RULE_MISSING), 30, "provenance-missing after restart")
+        wait_for(lambda: refusals(gw, rules.RULE_MISSING), "provenance-missing after restart")
         record = refusals(gw, rules.RULE_MISSING)[0]
         assert record["file"] == build.name and record["expected"] == REAL_PUBLISHER and record["seen"] is None
         assert signed_files(gw_dir, "pypi-attestations") == [REAL]
