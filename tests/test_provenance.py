@@ -228,6 +228,16 @@ def signed_files(gw_dir: Path, project: str) -> list[str]:
     return [] if page is None else [f.filename for f in page.files]
 
 
+def signed_target(gw_dir: Path, target: str) -> dict:  # type: ignore[type-arg]
+    """The newest signed entry for ``target`` in the gateway's delegated targets metadata (KeyError: none)."""
+    found: dict[int, dict] = {}  # type: ignore[type-arg]
+    for path in (gw_dir / "public" / "metadata").glob("*.json"):
+        signed = json.loads(path.read_bytes())["signed"]
+        if target in signed.get("targets", {}):
+            found[signed["version"]] = signed["targets"][target]
+    return found[max(found)] if found else {}[target]
+
+
 def refusals(gw: GatewayProcess, rule: str) -> list[dict]:  # type: ignore[type-arg]
     return [r for r in gw.audit() if r.get("reason") == rule]
 
@@ -257,6 +267,15 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
         # The signed page never carries the index's provenance URL.
         page = Repository.open(gw_dir).current_page("pypi-attestations")
         assert page is not None and page.files[0].provenance is None
+        # The verified provenance object is a signed target: its custom field names the publisher and the file.
+        target = f"simple/pypi-attestations/{REAL}.provenance"
+        info = signed_target(gw_dir, target)
+        assert info["hashes"]["sha256"] == hashlib.sha256(real_provenance()).hexdigest()
+        assert info["custom"] == {"provenance": {"publisher": REAL_PUBLISHER, "file": REAL, "file_sha256": hashlib.sha256(
+            (ASSETS / REAL).read_bytes()).hexdigest()}}
+        assert urllib.request.urlopen(f"{gw.base}{target}", timeout=10).read() == real_provenance()
+        with pytest.raises(KeyError):
+            signed_target(gw_dir, "simple/otherfile/otherfile-1.0-py3-none-any.whl.provenance")  # refused: never signed
     listed = json.loads(provenance_cli(gw_dir, "--json").stdout)
     assert {(p["project"], p["spec"], p["filename"]) for p in listed} == {
         ("pypi-attestations", REAL_PUBLISHER, REAL), ("gitlab-oidc-project", GITLAB_PUBLISHER, GITLAB)}

@@ -234,7 +234,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         trust.prepare(ledger_dir(directory) / "sigstore")
     except OSError as e:
         raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
-    gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust)
+    gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust,
+                                     publisher.add_targets)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"], provenance=gate)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))

@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from urllib.parse import quote
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import Listing
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.publisher import Targets
 from proxy.protocol import provenance as rules
 from proxy.protocol.index import DistFile
 from proxy.protocol.options import Option, yes_no
@@ -77,6 +79,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
            "no", yes_no, metavar="yes|no"),
 )
+
+
+def target_path(project: str, filename: str) -> str:
+    """The signed target holding a file's verified provenance object, beside its project's page."""
+    return f"simple/{project}/{filename}.provenance"
 
 
 def policy_of(values: dict[str, Any]) -> ProvenancePolicy:
@@ -150,7 +157,9 @@ class ProvenanceGate:
     """See the module docstring."""
 
     def __init__(self, http: IndexHTTP, ledger: Ledger, audit: AuditLog, metrics: GatewayMetrics,
-                 policy: ProvenancePolicy, trust: SigstoreTrust, max_size: int = MAX_PROVENANCE_SIZE) -> None:
+                 policy: ProvenancePolicy, trust: SigstoreTrust, sign: Callable[[Targets], None],
+                 max_size: int = MAX_PROVENANCE_SIZE) -> None:
+        self.sign = sign  # queues signed targets for the next batch (Publisher.add_targets)
         self.http = http
         self.ledger = ledger
         self.audit = audit
@@ -177,7 +186,9 @@ class ProvenanceGate:
         new = [d for d in listing.page.files if (project, d.filename) not in self.ledger.pins]
         if not new:
             return listing
-        outcomes = await asyncio.gather(*(self._outcome(d) for d in new))
+        answers = await asyncio.gather(*(self._outcome(d) for d in new))
+        outcomes = [o for o, _ in answers]
+        fetched = [data for _, data in answers]
         pinned = self.pinned(project) if mode in ("pin", "require") else None
         expected = self.policy.expected(project, pinned)
         records: list[dict[str, Any]] = []
@@ -197,6 +208,11 @@ class ProvenanceGate:
             records.append({"kind": "provenance", "project": project, "filename": dist.filename,
                             "publisher": str(outcome.publisher), "sha256": outcome.digest, "url": dist.provenance})
         self.ledger.append(records)
+        gone = {out.filename for out in left}
+        self.sign({target_path(project, d.filename): (data, {"provenance": {
+                       "publisher": str(o.publisher), "file": d.filename, "file_sha256": d.hashes["sha256"]}})
+                   for d, o, data in zip(new, outcomes, fetched, strict=True)
+                   if o.state == "verified" and data is not None and d.filename not in gone})
         for out in left:
             if self._audited.get((project, out.filename)) == (out.rule, out.outcome.detail):
                 continue
@@ -210,34 +226,34 @@ class ProvenanceGate:
                                detail=out.outcome.detail or None)
         if not left:
             return listing
-        gone = {out.filename for out in left}
         return replace(listing, page=replace(listing.page, files=tuple(d for d in listing.page.files if d.filename not in gone)))
 
-    async def _outcome(self, dist: DistFile) -> Outcome:
+    async def _outcome(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
+        """The file's outcome, and the provenance object's bytes when they were fetched just now."""
         if dist.provenance is None:
-            return Outcome("missing")
+            return Outcome("missing"), None
         key = (dist.url, dist.filename, dist.hashes["sha256"], dist.provenance)
         if (known := self._outcomes.get(key)) is not None:
-            return known
-        outcome = await self._verified(dist)
+            return known, None
+        outcome, data = await self._verified(dist)
         if not outcome.detail.startswith(_NOT_FETCHED):
             if len(self._outcomes) >= MAX_REMEMBERED:
                 self._outcomes.clear()
             self._outcomes[key] = outcome
-        return outcome
+        return outcome, data
 
-    async def _verified(self, dist: DistFile) -> Outcome:
+    async def _verified(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
         assert dist.provenance is not None
         url = dist.provenance  # absolute and credential-free since the listing was validated
         allowed = (*self.http.index_urls, *self.http.files_origins)
         if not url.startswith(("http://", "https://")) or origin(url) not in {origin(a) for a in allowed}:
-            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin")
+            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin"), None
         async with self._slots:
             try:
                 async with self.http.get(url, self.max_size, allowed, accept="application/json") as response:
                     data = b"".join([chunk async for chunk in response.body])
             except DownloadLengthError:
-                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes")
+                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes"), None
             except DownloadError as e:
-                return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}")
-        return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"])
+                return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}"), None
+        return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"]), data

@@ -189,12 +189,14 @@ class _Change:
     def get_target(self, target_path: str) -> TargetFile | None:
         return self.role(self.bin_for(target_path)).signed.targets.get(target_path)
 
-    def put_target(self, target_path: str, data: bytes | Path) -> TargetFile:
+    def put_target(self, target_path: str, data: bytes | Path, custom: dict[str, Any] | None = None) -> TargetFile:
         algorithms = list(self.repo.profile.hash_algorithms)
         if isinstance(data, Path):
             info = TargetFile.from_file(target_path, str(data), algorithms)
         else:
             info = TargetFile.from_data(target_path, data, algorithms)
+        if custom is not None:
+            info.unrecognized_fields["custom"] = custom
         name = self.bin_for(target_path)
         if self.role(name).signed.targets.get(target_path) == info:
             return info  # the same bytes are signed already: nothing to re-sign
@@ -592,12 +594,15 @@ class Repository:
             return None
         return self._current_page(change, project)
 
-    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None) -> ChangeReport:
+    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
+                      targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
         For a layout whose files are not targets (the gateway's): the page's
         hashes are what vouch for its files, and the caller stores the files.
-        Keys are normalised project names; the root list follows.
+        Keys are normalised project names; the root list follows.  ``targets``
+        are other targets signed in the same transaction, each with its
+        ``custom`` field (a file's PEP 740 provenance object).
         """
         if self.profile.files_are_targets:
             raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
@@ -605,6 +610,8 @@ class Repository:
         with self._locked():
             change = _Change(self, when)
             known = set(self._projects(change))
+            for path, (data, custom) in (targets or {}).items():
+                change.put_target(path, data, custom)
             for project, page in pages.items():
                 if page is None:
                     for fmt in self.profile.signed_formats:
