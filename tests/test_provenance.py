@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +34,7 @@ from proxy.protocol import provenance as rules
 from proxy.protocol.provenance import Outcome, PublisherSpec, decide, parse_spec
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
@@ -264,9 +266,10 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
             assert signed_files(gw_dir, project) == [], project
             record = next(r for r in refusals(gw, rules.RULE_INVALID) if r["project"] == project)
             assert words in record["detail"] and record["file"] == f"{project}-1.0-py3-none-any.whl", record
-        # The signed page never carries the index's provenance URL.
+        # The signed page never carries the index's provenance URL: its own, to the signed provenance target.
         page = Repository.open(gw_dir).current_page("pypi-attestations")
-        assert page is not None and page.files[0].provenance is None
+        assert page is not None and page.files[0].provenance == f"../../packages/pypi-attestations/{REAL}.provenance"
+        assert Repository.open(gw_dir).current_page("plain").files[0].provenance is None  # type: ignore[union-attr]
         # The verified provenance object is a signed target: its custom field names the publisher and the file.
         target = f"simple/pypi-attestations/{REAL}.provenance"
         info = signed_target(gw_dir, target)
@@ -289,6 +292,25 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
         assert signed_files(gw_dir, "pypi-attestations") == [REAL]
         metrics = urllib.request.urlopen(f"{gw.base}metrics", timeout=10).read().decode()
         assert 'tufproxy_gateway_refusals_total{reason="provenance-missing"} 1.0' in metrics
+
+
+def test_edges_serve_their_verified_copy_of_the_provenance(tmp_path: Path) -> None:
+    idx = ProvenanceIndex()
+    _fill(idx, tmp_path / "dists")
+    with idx, _gateway(tmp_path, idx) as gw, edge_for(tmp_path, gw) as edge:
+        page_url = f"{edge.base}simple/pypi-attestations/"
+        request = urllib.request.Request(page_url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        entry = json.loads(urllib.request.urlopen(request, timeout=30).read())["files"][0]
+        assert entry["filename"] == REAL and entry["provenance"] == f"{entry['url']}.provenance"
+        # PEP 740's key points at the edge's own copy, fetched and checked against the signed target.
+        served = urllib.request.urlopen(urllib.parse.urljoin(page_url, entry["provenance"]), timeout=30).read()
+        assert served == real_provenance()
+        request = urllib.request.Request(f"{edge.base}simple/plain/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        assert "provenance" not in json.loads(urllib.request.urlopen(request, timeout=30).read())["files"][0]
+        # A provenance object the gateway never signed is not served.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{edge.base}packages/plain/plain-1.0-py3-none-any.whl.provenance", timeout=30)
+        assert refused.value.code == 404
 
 
 def test_publisher_changed_then_accept(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.publisher import Targets
 from proxy.protocol import provenance as rules
 from proxy.protocol.index import DistFile
+from proxy.protocol.layout import provenance_target
 from proxy.protocol.options import Option, yes_no
 from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
 from proxy.storage.audit import AuditLog
@@ -79,11 +80,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
            "no", yes_no, metavar="yes|no"),
 )
-
-
-def target_path(project: str, filename: str) -> str:
-    """The signed target holding a file's verified provenance object, beside its project's page."""
-    return f"simple/{project}/{filename}.provenance"
 
 
 def policy_of(values: dict[str, Any]) -> ProvenancePolicy:
@@ -209,7 +205,7 @@ class ProvenanceGate:
                             "publisher": str(outcome.publisher), "sha256": outcome.digest, "url": dist.provenance})
         self.ledger.append(records)
         gone = {out.filename for out in left}
-        self.sign({target_path(project, d.filename): (data, {"provenance": {
+        self.sign({provenance_target(project, d.filename): (data, {"provenance": {
                        "publisher": str(o.publisher), "file": d.filename, "file_sha256": d.hashes["sha256"]}})
                    for d, o, data in zip(new, outcomes, fetched, strict=True)
                    if o.state == "verified" and data is not None and d.filename not in gone})

@@ -52,6 +52,7 @@ from proxy.protocol.errors import (
 )
 from proxy.protocol.hashing import accepted_hashes, verify_bytes
 from proxy.protocol.layout import (
+    PROVENANCE_SUFFIX,
     BadRequestPath,
     PageFormat,
     TargetKind,
@@ -487,7 +488,7 @@ class Resolver:
         :mod:`proxy.trust.pagefiles` decides (PEP 700 ``size`` exact, else a bound).
         """
         path = req.target_path()
-        if self.profile.files_are_targets:
+        if self.profile.files_are_targets or req.kind is TargetKind.PROVENANCE:
             target = await self.trust.get_target(path)
         else:
             assert req.project is not None
@@ -505,7 +506,7 @@ class Resolver:
     async def _new_file_source(self, ask: Ask, req: TargetRequest, target: VerifiedTarget) -> _Source:
         """:meth:`_file_source` for ``target``: the file's own, or its project page's."""
         path = req.target_path()
-        if self.profile.files_are_targets:
+        if self.profile.files_are_targets or req.kind is TargetKind.PROVENANCE:
             hashes = accepted_hashes(path, target.hashes, target.role)
             return _Source(Want(path, hashes, target.length, True, target.role), target.role,
                            self.trust.target_urls(target))
@@ -579,6 +580,9 @@ def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat)
     # would break the link): leave such entries out rather than fail the whole page.
     page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
     page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
+    # PEP 740: a file whose signed page names provenance gets ours, the signed target this proxy verifies.
+    page = dataclasses.replace(page, files=tuple(
+        dataclasses.replace(f, provenance=f"{f.url}{PROVENANCE_SUFFIX}" if f.provenance else None) for f in page.files))
     if fmt is PageFormat.JSON and not page.versions:
         # An HTML page has no PEP 700 versions list: derive it from the file names.
         versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))
