@@ -12,6 +12,7 @@ needs a publisher no real bundle has changes the pin, never the verifier.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import base64
 import hashlib
 import json
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from proxy.gateway.provenance import SigstoreTrust
+from proxy.trust.provenance import SigstoreTrust
 from proxy.protocol import index
 from proxy.protocol import provenance as rules
 from proxy.protocol.provenance import Outcome, PublisherSpec, decide, parse_spec
@@ -36,6 +37,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 
 ASSETS = Path(__file__).parent / "assets" / "provenance"
@@ -311,6 +313,52 @@ def test_edges_serve_their_verified_copy_of_the_provenance(tmp_path: Path) -> No
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{edge.base}packages/plain/plain-1.0-py3-none-any.whl.provenance", timeout=30)
         assert refused.value.code == 404
+
+
+def _get(url: str) -> tuple[int, bytes, str]:
+    """(status, body, X-Tufproxy-Reason) of a GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read(), r.headers.get("X-Tufproxy-Reason", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers.get("X-Tufproxy-Reason", "")
+
+
+def test_compromise_drill_an_edge_that_verifies_provenance_refuses_what_the_online_key_signs(tmp_path: Path) -> None:
+    """An attacker holding the gateway's online key signs a swapped file, and a file without provenance,
+    for a pinned project; an edge with --verify-provenance yes refuses both and audits them."""
+    idx = ProvenanceIndex()
+    _fill(idx, tmp_path / "dists")
+    real_url = f"packages/pypi-attestations/{REAL}"
+    audit = tmp_path / "edge.audit"
+    with idx, _gateway(tmp_path, idx, "--page-ttl", "3600") as gw, \
+            ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                         "--workers", "1", "--refresh-interval", "0.5", "--verify-provenance", "yes",
+                         "--sigstore-offline", "yes", "--audit-log", str(audit)) as edge:
+        status, body, _ = _get(f"{edge.base}{real_url}")  # the miss protocol publishes it; the edge verifies and pins
+        assert status == 200 and body == (ASSETS / REAL).read_bytes()
+        pins = (tmp_path / "edge" / "provenance-pins.jsonl").read_text()
+        assert json.loads(pins) == {"project": "pypi-attestations", "spec": REAL_PUBLISHER}
+        assert _get(f"{edge.base}packages/plain/plain-1.0-py3-none-any.whl")[0] == 200  # unpinned, no provenance: served
+        # The attacker: the gateway's online key, signing pages the gateway never rendered.
+        repo = Repository.open(tmp_path / "gw")
+        page = repo.current_page("pypi-attestations")
+        assert page is not None
+        evil = b"evil bytes"
+        swapped = dataclasses.replace(page.files[0], hashes={"sha256": hashlib.sha256(evil).hexdigest()}, size=len(evil))
+        unproven = dataclasses.replace(page.files[0], filename="pypi_attestations-0.0.20.tar.gz",
+                                       url="../../packages/pypi-attestations/pypi_attestations-0.0.20.tar.gz",
+                                       provenance=None, hashes={"sha256": hashlib.sha256(evil).hexdigest()})
+        repo.publish_pages({"pypi-attestations": dataclasses.replace(page, files=(swapped, unproven))})
+        wait_for(lambda: _get(f"{edge.base}{real_url}")[0] != 200, "the edge to see the attacker's page")
+        status, body, reason = _get(f"{edge.base}{real_url}")
+        assert (status, reason) == (502, rules.RULE_INVALID) and b"digest" in body, body
+        status, body, reason = _get(f"{edge.base}packages/pypi-attestations/pypi_attestations-0.0.20.tar.gz")
+        assert (status, reason) == (502, rules.RULE_MISSING), body
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    refused = {r["reason"]: r for r in records if r.get("event") == "refused"}
+    assert refused[rules.RULE_INVALID]["target"] == real_url
+    assert refused[rules.RULE_MISSING]["expected"] == REAL_PUBLISHER
 
 
 def test_publisher_changed_then_accept(tmp_path: Path) -> None:

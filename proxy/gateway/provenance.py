@@ -7,34 +7,25 @@ verification runs once per file, at its first publish, never per
 request) it fetches the file's provenance object through the index client
 (bounded size, timeouts, the index's and ``--files-origin`` origins only,
 redirects checked), all of a page's at once, and verifies each
-attestation with ``pypi-attestations`` on top of ``sigstore`` (the file's
-sha256 and name against the statement's subject, the publisher against
-the signing certificate); no Sigstore, DSSE or in-toto check is written
-here.  :func:`proxy.protocol.provenance.decide` then says which files are
+attestation (:meth:`proxy.trust.provenance.SigstoreTrust.verify`, which
+also says which Sigstore trust root is used).  :func:`proxy.protocol.provenance.decide` then says which files are
 left out; each one gets an audit record (rule, project, file, expected and
 seen publisher) and a ``tufproxy_gateway_refusals_total`` label.  The
 ledger learns the project's pinned publisher (``kind: publisher``) and, per
 file, the verified publisher and the provenance object's sha256 (``kind:
-provenance``).
-
-Sigstore's trust root: ``production`` or ``staging``, refreshed over TUF by
-sigstore-python, or with ``--sigstore-offline yes`` the one that ships
-inside sigstore-python, never refreshed.  A FILE is a private trust root,
-always offline.  Offline, sigstore-python's cache lives under
-``DIR/gateway/sigstore`` so no user cache (and no network) is consulted.
+provenance``).  Each verified provenance object is queued as a signed
+target beside its page (:func:`proxy.protocol.layout.provenance_target`),
+its ``custom`` field naming the verified publisher and the file's sha256,
+so edges can serve and re-verify it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import Listing
@@ -43,27 +34,18 @@ from proxy.gateway.publisher import Targets
 from proxy.protocol import provenance as rules
 from proxy.protocol.index import DistFile
 from proxy.protocol.layout import provenance_target
-from proxy.protocol.options import Option, yes_no
+from proxy.protocol.options import Option
 from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
 from proxy.storage.audit import AuditLog
 from proxy.transport.indexhttp import IndexHTTP, origin
 from proxy.transport.upstream import DownloadError, DownloadLengthError
+from proxy.trust.provenance import SIGSTORE_OPTIONS, SigstoreTrust
 
 log = logging.getLogger(__name__)
 MAX_PROVENANCE_SIZE = 1 * 2**20  # PyPI's are a few KiB; anything near this is junk
 CONCURRENCY = 16
 MAX_REMEMBERED = 100_000  # outcomes of files left out, kept so a refresh neither re-verifies nor re-audits them
 _NOT_FETCHED = "provenance not fetched"
-_SIGSTORE_URLS = {"production": "https://tuf-repo-cdn.sigstore.dev", "staging": "https://tuf-repo-cdn.sigstage.dev"}
-
-
-def _trust_root(value: Any) -> str:
-    text = str(value)
-    if text in _SIGSTORE_URLS:
-        return text
-    if not Path(text).is_file():
-        raise ValueError(f"give production, staging or a trusted_root.json FILE; {text[:200]!r} is no file")
-    return str(Path(text).resolve())
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -75,70 +57,12 @@ OPTIONS: tuple[Option, ...] = (
            repeat=True, metavar="PROJECT=SPEC"),
     Option("provenance_project", "the --provenance mode for the projects PATTERN matches (first match wins); "
            "repeatable", [], rules.parse_project_modes, repeat=True, metavar="PATTERN=MODE"),
-    Option("sigstore_trust_root", "Sigstore trust root: production, staging, or a trusted_root.json FILE "
-           "(always offline)", "production", _trust_root, metavar="ROOT"),
-    Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
-           "no", yes_no, metavar="yes|no"),
+    *SIGSTORE_OPTIONS,
 )
 
 
 def policy_of(values: dict[str, Any]) -> ProvenancePolicy:
     return ProvenancePolicy(values["provenance"], values["trusted_publisher"] or {}, tuple(values["provenance_project"] or ()))
-
-
-class SigstoreTrust:
-    """Which Sigstore trust root verifies attestations, prepared once per process; see the module docstring."""
-
-    def __init__(self, root: str = "production", offline: bool = False) -> None:
-        self.staging = root == "staging"
-        self.file = None if root in _SIGSTORE_URLS else Path(root)
-        self.offline = offline or self.file is not None
-
-    def prepare(self, home: Path) -> None:
-        """Point sigstore-python's cache at ``home`` when offline, holding the shipped root (or FILE)."""
-        logging.getLogger("sigstore._internal.tuf").setLevel(logging.ERROR)  # "offline mode" on every verify
-        if not self.offline:
-            return
-        os.environ["XDG_CACHE_HOME"] = str(home / "cache")
-        os.environ["XDG_DATA_HOME"] = str(home / "data")
-        if self.file is not None:
-            target = home / "cache" / "sigstore-python" / "tuf" / quote(_SIGSTORE_URLS["production"], safe="")
-            target.mkdir(parents=True, exist_ok=True)
-            (target / "trusted_root.json").write_bytes(self.file.read_bytes())
-
-    def verify(self, data: bytes, filename: str, sha256: str) -> Outcome:
-        """Verify provenance object ``data`` for the file; every attestation in it must hold."""
-        # Imported here: pydantic and sigstore load only where provenance is on.
-        import pydantic
-        from pypi_attestations import AttestationError, Distribution, Provenance
-
-        digest = hashlib.sha256(data).hexdigest()
-        try:
-            prov = Provenance.model_validate_json(data)
-            dist = Distribution(name=filename, digest=sha256)
-        except (pydantic.ValidationError, ValueError) as e:
-            return Outcome("invalid", f"not a PEP 740 provenance object: {str(e).splitlines()[0][:200]}", digest=digest)
-        seen: PublisherSpec | None = None
-        for bundle in prov.attestation_bundles:
-            try:
-                publisher = rules.from_publisher(bundle.publisher.model_dump())
-            except (ValueError, KeyError) as e:
-                return Outcome("invalid", str(e), digest=digest)
-            if not bundle.attestations:
-                return Outcome("invalid", "an attestation bundle with no attestation", digest=digest)
-            for attestation in bundle.attestations:
-                try:
-                    attestation.verify(bundle.publisher, dist, staging=self.staging, offline=self.offline)
-                except AttestationError as e:
-                    return Outcome("invalid", f"{str(e)[:300]}", publisher, digest)
-                except Exception as e:  # noqa: BLE001 - sigstore raises others on junk (bad DER, TUF): invalid, never a crash
-                    return Outcome("invalid", f"{type(e).__name__}: {str(e)[:300]}", publisher, digest)
-            if seen is not None and seen != publisher:
-                return Outcome("invalid", f"attestations from two publishers ({seen}, {publisher})", publisher, digest)
-            seen = publisher
-        if seen is None:
-            return Outcome("invalid", "no attestation bundle", digest=digest)
-        return Outcome("verified", publisher=seen, digest=digest)
 
 
 @dataclass(frozen=True)

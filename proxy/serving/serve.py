@@ -28,6 +28,7 @@ from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, Tru
 from proxy.protocol.model import ExpiryOverride
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
+from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.resolver import ProxySettings, Resolver
 from proxy.serving.server import Proxy
 from proxy.storage.audit import AuditLog
@@ -40,6 +41,7 @@ from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.provenance import SigstoreTrust
 from proxy.trust.slots import catch_up
 from proxy.util.locks import FetchLocks
 from proxy.util.metrics import Metrics
@@ -265,6 +267,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             on_miss=on_miss,
             page_fetcher=page_fetcher,
             shared=shared,
+            provenance=_edge_provenance(config),
         )
     )
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
@@ -293,6 +296,18 @@ async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
         log.warning("%s (starting anyway)", e)
     log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir, bucket.aws.source)
     return bucket
+
+
+def _edge_provenance(config: ServeConfig) -> EdgeProvenance | None:
+    """``--verify-provenance``: the edge's own Sigstore trust root (prepared under the cache dir) and pins."""
+    if not config.verify_provenance:
+        return None
+    trust = SigstoreTrust(config.sigstore_trust_root, config.sigstore_offline)
+    try:
+        trust.prepare(config.cache_dir / "sigstore")
+        return EdgeProvenance(trust, config.cache_dir / "provenance-pins.jsonl")
+    except OSError as e:
+        raise CommandError(f"cannot prepare PEP 740 verification in {config.cache_dir}: {e}") from e
 
 
 def _bucket_tier(
