@@ -361,6 +361,26 @@ def test_compromise_drill_an_edge_that_verifies_provenance_refuses_what_the_onli
     assert refused[rules.RULE_MISSING]["expected"] == REAL_PUBLISHER
 
 
+def test_mirror_sync_carries_provenance_and_verify_checks_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli import main
+
+    idx = ProvenanceIndex()
+    _fill(idx, tmp_path / "dists")
+    dest = tmp_path / "mirror"
+    with idx, _gateway(tmp_path, idx) as gw:
+        assert gw.publish("pypi-attestations")[0] == 200
+        assert main(["mirror", "sync", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                     "--dest", str(dest), "--project", "pypi-attestations"]) == 0
+    carried = dest / "simple" / "pypi-attestations" / f"{REAL}.provenance"
+    assert carried.read_bytes() == real_provenance()
+    capsys.readouterr()
+    assert main(["mirror", "verify", str(dest), "--root", str(gw.root)]) == 0
+    assert "0 missing, 0 corrupt" in capsys.readouterr().out
+    carried.write_bytes(tampered(real_provenance()))  # same length, other bytes: offline, the signed hash says no
+    assert main(["mirror", "verify", str(dest), "--root", str(gw.root)]) != 0
+    assert f"corrupt simple/pypi-attestations/{REAL}.provenance" in capsys.readouterr().out
+
+
 def test_publisher_changed_then_accept(tmp_path: Path) -> None:
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
