@@ -12,8 +12,8 @@ needs a publisher no real bundle has changes the pin, never the verifier.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import base64
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from proxy.trust.provenance import SigstoreTrust
 from proxy.protocol import index
 from proxy.protocol import provenance as rules
 from proxy.protocol.provenance import Outcome, PublisherSpec, decide, parse_spec
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
+from proxy.trust.provenance import SigstoreTrust
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess

@@ -32,11 +32,22 @@ MAX_VERIFIED = 100_000
 
 
 class ProvenanceRefused(RepositoryError):
-    """A file whose provenance does not hold at the edge: the reason is the rule."""
+    """A file whose provenance does not hold at the edge; each subclass is one rule."""
 
-    def __init__(self, rule: str, target: str, message: str, expected: str | None, seen: str | None) -> None:
+    def __init__(self, target: str, message: str, expected: str | None, seen: str | None) -> None:
         super().__init__(f"{target}: {message}", target=target, expected=expected, actual=seen)
-        self.reason = rule
+
+
+class ProvenanceInvalid(ProvenanceRefused):
+    reason = rules.RULE_INVALID
+
+
+class ProvenanceMissing(ProvenanceRefused):
+    reason = rules.RULE_MISSING
+
+
+class PublisherChanged(ProvenanceRefused):
+    reason = rules.RULE_CHANGED
 
 
 class EdgeProvenance:
@@ -83,17 +94,17 @@ class EdgeProvenance:
         pinned = self.pins.get(project)
         if data is None:
             if pinned is not None:
-                raise ProvenanceRefused(rules.RULE_MISSING, target, f"no provenance, and {project} is pinned to {pinned}",
+                raise ProvenanceMissing(target, f"no provenance, and {project} is pinned to {pinned}",
                                         str(pinned), None)
             return
         outcome = await asyncio.to_thread(self.trust.verify, data, filename, sha256)
         seen = str(outcome.publisher) if outcome.publisher else None
         if outcome.state != "verified":
-            raise ProvenanceRefused(rules.RULE_INVALID, target, f"provenance does not verify: {outcome.detail}",
+            raise ProvenanceInvalid(target, f"provenance does not verify: {outcome.detail}",
                                     str(pinned) if pinned else None, seen)
         assert outcome.publisher is not None
         if pinned is not None and not pinned.matches(outcome.publisher):
-            raise ProvenanceRefused(rules.RULE_CHANGED, target, f"published by {seen}, but {project} is pinned to {pinned}",
+            raise PublisherChanged(target, f"published by {seen}, but {project} is pinned to {pinned}",
                                     str(pinned), seen)
         if pinned is None:
             self._pin(project, outcome.publisher)
