@@ -139,12 +139,11 @@ def main() -> int:
         "",
         f"ratio with / without: **{q / p:.2f}x** (goal <= 1.5x); per file verified: {(q - p) / args.files * 1000:.1f} ms.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
