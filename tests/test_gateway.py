@@ -224,7 +224,9 @@ def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> 
     _gateway_init(tmp_path / "gw")
     secret = "s3cr3t-pass"
     url = test_index.url.replace("http://", f"http://user:{secret}@")
-    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url) as gw:
+    # An index with credentials makes its projects private; this test reads them anonymously, knowingly.
+    with GatewayProcess(tmp_path / "gw", "--index-url", url, "--files-origin", test_index.files_url,
+                        "--allow-anonymous-private", "yes") as gw:
         test_index.raw_pages["intruder"] = b'<a href="http://10.0.0.1/intruder-1.0.tar.gz#sha256=' + b"b" * 64 + b'">x</a>'
         assert gw.publish("lib")[0] == 200
         assert gw.publish("intruder")[0] == 502
@@ -691,7 +693,9 @@ def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
     with TestIndex(separate_files_host=True, basic_auth=header, files_via_index=True) as index:
         index.add(build_wheel(tmp_path / "dists", "lib", "1.0"))
         _gateway_init(tmp_path / "gw")
-        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url) as gw:
+        # The index needs credentials: its projects are private; this test reads them anonymously on purpose.
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url,
+                            "--allow-anonymous-private", "yes") as gw:
             assert gw.publish("lib")[0] == 200
             body = urllib.request.urlopen(f"{gw.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=10).read()
             assert body == index.file("lib-1.0-py3-none-any.whl").data

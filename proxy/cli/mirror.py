@@ -22,6 +22,8 @@ from proxy.mirror.verify import verify_tree
 from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, parse_datetime, parse_size, parsed
 from proxy.protocol.profiles import get_profile
+from proxy.storage.audit import redact_url
+from proxy.transport.credentials import OriginAuth
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")
@@ -32,11 +34,14 @@ def _upstream(value: str) -> str:
     url = urlsplit(value)
     if (url.scheme in ("http", "https") and url.hostname) or (not url.scheme and Path(value).is_dir()):
         return value
-    raise CommandError(f"--upstream must be an http(s) URL or an existing directory, not {value!r}")
+    raise CommandError(f"--upstream must be an http(s) URL or an existing directory, not {redact_url(value)!r}")
 
 
 def _options(args: argparse.Namespace) -> SyncOptions:
+    auth = OriginAuth()
     upstream = _upstream(args.upstream)
+    if urlsplit(upstream).scheme in ("http", "https"):
+        upstream = auth.add(upstream)  # user:password@ or netrc: sent to that origin only, never printed
     try:
         wanted = [parse_requirement(p) for p in args.project or ()]
         for req_file in args.requirements or ():
@@ -55,7 +60,8 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        metadata_path=args.metadata_path, profile=get_profile(args.profile),
+        metadata_path=args.metadata_path, profile=get_profile(args.profile), auth=auth,
+        ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None,
     )
 
 
@@ -128,8 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument(
-        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)"
+        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a "
+        "synced tree); user:password@ in it (or netrc) authenticates to that origin only"
     )
+    p.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the upstream's TLS with (a private CA)")
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")
     p.add_argument("--dest", required=True, metavar="DIR", help="the mirror tree to write (created if absent)")
     p.add_argument(

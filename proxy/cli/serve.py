@@ -35,7 +35,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         running = await start(config)
         stop = stop_on_signals()
-        print(f"tufproxy serving on http://{config.listen[0]}:{running.port}/simple/", flush=True)
+        scheme = "https" if config.tls_cert else "http"
+        print(f"tufproxy serving on {scheme}://{config.listen[0]}:{running.port}/simple/", flush=True)
         try:
             await stop.wait()
         finally:

@@ -39,6 +39,7 @@ from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
+from proxy.serving.access import AccessMiddleware, Resource
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -52,15 +53,18 @@ _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
 class GatewayApp:
     """aiohttp application over a :class:`Gateway` and its tree."""
 
-    def __init__(self, gateway: Gateway, files: FileSource, public_dir: Path, started: float | None = None) -> None:
+    def __init__(self, gateway: Gateway, files: FileSource, public_dir: Path, started: float | None = None,
+                 access: AccessMiddleware | None = None) -> None:
         self.gateway = gateway
+        self.access = access
         self.files = files
         self.public_dir = public_dir
         self.metrics = gateway.metrics
         self.started = started or time.time()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware])
+        middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
         app.router.add_get("/metrics", self._metrics, name="metrics")
@@ -202,6 +206,25 @@ class GatewayApp:
         self.metrics.timestamp_version.set(publisher.timestamp_version)
         self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
         self.metrics.projects.set(len(publisher.published))
+
+
+_OPEN = frozenset(("healthz", "readyz"))
+_PROJECT_ROUTES = frozenset(("project-page", "page-file", "packages", "publish"))
+
+
+def gateway_resource(private: Callable[[str], bool], any_private: bool) -> Callable[[web.Request], Resource | None]:
+    """What each gateway request asks of access control: health is open; a project's page, files and publish
+    name it; the rest (signed metadata, the root list, metrics) is the whole repository, which names private
+    projects whenever there may be any, so it is never anonymous then."""
+    def resource(request: web.Request) -> Resource | None:
+        route = request.match_info.route.name
+        if route in _OPEN:
+            return None
+        if route in _PROJECT_ROUTES:
+            project = canonicalize_name(request.match_info["project"][:200])
+            return Resource(project, publish=route == "publish", private=private(project))
+        return Resource(None, private=any_private)
+    return resource
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:

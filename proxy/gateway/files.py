@@ -42,7 +42,7 @@ from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.protocol.errors import TrustError
 from proxy.protocol.layout import core_metadata_target, file_target
-from proxy.serving.streaming import first_bytes, send_download
+from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download, Tee
 from proxy.storage.store import Blob
@@ -79,6 +79,8 @@ class FileSource:
         joined = download is not None
         if download is None:
             if path.is_file():
+                if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
+                    return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
                 return web.FileResponse(path)
             download = self._start(request, pin, target, path, core)
         refusal = await first_bytes(download, joined)

@@ -40,8 +40,9 @@ from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
+from proxy.transport.credentials import origin, strip_credentials
 from proxy.transport.failover import Exhausted, Outcome, Tried, failover
-from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
+from proxy.transport.indexhttp import IndexHTTP, RedirectRefused
 from proxy.transport.upstream import DownloadLengthError
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"

@@ -45,6 +45,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from proxy.protocol.access import not_listed
 from proxy.protocol.index import ProjectPage
 from proxy.protocol.options import ConfigError, Option, add_options, resolve_values
 
@@ -489,7 +490,7 @@ class Policy:
             gone = "no longer lists it" if candidates else "is no longer configured"
             why = f"index {served_from + 1}, which published it, {gone}; never taken from another index"
             return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
-        return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: no index lists it"))
+        return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, not_listed(name)))
 
     # -------------------------------------------------------- files
 

@@ -63,8 +63,10 @@ class Publisher:
     def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
                  after: Callable[[], Awaitable[object]] | None = None,
-                 key_failed: Callable[[KeyUnavailable], None] | None = None) -> None:
+                 key_failed: Callable[[KeyUnavailable], None] | None = None,
+                 private: Callable[[str], bool] | None = None) -> None:
         self.repo = repo
+        self.private = private  # which projects to mark private in the signed metadata
         self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
         # Why the online key cannot sign now (None: it can), and when it is next tried.
         self.signing_error: KeyUnavailable | None = None
@@ -103,9 +105,10 @@ class Publisher:
     def _read_published(self) -> list[str]:
         path = self.repo.public_dir / "simple" / "index.json"
         try:
-            return list(index.parse_project_list_json(path.read_bytes()).projects)
+            public = list(index.parse_project_list_json(path.read_bytes()).projects)
         except (OSError, index.IndexParseError):
             return []
+        return [*public, *self.repo.private_projects()]
 
     def _read_timestamp(self) -> tuple[int, float]:
         md = Metadata.from_bytes((self.repo.metadata_dir / "timestamp.json").read_bytes())
@@ -232,7 +235,7 @@ class Publisher:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
         changed = 0
         if pages or targets:
-            report = self.repo.publish_pages(pages, targets=targets)
+            report = self.repo.publish_pages(pages, private=self.private, targets=targets)
             changed = len(report.added) + len(report.removed)
         if resign:
             self.repo.refresh()

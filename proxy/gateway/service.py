@@ -39,6 +39,7 @@ from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.provenance import ProvenanceGate
 from proxy.gateway.publisher import Publisher
 from proxy.protocol import index
+from proxy.protocol.access import not_listed
 from proxy.protocol.errors import Fault
 from proxy.storage.audit import AuditLog
 from proxy.util.locks import FetchLocks
@@ -110,7 +111,7 @@ class Gateway:
         if project in self.publisher.published:
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
-            raise NotListed(f"no index lists {project}")
+            raise NotListed(not_listed(project))
         future = self._inflight.get(project)
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project, prefetch))

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,9 @@ from proxy.repository import (
 from proxy.repository import RepositoryError as SignerError
 from proxy.serving.edge import MissProtocol
 from proxy.storage.audit import AuditLog
+from proxy.transport.credentials import OriginAuth
 from proxy.transport.local import LocalFetcher
+from proxy.transport.tls import client_context
 from proxy.transport.upstream import AiohttpFetcher, DownloadError, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
 from proxy.trust.fetch import Observer, Want, fetch_verified
@@ -114,6 +117,9 @@ class SyncOptions:
     max_file_size: int = MAX_FILE_SIZE
     metadata_path: str = "metadata/"
     profile: Profile = TUFPROXY  # ``gateway``: files through pages, unknown projects published on request
+    # Credentials taken out of ``upstream`` (or netrc's for its host), sent to that origin only; never printed.
+    auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
+    ca_bundle: Path | None = None  # a private CA the upstream's TLS is verified with
 
 
 @dataclass
@@ -132,10 +138,14 @@ class SyncResult:
         return 0 if keep_going or not (c.refused or c.not_found) else 1
 
 
+def _tls(options: SyncOptions) -> ssl.SSLContext | None:
+    return client_context(options.ca_bundle) if options.ca_bundle is not None else None
+
+
 def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
     if re.match(r"https?://", options.upstream):
         base = options.upstream if options.upstream.endswith("/") else f"{options.upstream}/"
-        fetcher: Fetcher = AiohttpFetcher()
+        fetcher: Fetcher = AiohttpFetcher(auth=options.auth, ssl_context=_tls(options))
     else:
         local = LocalFetcher(Path(options.upstream))
         base, fetcher = local.base_url(), local
@@ -287,7 +297,7 @@ class _Sync:
         if not self.options.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
             return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
         protocol = MissProtocol(self.mirror.targets_url, self.trust, FetchLocks(self.tree.state / "locks"),
-                                _PUBLISH_DEADLINE)
+                                _PUBLISH_DEADLINE, auth=self.options.auth, ssl_context=_tls(self.options))
         asking = asyncio.Semaphore(self.options.jobs)
 
         async def one(w: Wanted) -> Wanted | None:

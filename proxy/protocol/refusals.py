@@ -64,6 +64,11 @@ BY_REASON: dict[str, Row] = {
                                              "application/vnd.pypi.simple.v1+json or text/html", audit=False),
     "bad-path": Row(404, Fault.CLIENT, "not found", audit=False),
     "client-error": Row(404, Fault.CLIENT, "not found", audit=False),
+    # Access control (proxy.serving.guard): every one audited, for whoever watches for attacks.
+    "unauthenticated": Row(401, Fault.CLIENT, "authentication required", audit=True),
+    "forbidden": Row(403, Fault.CLIENT, "forbidden", audit=True),
+    "throttled": Row(429, Fault.CLIENT, "too many failed attempts", audit=True),
+    "bad-credentials": Row(400, Fault.CLIENT, "malformed credentials", audit=True),
 }
 
 UNEXPECTED = Row(500, Fault.OURS, "internal error", audit=False)

@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -58,6 +58,7 @@ from tuf.api.metadata import (
 from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
+from proxy.protocol.access import PRIVATE_CUSTOM
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     PageFormat,
@@ -73,7 +74,7 @@ from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
-from proxy.util.atomic import atomic_link, atomic_write
+from proxy.util.atomic import Batch, atomic_link, atomic_write
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
@@ -195,7 +196,7 @@ class _Change:
             info = TargetFile.from_file(target_path, str(data), algorithms)
         else:
             info = TargetFile.from_data(target_path, data, algorithms)
-        if custom is not None:
+        if custom:
             info.unrecognized_fields["custom"] = custom
         name = self.bin_for(target_path)
         if self.role(name).signed.targets.get(target_path) == info:
@@ -255,21 +256,23 @@ class _Change:
         self._sign("timestamp", self.timestamp)
 
         plain_links: list[tuple[Path, Path]] = []
+        batch = Batch()
         for plain, content in self.plain.items():
-            _write(repo.public_dir / plain, content)
+            _write(batch, repo.public_dir / plain, content)
         for target_path, file_bytes in self.content.items():
             info = self.get_target(target_path)
             assert info is not None
             digests = list(info.hashes.values())
             first = repo.served_path(target_path, digests[0])
-            _write(first, file_bytes)
+            _write(batch, first, file_bytes)
             for digest in digests[1:]:
                 atomic_link(first, repo.served_path(target_path, digest))
+                batch.add(repo.served_path(target_path, digest))
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for metadata_file, signed in staged:
-            atomic_write(metadata_file, signed, durable=False)
-        # Everything the new timestamp reaches must be on disk before it is.
-        os.sync()
+            batch.write(metadata_file, signed)
+        # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
+        batch.flush()
         # The commit point: from here on clients see the new state.
         atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
@@ -298,11 +301,12 @@ class _Change:
         self.report.signed["root"] = md.signed.version
 
 
-def _write(dest: Path, data: bytes | Path) -> None:
+def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:
     if isinstance(data, Path):
         _copy_file(data, dest)
+        batch.add(dest)
     else:
-        atomic_write(dest, data, durable=False)
+        batch.write(dest, data)
 
 
 def _copy_file(source: Path, dest: Path) -> None:
@@ -416,16 +420,17 @@ class Repository:
         snapshot = Snapshot(expires=when + settings.expiry.snapshot)
         signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
         repo.metadata_dir.mkdir(parents=True, exist_ok=True)
+        batch = Batch()
         for name, md in files:
             for s in signers.get(name, [online]):
                 md.sign(s, append=True)
-            atomic_write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER), durable=False)
+            batch.write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER))
             if name != "root":
                 snapshot.meta[f"{name}.json"] = MetaFile(version=1)
         snap_md = Metadata(snapshot)
         snap_md.sign(online)
-        atomic_write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER), durable=False)
-        os.sync()
+        batch.write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER))
+        batch.flush()
         ts = Metadata(Timestamp(expires=when + settings.expiry.timestamp, snapshot_meta=MetaFile(version=1)))
         ts.sign(online)
         atomic_write(repo.metadata_dir / "timestamp.json", ts.to_bytes(_SERIALIZER))
@@ -499,21 +504,42 @@ class Repository:
             return index.parse_project_json(data, project)
         return index.parse_project_html(data, project)
 
-    def _write_page(self, change: _Change, page: index.ProjectPage) -> None:
+    def _write_page(self, change: _Change, page: index.ProjectPage, private: bool = False) -> None:
         for fmt in self.profile.signed_formats:
             render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
-            change.put_target(self.profile.page_target(page.name, fmt), render(page))
+            change.put_target(self.profile.page_target(page.name, fmt), render(page), PRIVATE_CUSTOM if private else None)
 
-    def _write_root_list(self, change: _Change, projects: Sequence[str]) -> None:
-        plist = index.ProjectList(projects=tuple(sorted(set(projects))))
-        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist))
-        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist))
+    def _write_root_list(self, change: _Change, projects: Iterable[str], private: Iterable[str] = ()) -> None:
+        """The root list names public projects only; the private ones are in its target's signed ``custom``
+        (so the signer and the gateway know what is published), which edges never serve."""
+        hidden = sorted(set(private))
+        plist = index.ProjectList(projects=tuple(sorted(set(projects) - set(hidden))))
+        custom = {"tufproxy": {"private_projects": hidden}} if hidden else None
+        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist), custom)
+        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist), custom)
 
     def _projects(self, change: _Change) -> list[str]:
+        """Every published project, public and private."""
+        return [*self._public_projects(change), *self._private_projects(change)]
+
+    def _public_projects(self, change: _Change) -> list[str]:
         if not self.profile.root_list_signed:
             return []
         data = change.target_bytes(root_page_target(PageFormat.JSON))
         return list(index.parse_project_list_json(data).projects) if data else []
+
+    def _private_projects(self, change: _Change) -> list[str]:
+        if not self.profile.root_list_signed:
+            return []
+        info = change.get_target(root_page_target(PageFormat.JSON))
+        custom = info.unrecognized_fields.get("custom") if info is not None else None
+        mark = custom.get("tufproxy") if isinstance(custom, dict) else None
+        names = mark.get("private_projects") if isinstance(mark, dict) else None
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def private_projects(self) -> list[str]:
+        """The published projects marked private (the gateway's view of what it signed)."""
+        return self._private_projects(_Change(self, _now(None)))
 
     def _put_file(self, change: _Change, target_path: str, data: bytes | Path) -> tuple[int, str]:
         """A distribution or .metadata file: a target, or (warehouse) a plain file; (length, sha256)."""
@@ -595,6 +621,7 @@ class Repository:
         return self._current_page(change, project)
 
     def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
+                      private: Callable[[str], bool] | None = None,
                       targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
@@ -612,23 +639,28 @@ class Repository:
             known = set(self._projects(change))
             for path, (data, custom) in (targets or {}).items():
                 change.put_target(path, data, custom)
+            hidden = set(self._private_projects(change))
+            hidden_before = set(hidden)
             for project, page in pages.items():
                 if page is None:
                     for fmt in self.profile.signed_formats:
                         change.delete_target(self.profile.page_target(project, fmt))
+                    hidden.discard(project)
                     if project in known:
                         known.discard(project)
                         change.report.removed.append(project)
                     continue
                 if page.name != project:
                     raise RepositoryError(f"page for {page.name!r} given as {project!r}")
-                self._write_page(change, page)
+                is_private = private is not None and private(project)
+                (hidden.add if is_private else hidden.discard)(project)
+                self._write_page(change, page, is_private)
                 signed = self.profile.page_target(project, self.profile.signed_formats[0]) in change.content
                 # "added": the page is signed anew (a new project or a changed page); "unchanged": the same bytes.
                 (change.report.added if signed else change.report.unchanged).append(project)
                 known.add(project)
-            if self.profile.root_list_signed and known != set(self._projects(change)):
-                self._write_root_list(change, sorted(known))
+            if self.profile.root_list_signed and (known != set(self._projects(change)) or hidden != hidden_before):
+                self._write_root_list(change, known, hidden)
             if not change.dirty:
                 return change.report
             report = change.commit()

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from proxy.protocol.access import Rule, RuleError, parse_rules
 from proxy.protocol.options import (
     ConfigError,
     Option,
@@ -37,6 +38,7 @@ from proxy.protocol.options import worker_count as _worker_count
 from proxy.protocol.options import yes_no as _yes_no
 from proxy.protocol.profiles import Profile, get_profile, recorded_profile
 from proxy.transport.bucket import BucketConfigError, parse_store_url
+from proxy.transport.credentials import OriginAuth
 from proxy.trust.provenance import SIGSTORE_OPTIONS
 
 
@@ -51,6 +53,32 @@ def _store_url(value: str) -> str:
     except BucketConfigError as e:
         raise ConfigError(str(e)) from None
     return str(value).strip()
+
+
+def _rules(value: Any) -> tuple[Rule, ...]:
+    try:
+        return parse_rules(value)
+    except RuleError as e:
+        raise ConfigError(str(e)) from None
+
+
+def access_options(default_who: str) -> tuple[Option, ...]:
+    """``--auth-file``, ``--auth-groups``, ``--read-rule``, ``--allow-anonymous-private`` and the listener's TLS
+    (the same settings on ``serve`` and ``gateway serve``)."""
+    return (
+        Option("auth_file", "htpasswd file of the users who may authenticate (bcrypt: htpasswd -B, or argon2id); "
+               "re-read when it changes", None, Path, metavar="FILE"),
+        Option("auth_groups", "group file, 'group: user user ...' (Apache AuthGroupFile), for @group in rules",
+               None, Path, metavar="FILE"),
+        Option("read_rule", f"PATTERN=WHO: who may read projects matching PATTERN (WHO: anonymous, authenticated, "
+               f"a user or @group, several joined by |); repeatable; unmatched projects: {default_who}; private "
+               "projects are never anonymous", [], _rules, repeat=True, metavar="PATTERN=WHO"),
+        Option("allow_anonymous_private", "serve private projects to anonymous clients as the read rules allow "
+               "(yes/no): accept that risk knowingly", False, _yes_no, metavar="YES|NO"),
+        Option("tls_cert", "serve HTTPS with this certificate chain (PEM; re-read when it changes)", None, Path,
+               metavar="FILE"),
+        Option("tls_key", "the private key of --tls-cert (PEM; re-read when it changes)", None, Path, metavar="FILE"),
+    )
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -114,6 +142,12 @@ OPTIONS: tuple[Option, ...] = (
            _positive_float, metavar="SECONDS"),
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
+    *access_options("anonymous"),
+    Option("ca_bundle", "CA certificates to verify upstreams' (the gateway's) TLS with (default: the system's)",
+           None, Path, metavar="FILE"),
+    Option("client_cert", "present this client certificate (PEM, key included or --client-key) to upstreams that "
+           "ask for one (a gateway with --tls-client-ca)", None, Path, metavar="FILE"),
+    Option("client_key", "the private key of --client-cert", None, Path, metavar="FILE"),
     Option("uvloop", "run the event loop on uvloop if it is installed (yes/no): more warm page requests per "
            "second, but files lose sendfile (aiohttp copies them through the loop)", False, _yes_no, metavar="YES|NO"),
     Option("verify_provenance", "gateway profile: verify each file's PEP 740 provenance here before serving it, "
@@ -157,7 +191,18 @@ class ServeConfig:
     s3_wait: float = 5.0
     max_connections: int = 1024
     client_timeout: float = 15.0
+    auth_file: Path | None = None
+    auth_groups: Path | None = None
+    read_rule: tuple[Rule, ...] = ()
+    allow_anonymous_private: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    ca_bundle: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
     uvloop: bool = False
+    # Credentials taken out of --upstream / --gateway-url (or netrc), sent only to their origin; never printed.
+    upstream_auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
     verify_provenance: bool = False
     sigstore_trust_root: str = "production"
     sigstore_offline: bool = False
@@ -192,7 +237,15 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     if values["profile"] is None:
         recorded = recorded_profile(values["repository"]) if values["repository"] is not None else None
         values["profile"] = recorded or ServeConfig.profile
-    config = ServeConfig(**values)
+    auth = OriginAuth()
+    values["upstream"] = auth.add_all(values["upstream"])
+    if values["gateway_url"] is not None:
+        values["gateway_url"] = auth.add(values["gateway_url"])
+    config = ServeConfig(**values, upstream_auth=auth)
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("give both --tls-cert and --tls-key, or neither")
+    if config.auth_groups is not None and config.auth_file is None:
+        raise ConfigError("--auth-groups needs --auth-file")
     if not config.upstream and config.repository is None:
         raise ConfigError("give --upstream URL (or --repository DIR for a local signed tree)")
     if config.upstream and config.repository is not None:

@@ -23,11 +23,13 @@ import asyncio
 import json
 import logging
 import re
+import ssl
 from typing import Protocol
 
 import aiohttp
 
 from proxy.protocol.errors import MetadataPending, UnknownTarget, UpstreamUnreachable
+from proxy.transport.credentials import OriginAuth
 from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,11 @@ class _Refreshable(Protocol):
 class MissProtocol:
     """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
 
-    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE) -> None:
+    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE,
+                 auth: OriginAuth | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.gateway_url = gateway_url
+        self.auth = auth
+        self.ssl_context = ssl_context
         self.trust = trust
         self.locks = locks
         self.deadline = deadline
@@ -70,7 +75,10 @@ class MissProtocol:
         url = f"{self.gateway_url}_tufproxy/publish/{project}"
         try:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
-            async with aiohttp.ClientSession() as session, session.post(url) as response:
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
+            async with aiohttp.ClientSession(connector=connector) as session, \
+                    session.post(url, headers=self.auth.headers(url) if self.auth else None,
+                                 allow_redirects=False) as response:
                 if response.status == 404:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     raise UnknownTarget(f"simple/{project}/", detail=_detail(body))

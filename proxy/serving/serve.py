@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -24,10 +25,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from proxy.protocol.access import Rules
 from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
+from proxy.serving.guard import Guard
+from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.resolver import ProxySettings, Resolver
 from proxy.serving.server import Proxy
@@ -37,6 +41,7 @@ from proxy.storage.store import BlobStore
 from proxy.storage.tiered import SharedTier
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
 from proxy.transport.local import LocalFetcher
+from proxy.transport.tls import ServerTLS, TLSConfigError, client_context, server_tls
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.fetch import Pace
@@ -66,9 +71,12 @@ class Running:
     port: int
     refresher: asyncio.Task[None]
     metadata_fetcher: Fetcher
+    tls_reload: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         self.refresher.cancel()
+        if self.tls_reload is not None:
+            self.tls_reload.cancel()
         await self.runner.cleanup()
         await self.proxy.resolver.fetcher.close()
         await self.metadata_fetcher.close()
@@ -100,11 +108,37 @@ def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[M
         local = LocalFetcher(config.repository)
         base = local.base_url()
         return local, local, [Mirror(config.metadata_url(base), base)]
-    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+    tls = _client_tls(config)
+    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                              auth=config.upstream_auth, ssl_context=tls)
     # No total timeout for files: Pace abandons slow bodies, however big the file.
     files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
-                           total_timeout=None, per_host=config.mirror_downloads)
+                           total_timeout=None, per_host=config.mirror_downloads, auth=config.upstream_auth,
+                           ssl_context=tls)
     return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+
+
+def _client_tls(config: ServeConfig) -> ssl.SSLContext | None:
+    """The context upstream HTTPS is verified with: a private CA, a client certificate; None: the default."""
+    if config.ca_bundle is None and config.client_cert is None:
+        return None
+    try:
+        return client_context(config.ca_bundle, config.client_cert, config.client_key)
+    except TLSConfigError as e:
+        raise CommandError(str(e)) from None
+
+
+def _access(config: ServeConfig) -> tuple[Guard | None, ServerTLS | None]:
+    """The guard (None without --auth-file and read rules) and the listener's TLS (None: plain HTTP)."""
+    try:
+        tls = server_tls(config.tls_cert, config.tls_key)
+        if config.auth_file is None and not config.read_rule:
+            return None, tls
+        passwords = Passwords(config.auth_file, config.auth_groups) if config.auth_file is not None else None
+    except (AuthFileError, TLSConfigError) as e:
+        raise CommandError(str(e)) from None
+    read = Rules(config.read_rule, anonymous_private=config.allow_anonymous_private)
+    return Guard(passwords, read), tls
 
 
 def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
@@ -198,6 +232,7 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
 
 
 async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    guard, tls = _access(config)  # a bad htpasswd, rule or certificate is the one error line, at once
     host, port = config.listen
     if sock is None:
         # Bound first, so a busy port is the one error line at once, not after an initial refresh that
@@ -243,7 +278,12 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", e)
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
-    on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
+    on_miss = (
+        MissProtocol(gateway, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
+                     ssl_context=_client_tls(config)).on_miss
+        if layout.miss_protocol and gateway
+        else None
+    )
     settings = ProxySettings(
         max_file_size=config.max_file_size,
         upstream_freshness=max(3 * config.refresh_interval, 30.0),
@@ -268,18 +308,21 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             page_fetcher=page_fetcher,
             shared=shared,
             provenance=_edge_provenance(config),
-        )
+        ),
+        guard,
+        config.allow_anonymous_private,
     )
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
     try:
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=tls.context if tls is not None else None).start()
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
     refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
-    return Running(runner, proxy, actual, refresher, fetcher)
+    tls_task = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
+    return Running(runner, proxy, actual, refresher, fetcher, tls_task)
 
 
 async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:

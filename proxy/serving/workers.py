@@ -126,6 +126,11 @@ class WorkerApp(Protocol):
     def listen(self) -> tuple[str, int]: ...
 
     @property
+    def scheme(self) -> str:
+        """http, or https when the listener has a certificate."""
+        ...
+
+    @property
     def state_dir(self) -> Path:
         """Shared by the workers; multiprocess metrics go under state_dir/metrics."""
         ...
@@ -150,6 +155,10 @@ class ServeApp:
     @property
     def listen(self) -> tuple[str, int]:
         return self.config.listen
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.config.tls_cert else "http"
 
     @property
     def state_dir(self) -> Path:
@@ -299,7 +308,7 @@ class Supervisor:
         if not self._serving and all(w.ready for w in self._workers.values()) and len(self._workers) == self.count:
             self._serving = True
             mode = "SO_REUSEPORT" if self.reuse_port else "one shared socket"
-            print(f"{self.app.name} on http://{self.app.listen[0]}:{self.port}/simple/ "
+            print(f"{self.app.name} on {self.app.scheme}://{self.app.listen[0]}:{self.port}/simple/ "
                   f"({self.count} workers, {mode})", flush=True)
 
     def _reap(self) -> None:
