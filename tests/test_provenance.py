@@ -402,6 +402,9 @@ def test_publisher_changed_then_accept(tmp_path: Path) -> None:
                            "reason": "moved CI"}]
         bad = provenance_cli(tmp_path / "gw", "--accept", "x=bitbucket:a/b", "--reason", "r")
         assert bad.returncode == 2 and "Traceback" not in bad.stderr and "github:OWNER/REPO" in bad.stderr
+        assert provenance_cli(tmp_path / "gw", "--accept", "x=github:a/b").returncode == 2  # no --reason
+        nowhere = provenance_cli(tmp_path / "nowhere")
+        assert nowhere.returncode == 2 and "no gateway here" in nowhere.stderr and not (tmp_path / "nowhere").exists()
         # The accepted pin holds: the real GitLab file verifies against it and publishes.
         with _gateway(tmp_path, idx) as gw:
             assert gw.publish("gitlab-oidc-project")[0] == 200

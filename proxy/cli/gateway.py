@@ -432,6 +432,8 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_provenance(args: argparse.Namespace) -> int:
+    if not ledger_dir(Path(args.dir)).is_dir():
+        raise CommandError(f"{args.dir}: no gateway here (no {ledger_dir(Path(args.dir))}); 'tufproxy gateway init' makes one")
     ledger = Ledger(ledger_dir(Path(args.dir)))
     if args.accept:
         try:
