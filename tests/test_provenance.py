@@ -259,6 +259,7 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
             assert gw.publish(project)[0] == 200
         assert signed_files(gw_dir, "pypi-attestations") == [REAL]
         assert signed_files(gw_dir, "gitlab-oidc-project") == [GITLAB]
+        assert "PEP 740 provenance pin; trusted publishers: none" in gw.log()
         assert signed_files(gw_dir, "plain") == ["plain-1.0-py3-none-any.whl"]  # no provenance, no pin: published
         # Bad input: each file left out with a clear reason; its project page signs without it.
         for project, words in (("badjson", "not a PEP 740 provenance object"), ("huge", "larger than"),

@@ -336,6 +336,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    print(f"  PEP 740 {provenance.policy_of(values).describe()}; Sigstore trust root {values['sigstore_trust_root']}"
+          f"{' (offline)' if values['sigstore_offline'] else ''}", flush=True)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))

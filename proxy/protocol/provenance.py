@@ -21,7 +21,7 @@ mode but ``off``.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,6 @@ MODES = ("off", "verify", "pin", "require")
 RULE_INVALID = "provenance-invalid"
 RULE_MISSING = "provenance-missing"
 RULE_CHANGED = "publisher-changed"
-RULES = (RULE_INVALID, RULE_MISSING, RULE_CHANGED)
 
 # PEP 740 publisher kinds and the spec prefixes that name them.
 _KINDS = {"github": "GitHub", "gitlab": "GitLab", "google": "Google"}
@@ -151,7 +150,8 @@ class ProvenancePolicy:
         """The publisher ``project``'s files must come from: the operator's, else the ledger's pin."""
         return (self.trusted or {}).get(project) or pinned
 
-    def describe(self, projects: Iterable[str] = ()) -> str:
+    def describe(self) -> str:
+        """One line for start-up: the mode, the publishers pinned up front, the per-project modes."""
         trusted = ", ".join(f"{p}={s}" for p, s in sorted((self.trusted or {}).items())) or "none"
         modes = ", ".join(f"{p}={m}" for p, m in self.project_modes) or "none"
         return f"provenance {self.mode}; trusted publishers: {trusted}; per project: {modes}"
