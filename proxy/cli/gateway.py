@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -35,8 +37,9 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher
-from proxy.gateway.service import Gateway
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
+from proxy.gateway.service import Gateway, rebuild_pins
+from proxy.protocol import index
 from proxy.protocol.access import AUTHENTICATED, Rules
 from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
@@ -225,7 +228,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
-    ledger = Ledger(ledger_dir(directory))
+    ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
     try:
         # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
         await asyncio.to_thread(repo.keys.check, ONLINE)
@@ -245,7 +248,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
 
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None, key_failed=key_failed, private=private)
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed, private=private,
+                          high_water=high_water_file(directory, values["cache_dir"]))
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -261,6 +265,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                                      publisher.add_targets)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"], provenance=gate)
+    presence = _hold_serving(directory)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
@@ -293,6 +298,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await runner.cleanup()
         await http.close()
         audit.close()
+        os.close(presence)
         if leader is not None:
             leader.close()
 
@@ -329,7 +335,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError("--workers: give 1 or more")
     _fail_closed(values)
     directory = Path(args.dir)
-    _open(directory)
+    try:
+        _open(directory).check()  # a damaged metadata file is named now, not met mid-publish
+    except RepositoryError as e:
+        raise CommandError(str(e)) from e
     logs.configure(values["log_level"], values["log_format"])
     try:
         atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
@@ -338,6 +347,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
     print(f"  PEP 740 {provenance.policy_of(values).describe()}; Sigstore trust root {values['sigstore_trust_root']}"
           f"{' (offline)' if values['sigstore_offline'] else ''}", flush=True)
+    _check_restore(directory, values["cache_dir"])
+    _check_ledger(directory)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
@@ -378,6 +389,43 @@ def _access(values: dict[str, Any], gateway: Gateway, audit: AuditLog, metrics: 
                             refusals_counter(metrics.registry)), tls
 
 
+def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
+    """The highest timestamp version published, kept with what is never restored from a backup."""
+    return state_dir(directory, cache_dir) / "run" / "high-water.json"
+
+
+def _check_restore(directory: Path, cache_dir: Path | None) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it."""
+    repo = _open(directory)
+    try:
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
+    except KeyUnavailable as e:
+        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
+                           f"online key cannot sign: {e}") from None
+    if restored is not None:
+        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
+                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
+                    restored[0], restored[1], repo.settings.bins)
+
+
+def _check_ledger(directory: Path) -> None:
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    ledger = Ledger(ledger_dir(directory))
+    existed = ledger.path.exists()
+    public = Path(directory) / "public"
+    published = [*signed_projects(public), *_open(directory).private_projects()]  # private ones are not listed
+    try:
+        rebuilt, projects = rebuild_pins(ledger, public, published)
+    except OSError as e:
+        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    if not existed:
+        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
+                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
+    elif rebuilt:
+        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
+                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
+
+
 def _cmd_ledger(args: argparse.Namespace) -> int:
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
     if args.json:
@@ -386,6 +434,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     for e in entries:
         if e["kind"] == "project":
             print(f"project {e['project']} from {e['index']}")
+        elif e["kind"] == "seen":
+            print(f"seen {e['project']} {e['filename']} cooldown from {e['counts_from'] or 'its upload-time'}")
         elif e["kind"] == "pin":
             size = "?" if e["size"] is None else e["size"]
             print(f"pin {e['project']} {e['filename']} sha256={e['hashes'].get('sha256', '?')} size={size} ({e['time']})")
@@ -408,29 +458,71 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def serving_lock(directory: Path) -> Path:
+    """Held (shared) by every running ``gateway serve`` of DIR: ``gateway revoke`` asks whether one runs."""
+    return ledger_dir(directory) / "serving.lock"
+
+
+def _hold_serving(directory: Path) -> int:
+    fd = os.open(serving_lock(directory), os.O_RDWR | os.O_CREAT, 0o640)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _gateway_running(directory: Path) -> bool:
+    try:
+        fd = os.open(serving_lock(directory), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _lists(page: index.ProjectPage | None, filename: str | None) -> bool:
+    return page is not None and (filename is None or any(f.filename == filename for f in page.files))
+
+
 def _cmd_revoke(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     repo = Repository.open(directory)
     project = canonicalize_name(args.project)
+    what = f"{project} {args.filename or '(whole project)'}"
     ledger = Ledger(ledger_dir(directory))
+    before = repo.load_metadata("timestamp").signed.version
+    running = _gateway_running(directory)
     ledger.append([{"kind": "revoke", "project": project, "filename": args.filename, "reason": args.reason}])
-    page = repo.current_page(project)
-    if page is not None and args.filename is not None:
-        page = type(page)(name=page.name, files=tuple(f for f in page.files if f.filename != args.filename),
-                          versions=page.versions, api_version=page.api_version)
-    start = time.monotonic()
-    report = repo.publish_pages({project: None if args.filename is None else page} if page is not None else {})
     audit = AuditLog(args.audit_log)
     try:
         audit.refused(reason="revoked", target=f"packages/{project}/{args.filename}" if args.filename else f"simple/{project}/",
                       detail=args.reason or "revoked by the operator")
     finally:
         audit.close()
-    versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
-    took = time.monotonic() - start
-    outcome = f"published {versions} in {took:.2f}s" if versions else "was not published; kept out from now on"
-    print(f"revoked {project} {args.filename or '(whole project)'}: {outcome}")
-    return 0
+    start = time.monotonic()
+    page = repo.current_page(project)
+    if not _lists(page, args.filename):
+        print(f"revoked {what}: was not published; kept out from now on")
+        return 0
+    if not running:
+        if page is not None and args.filename is not None:
+            page = dataclasses.replace(page, files=tuple(f for f in page.files if f.filename != args.filename))
+        report = repo.publish_pages({project: None if args.filename is None else page})
+        versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
+        print(f"revoked {what}: published {versions} in {time.monotonic() - start:.2f}s (no gateway is running)")
+        return 0
+    # The running gateway signs it: confirmed only by a timestamp of its own that no longer lists the file.
+    while time.monotonic() - start < args.wait:
+        time.sleep(0.2)
+        version = repo.load_metadata("timestamp").signed.version
+        if version > before and not _lists(repo.current_page(project), args.filename):
+            print(f"revoked {what}: published by the running gateway in timestamp v{version}, {time.monotonic() - start:.2f}s")
+            return 0
+    raise CommandError(f"recorded the revocation of {what} in {ledger.path}, but the running gateway did not publish "
+                       f"a timestamp without it within {args.wait:g}s: it has not applied it; see its log")
 
 
 def _cmd_provenance(args: argparse.Namespace) -> int:
@@ -539,14 +631,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "revoke",
         help="remove a project or one file from the signed tree now, and keep it out",
-        description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
-        "later refreshes keep it out, and write an audit record. Works beside a running gateway.",
+        description="Record the revocation of PROJECT (or only FILENAME) in the ledger so later refreshes keep it "
+        "out, write an audit record, and unpublish it in one publish: by the running gateway if one runs (confirmed "
+        "once a timestamp it signed no longer lists it), else here.",
     )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("project", metavar="PROJECT")
     p.add_argument("filename", metavar="FILENAME", nargs="?")
     p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.add_argument("--wait", type=_positive_float, default=30.0, metavar="SECONDS",
+                   help="with a gateway running, how long to wait for it to publish a timestamp without the file "
+                   "(default: 30); exit 2 if it does not")
     p.set_defaults(func=_guarded(_cmd_revoke))
 
     p = sub.add_parser(

@@ -206,6 +206,8 @@ class GatewayApp:
         self.metrics.timestamp_version.set(publisher.timestamp_version)
         self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
         self.metrics.projects.set(len(publisher.published))
+        for structure, size in self.gateway.usage_sizes().items():
+            self.metrics.usage_entries.labels(structure).set(size)
 
 
 _OPEN = frozenset(("healthz", "readyz"))

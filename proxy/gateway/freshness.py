@@ -1,6 +1,7 @@
 """Keeping the signed tree fresh: page refreshes, timestamp re-signing, old metadata removal.
 
-Every ``tick`` seconds the gateway re-fetches the published projects whose
+Every ``tick`` seconds the gateway first applies revocations recorded
+since the last tick (:meth:`Gateway.apply_revocations`), then re-fetches the published projects whose
 page is older than ``page_ttl``, most recently used first, at most
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
@@ -48,6 +49,10 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
             await asyncio.sleep(tick)
             continue
         gateway.publisher.reload()
+        try:
+            await gateway.apply_revocations()
+        except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
+            log.error("applying revocations failed: %s", e)
         now = time.monotonic()
         # What was signed before we led is due now; what another worker signs since was fetched just now.
         if seen is None:

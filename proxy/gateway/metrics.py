@@ -65,6 +65,13 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.usage_entries = Gauge(
+            "tufproxy_gateway_usage_entries",
+            "Entries kept per project name, by structure (used, fetched, absent; each bounded, oldest evicted)",
+            ["structure"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
         self.bucket = BucketMetrics(r)  # the push to --store
 

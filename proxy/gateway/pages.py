@@ -1,7 +1,9 @@
 """From an index's listing to the page the gateway signs.
 
 :func:`render` is the one place that decides what a project's signed page
-says.  In order: the policy (:mod:`proxy.gateway.policy`) leaves out the
+says.  In order: each file listed for the first time gets the time its
+cooldown counts from (:meth:`Policy.counts_from`, remembered in the
+ledger); the policy (:mod:`proxy.gateway.policy`) leaves out the
 files uploaded after its cut-off at the time given, and the PEP 700
 versions it left with no file; revoked files leave; pinned files keep
 their pinned hashes and size (so a listed file whose contents differ from
@@ -41,6 +43,7 @@ class Rendered:
     page: index.ProjectPage
     trimmed: Trimmed
     new_pins: list[Pin] = field(default_factory=list)
+    new_seen: dict[str, datetime | None] = field(default_factory=dict)  # files listed for the first time
     changed: list[Changed] = field(default_factory=list)
 
 
@@ -48,12 +51,30 @@ def _accepted(hashes: dict[str, str]) -> dict[str, str]:
     return {a: v for a, v in hashes.items() if a in ACCEPTED}
 
 
+def _first_sight(listing: Listing, ledger: Ledger, policy: Policy,
+                 now: datetime) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
+    """When each listed file's cooldown counts from, and which of them are listed for the first time."""
+    listed_before = ledger.listed(listing.project)
+    counted: dict[str, datetime | None] = {}
+    new: dict[str, datetime | None] = {}
+    for dist in listing.page.files:
+        key = (listing.project, dist.filename)
+        if key in ledger.seen:
+            counted[dist.filename] = ledger.seen[key]
+        elif key in ledger.pins:
+            counted[dist.filename] = None  # pinned before first sights were recorded: as it was published
+        else:
+            counted[dist.filename] = new[dist.filename] = policy.counts_from(dist.upload_time, now, listed_before)
+    return counted, new
+
+
 def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> Rendered:
     """The page to sign for ``listing`` at ``now``; see the module docstring."""
-    trimmed = policy.apply(listing.page, now)
-    listing = dataclasses.replace(listing, page=trimmed.page)
     project = listing.project
-    out = Rendered(page=index.ProjectPage(name=project, files=()), trimmed=trimmed)
+    counted, new_seen = _first_sight(listing, ledger, policy, now)
+    trimmed = policy.apply(listing.page, now, counted)
+    listing = dataclasses.replace(listing, page=trimmed.page)
+    out = Rendered(page=index.ProjectPage(name=project, files=()), trimmed=trimmed, new_seen=new_seen)
     files: list[index.DistFile] = []
     for dist in listing.page.files:
         if ledger.is_revoked(project, dist.filename):
@@ -67,6 +88,8 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime) -> R
         elif pin.differs_from(hashes, dist.size):
             # The pinned entry stays signed; the index's new contents never are.
             out.changed.append(Changed(pin, hashes, dist.size))
+        elif not pin.url:  # rebuilt from the signed page: the same contents, now with the index's URL
+            out.new_pins.append(dataclasses.replace(pin, url=dist.url, index=listing.index_url))
         files.append(dataclasses.replace(
             dist,
             url=(href := page_file_href(project, dist.filename)),

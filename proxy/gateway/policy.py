@@ -9,7 +9,10 @@ Owns four decisions, all pure (no I/O; the time is passed in):
   ``--uploaded-prior-to`` takes ``P<n>D``).  A day is 24 hours; months and
   years have no fixed length and are refused, as uv refuses them.  A file
   is kept only if it was uploaded strictly before the cut-off (uv drops a
-  file uploaded at its ``exclude-newer`` time itself).
+  file uploaded at its ``exclude-newer`` time itself).  The index's
+  ``upload-time`` is only a claim: with ``first_seen_cooldown`` a file
+  counts as uploaded no earlier than this gateway first saw it
+  (:meth:`Policy.counts_from`), so an index cannot make a new file look old.
 * **Project rules**: allow and deny globs on PEP 503-normalised names.
 * **Several indexes, first match wins** (uv's ``first-index``), with names
   claimed private that only the first index may ever supply, and the
@@ -54,13 +57,15 @@ RULE_MIN_RELEASE_AGE = "min-release-age"
 RULE_UPLOADED_BEFORE = "uploaded-before"
 RULE_PROJECT_AGE = "project-age"
 RULE_MISSING_UPLOAD_TIME = "missing-upload-time"
+RULE_FIRST_SEEN = "first-seen"  # old enough by the index's claim, not since this gateway first saw it
 RULE_DENY = "deny-project"
 RULE_ALLOW = "allow-project"
 RULE_PRIVATE = "private-project"
 RULE_FIRST_INDEX = "first-index"
 
 # The rules that hide files from a page (the hidden-files metric's label values).
-FILE_RULES = (RULE_MIN_RELEASE_AGE, RULE_UPLOADED_BEFORE, RULE_PROJECT_AGE, RULE_MISSING_UPLOAD_TIME)
+FILE_RULES = (RULE_MIN_RELEASE_AGE, RULE_UPLOADED_BEFORE, RULE_PROJECT_AGE, RULE_MISSING_UPLOAD_TIME, RULE_FIRST_SEEN)
+FIRST_SEEN_MODES = ("yes", "no", "all")
 
 DENIED = "denied by policy"
 # An age beyond this is a typo, and "now - age" must stay a valid datetime.
@@ -325,6 +330,14 @@ def parse_missing_upload_time(value: Any) -> str:
     return str(value)
 
 
+def parse_first_seen_cooldown(value: Any) -> str:
+    word = str(value).strip().lower() if isinstance(value, (str, bool)) else value
+    word = {"true": "yes", "false": "no"}.get(str(word), word)
+    if word not in FIRST_SEEN_MODES:
+        raise PolicyError(f"{value!r} is not yes, no or all")
+    return str(word)
+
+
 def _first_match(name: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
 
@@ -431,6 +444,7 @@ class Policy:
     project_age: Mapping[str, timedelta] = field(default_factory=dict)
     cooldown_exempt: tuple[str, ...] = ()
     missing_upload_time: str = "exclude"
+    first_seen_cooldown: str = "yes"
     allow_project: tuple[str, ...] = ()
     deny_project: tuple[str, ...] = ()
     private_project: tuple[str, ...] = ()
@@ -513,9 +527,26 @@ class Policy:
             candidates.append(Cutoff(self.uploaded_before, RULE_UPLOADED_BEFORE))
         return min(candidates, key=lambda c: c.when, default=None)
 
-    def apply(self, page: ProjectPage, now: datetime) -> Trimmed:
+    def counts_from(self, upload_time: str | None, seen: datetime, listed_before: bool) -> datetime | None:
+        """When a file first seen at ``seen`` counts as uploaded, fixed at that first sight.
+
+        The later of the index's claimed ``upload_time`` and ``seen`` for a
+        file absent from the project's earlier listings (``listed_before``),
+        and with ``first_seen_cooldown = all`` for a project's first listing
+        too; otherwise (``no``, or a project this gateway never listed) the
+        claim alone, the index's word.  None: no claim to go by.
+        """
+        claim = _upload_time(upload_time)
+        if self.first_seen_cooldown == "no" or (self.first_seen_cooldown == "yes" and not listed_before):
+            return claim
+        return seen if claim is None else max(claim, seen)
+
+    def apply(self, page: ProjectPage, now: datetime, counted: Mapping[str, datetime | None] | None = None) -> Trimmed:
         """The page with too-new files left out and PEP 700 ``versions`` to match.
 
+        ``counted`` is what :meth:`counts_from` fixed at each file's first
+        sight: a file counts as uploaded at the later of that and its claimed
+        upload-time now (a claim moved back later changes nothing).
         A version drops out of ``versions`` when the policy hid every file of
         it; versions the index lists with no file at all are left alone.
         The page is returned unchanged (the same object) when nothing is hidden.
@@ -523,9 +554,14 @@ class Policy:
         cut = self.cutoff(page.name, now)
         if cut is None:
             return Trimmed(page)
+        counted = counted or {}
         kept, hidden = [], []
         for dist in page.files:
-            uploaded = _upload_time(dist.upload_time)
+            claim = _upload_time(dist.upload_time)
+            first = counted.get(dist.filename)
+            uploaded = max(claim, first) if claim is not None and first is not None else claim
+            if uploaded is None and first is not None and self.missing_upload_time == "include":
+                uploaded = first
             if uploaded is None:
                 if self.missing_upload_time == "include":
                     kept.append(dist)
@@ -534,7 +570,8 @@ class Policy:
             elif uploaded < cut.when:
                 kept.append(dist)
             else:
-                hidden.append(Hidden(dist.filename, cut.rule, dist.upload_time))
+                rule = RULE_FIRST_SEEN if claim is not None and claim < cut.when else cut.rule
+                hidden.append(Hidden(dist.filename, rule, dist.upload_time))
         if not hidden:
             return Trimmed(page, cutoff=cut)
         remaining = {_file_version(d.filename) for d in kept}
@@ -552,6 +589,7 @@ class Policy:
             "project_age": {name: iso_age(age) for name, age in sorted(self.project_age.items())},
             "cooldown_exempt": list(self.cooldown_exempt),
             "missing_upload_time": self.missing_upload_time,
+            "first_seen_cooldown": self.first_seen_cooldown,
             "allow_project": list(self.allow_project),
             "deny_project": list(self.deny_project),
             "private_project": list(self.private_project),
@@ -575,6 +613,7 @@ class Policy:
             f"project-age: {ages or 'none'}",
             f"cooldown-exempt: {listed(self.cooldown_exempt)}",
             f"missing-upload-time: {self.missing_upload_time}",
+            f"first-seen-cooldown: {self.first_seen_cooldown} ({FIRST_SEEN_TRUST[self.first_seen_cooldown]})",
             f"allow-project: {listed(self.allow_project, 'all projects')}",
             f"deny-project: {listed(self.deny_project)}",
             f"private-project (first index only): {listed(self.private_project)}",
@@ -582,6 +621,14 @@ class Policy:
 
 
 # ---------------------------------------------------------------- settings
+
+# What each --first-seen-cooldown trusts, for the start-up description and `tufproxy gateway policy`.
+FIRST_SEEN_TRUST = {
+    "yes": "a file new to a project this gateway listed before counts from when it was first seen here, "
+           "whatever upload-time the index claims; a project's first listing is taken at the index's word",
+    "no": "the index's upload-time alone, as first claimed",
+    "all": "every file counts from when this gateway first saw it, a project's first listing included",
+}
 
 POLICY_OPTIONS: tuple[Option, ...] = (
     Option("min_release_age", "leave out files uploaded less than AGE ago (400d, '7 days', '24 hours', P7D, PT36H; "
@@ -595,6 +642,9 @@ POLICY_OPTIONS: tuple[Option, ...] = (
            [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("missing_upload_time", "a file with no upload-time under a cooldown: exclude (as uv does) or include",
            "exclude", parse_missing_upload_time, metavar="exclude|include"),
+    Option("first_seen_cooldown", "measure a file's age from the later of its claimed upload-time and when this "
+           "gateway first saw it: yes (files new to a project listed before), all (a project's first listing too) "
+           "or no (the index's claim alone)", "yes", parse_first_seen_cooldown, metavar="yes|no|all"),
     Option("allow_project", "publish only projects matching one of these globs; repeatable (default: all)",
            [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("deny_project", "never publish projects matching these globs (404 'denied by policy'); "

@@ -29,12 +29,20 @@ that error (the app answers 503), the last signed tree stays served, and the
 key is not asked again until a back-off (1 s doubling to 30 s) has passed:
 meanwhile new batches fail at once and a probe signature retries in the
 background, so a token put back is used again without a restart.
+
+The highest timestamp version ever published is also kept in a small
+high-water file outside the state an operator restores (``run/``).  A
+directory whose timestamp is below it was restored from an older copy:
+:func:`resign_after_restore` then re-signs every online role, every bin
+included, at versions above anything published, so edges that trust a
+bin signed after the backup never see the restored one as a rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -43,12 +51,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tuf.api.metadata import Metadata
-
 from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
+from proxy.util.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +71,11 @@ class Publisher:
                  observe: Callable[[int, float], None] | None = None,
                  after: Callable[[], Awaitable[object]] | None = None,
                  key_failed: Callable[[KeyUnavailable], None] | None = None,
-                 private: Callable[[str], bool] | None = None) -> None:
+                 private: Callable[[str], bool] | None = None, high_water: Path | None = None) -> None:
         self.repo = repo
         self.private = private  # which projects to mark private in the signed metadata
+        self.high_water = high_water  # where the highest timestamp version published is kept
+        self._resign_all = False  # the next re-sign covers every online role (after a restore)
         self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
         # Why the online key cannot sign now (None: it can), and when it is next tried.
         self.signing_error: KeyUnavailable | None = None
@@ -101,17 +110,20 @@ class Publisher:
             self.published = published
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+            restored = version < self.timestamp_version and not self._resign_all
+        if restored:  # the directory was replaced under us by an older copy
+            log.warning("%s was restored from an older copy while serving (timestamp v%d, below v%d published "
+                        "before): re-signing every online role, every bin included, above anything published",
+                        self.repo.metadata_dir, version, self.timestamp_version)
+            self._resign_all = True
+            task = asyncio.get_running_loop().create_task(self.resign())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is logged by _run
 
     def _read_published(self) -> list[str]:
-        path = self.repo.public_dir / "simple" / "index.json"
-        try:
-            public = list(index.parse_project_list_json(path.read_bytes()).projects)
-        except (OSError, index.IndexParseError):
-            return []
-        return [*public, *self.repo.private_projects()]
+        return [*signed_projects(self.repo.public_dir), *self.repo.private_projects()]
 
     def _read_timestamp(self) -> tuple[int, float]:
-        md = Metadata.from_bytes((self.repo.metadata_dir / "timestamp.json").read_bytes())
+        md = self.repo.load_metadata("timestamp")
         return md.signed.version, md.signed.expires.timestamp()
 
     def start(self) -> None:
@@ -238,14 +250,61 @@ class Publisher:
             report = self.repo.publish_pages(pages, private=self.private, targets=targets)
             changed = len(report.added) + len(report.removed)
         if resign:
-            self.repo.refresh()
+            self.repo.refresh(force=self._resign_all)
+            self._resign_all = False
         version, expires = self._read_timestamp()
         with self._view:
             for project, page in pages.items():
                 (self.published.add if page is not None else self.published.discard)(project)
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+        if self.high_water is not None:
+            record_high_water(self.high_water, version)
         return changed
+
+
+def read_high_water(path: Path) -> int:
+    """The highest timestamp version recorded at ``path`` (0: none)."""
+    try:
+        return int(json.loads(path.read_bytes())["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def record_high_water(path: Path, version: int) -> None:
+    """Raise the high-water mark at ``path`` to ``version`` (never lowers it)."""
+    if version > read_high_water(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"timestamp": version}).encode() + b"\n", durable=False)
+
+
+def resign_after_restore(repo: Repository, high_water: Path) -> tuple[int, int] | None:
+    """If ``repo``'s timestamp is below the high-water mark (a restore from an older copy), re-sign every
+    online role, every bin included, above anything published; (restored version, high-water) if it did."""
+    current = repo.load_metadata("timestamp").signed.version
+    mark = read_high_water(high_water)
+    if current >= mark:
+        record_high_water(high_water, current)
+        return None
+    report = repo.refresh(force=True)
+    record_high_water(high_water, report.signed.get("timestamp", current))
+    return current, mark
+
+
+def signed_projects(public_dir: Path) -> list[str]:
+    """The projects the signed root list names."""
+    try:
+        return list(index.parse_project_list_json((public_dir / "simple" / "index.json").read_bytes()).projects)
+    except (OSError, index.IndexParseError):
+        return []
+
+
+def signed_page(public_dir: Path, project: str) -> index.ProjectPage | None:
+    """``project``'s signed page as published (its plain ``index.json``), or None."""
+    try:
+        return index.parse_project_json((public_dir / "simple" / project / "index.json").read_bytes(), project)
+    except (OSError, index.IndexParseError):
+        return None
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -25,8 +25,11 @@ import dataclasses
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -37,7 +40,7 @@ from proxy.gateway.pages import Rendered, render
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.provenance import ProvenanceGate
-from proxy.gateway.publisher import Publisher
+from proxy.gateway.publisher import Publisher, signed_page
 from proxy.protocol import index
 from proxy.protocol.access import not_listed
 from proxy.protocol.errors import Fault
@@ -46,9 +49,40 @@ from proxy.util.locks import FetchLocks
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
-MAX_ABSENT = 100_000
+# Bounds on what the gateway remembers per project name (oldest evicted first): names come from
+# unauthenticated requests, so every structure keyed by them is bounded (tufproxy_gateway_usage_entries).
+MAX_ABSENT = 10_000
+MAX_TRACKED = 100_000
 # Past this, a worker stops waiting for another's publish of the same project and fetches it too.
 PUBLISH_LOCK_WAIT = 60.0
+
+
+class Recent(OrderedDict[str, float]):
+    """Name -> monotonic time, most recent last, at most ``limit`` entries (the oldest is evicted)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+
+def rebuild_pins(ledger: Ledger, public_dir: Path, projects: Iterable[str]) -> tuple[int, int]:
+    """Append the pins the signed pages of ``projects`` list and the ledger lacks; (pins, projects)."""
+    records: list[dict[str, Any]] = []
+    touched = 0
+    for project in projects:
+        signed = signed_page(public_dir, project)
+        missing = ledger.missing_pins(project, signed) if signed is not None else []
+        if missing:
+            touched += 1
+            records += ledger.pin_records(missing)
+    ledger.append(records)
+    return len(records), touched
 
 
 class NotListed(Exception):
@@ -79,18 +113,25 @@ class Gateway:
         self.policy = policy
         self.provenance = provenance
         self._inflight: dict[str, asyncio.Future[Published]] = {}
-        # Projects by last use (most recent last) and when each page was last fetched (monotonic).
-        self.used: OrderedDict[str, float] = OrderedDict()
-        self.fetched: dict[str, float] = {}
+        # Published projects by last use, and when each page was last fetched (monotonic).
+        self.used = Recent(MAX_TRACKED)
+        self.fetched = Recent(MAX_TRACKED)
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
-        self._absent: OrderedDict[str, float] = OrderedDict()
+        self._absent = Recent(MAX_ABSENT)
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
+        # Revocations this process has applied (those recorded before it started were signed by the command).
+        self._revocations = set(ledger.revoked)
         self.prefetcher = Prefetcher(self._fetch_bytes, self._prefetch, prefetch_depth, prefetch_max,
                                      lambda outcome: metrics.prefetches.labels(outcome).inc())
 
     def touch(self, project: str) -> None:
-        self.used[project] = time.monotonic()
-        self.used.move_to_end(project)
+        """Record a use of a published project (the refresh order); any other name is not recorded."""
+        if project in self.publisher.published:
+            self.used[project] = time.monotonic()
+
+    def usage_sizes(self) -> dict[str, int]:
+        """Entries of each per-name structure (the ``tufproxy_gateway_usage_entries`` gauge)."""
+        return {"used": len(self.used), "fetched": len(self.fetched), "absent": len(self._absent)}
 
     async def ensure(self, name: str, prefetch: tuple[int, Budget] | None = None) -> Published:
         """Publish ``name`` if it is not yet; the timestamp version carrying it. NotListed or PageRefused otherwise.
@@ -105,10 +146,10 @@ class Gateway:
         if refusal is not None:
             self._refused_by_policy(project, refusal)
             raise NotListed(refusal.message)
-        self.touch(project)
         if project not in self.publisher.published:
             self.publisher.reload()  # another worker may have signed it
         if project in self.publisher.published:
+            self.touch(project)
             return Published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
             raise NotListed(not_listed(project))
@@ -141,9 +182,6 @@ class Gateway:
                 self._refused_by_policy(project, listing)
             if listing.kind is RefusalKind.NOT_FOUND:
                 self._absent[project] = time.monotonic()
-                self._absent.move_to_end(project)
-                if len(self._absent) > MAX_ABSENT:
-                    self._absent.popitem(last=False)
             raise NotListed(listing.message)
         rendered = self.accept(listing)
         depth, budget = prefetch or (self.prefetcher.depth, self.prefetcher.new_budget())
@@ -152,6 +190,7 @@ class Gateway:
         self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
             f for f in listing.page.files if f.filename in kept)), depth, budget)
         version = await self.publisher.publish({project: rendered.page})
+        self.touch(project)
         return Published(project, version)
 
     async def _prefetch(self, name: str, depth: int, budget: Budget) -> None:
@@ -179,7 +218,8 @@ class Gateway:
             raise
         if isinstance(listing, Listing) and self.provenance is not None:
             listing = await self.provenance.screen(listing)  # PEP 740: files left out before render and signing
-        self.fetched[project] = time.monotonic()
+        if isinstance(listing, Listing) or project in self.publisher.published:
+            self.fetched[project] = time.monotonic()
         self.metrics.pages_fetched.labels("ok" if isinstance(listing, Listing) else "not-found").inc()
         return listing
 
@@ -202,9 +242,13 @@ class Gateway:
 
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
+        rebuilt, _ = rebuild_pins(self.ledger, self.publisher.repo.public_dir, [listing.project])
+        if rebuilt:
+            log.warning("ledger %s lacked %d pin(s) of %s that its signed page lists: rebuilt them from the signed page",
+                        self.ledger.path, rebuilt, listing.project)
         rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
         self._record_trimmed(listing.project, rendered.trimmed)
-        records = self.ledger.pin_records(rendered.new_pins)
+        records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
         if listing.project not in self.ledger.project_index:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
         self.ledger.append(records)
@@ -218,6 +262,29 @@ class Gateway:
             self.metrics.refusals.labels(reason).inc()
             self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}", upstream_url=listing.index_url)
         return rendered
+
+    async def apply_revocations(self) -> int:
+        """Unpublish what revocations recorded since the last call name, in one publish; one log line each.
+
+        ``tufproxy gateway revoke`` beside a running gateway records the
+        revocation and waits for the timestamp this publishes.
+        """
+        self.ledger.reload()
+        new = sorted(self.ledger.revoked - self._revocations, key=lambda r: (r[0], r[1] or ""))
+        if not new:
+            return 0
+        pages: dict[str, index.ProjectPage | None] = {}
+        for project, _ in new:
+            if project not in self.publisher.published or project in pages:
+                continue
+            signed = None if self.ledger.is_revoked(project) else signed_page(self.publisher.repo.public_dir, project)
+            pages[project] = signed and dataclasses.replace(
+                signed, files=tuple(f for f in signed.files if not self.ledger.is_revoked(project, f.filename)))
+        version = await self.publisher.publish(pages) if pages else self.publisher.timestamp_version
+        self._revocations |= set(new)
+        for project, filename in new:
+            log.info("revocation applied: %s %s (timestamp v%d)", project, filename or "(whole project)", version)
+        return len(new)
 
     async def refresh(self, projects: list[str]) -> int:
         """Re-fetch ``projects`` and publish them in one batch (the signer skips unchanged pages)."""

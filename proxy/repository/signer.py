@@ -55,6 +55,7 @@ from tuf.api.metadata import (
     Targets,
     Timestamp,
 )
+from tuf.api.serialization import DeserializationError
 from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
@@ -471,14 +472,34 @@ class Repository:
 
     # -- reading -------------------------------------------------------
     def _load(self, role: str, version: int | None = None) -> Metadata:
-        name = metadata_filename(role, None if role == "timestamp" else version)
+        return self._parse(metadata_filename(role, None if role == "timestamp" else version))
+
+    def _parse(self, name: str) -> Metadata:
+        path = self.metadata_dir / name
         try:
-            return Metadata.from_bytes((self.metadata_dir / name).read_bytes())
+            return Metadata.from_bytes(path.read_bytes())
         except FileNotFoundError:
             raise RepositoryError(f"metadata file {name} is missing from {self.metadata_dir}") from None
+        except DeserializationError as e:
+            raise RepositoryError(f"metadata file {path} is damaged ({e}): restore it from a backup") from None
+
+    def load_metadata(self, role: str, version: int | None = None) -> Metadata:
+        """A role's current metadata (``version`` for versioned names); RepositoryError naming a file
+        that is missing or damaged."""
+        return self._load(role, version)
+
+    def check(self) -> int:
+        """Parse every metadata file the current timestamp reaches; how many.  RepositoryError
+        names the first one missing or damaged."""
+        timestamp = self._load("timestamp")
+        snapshot = self._load("snapshot", timestamp.signed.snapshot_meta.version)
+        self._load("root", self.root_version())
+        for name, meta in snapshot.signed.meta.items():
+            self._load(name.removesuffix(".json"), meta.version)
+        return 3 + len(snapshot.signed.meta)
 
     def root_version(self) -> int:
-        return Metadata.from_bytes((self.metadata_dir / "root.json").read_bytes()).signed.version
+        return self._parse("root.json").signed.version
 
     def _signers_for(self, role: str, online: Signer | None = None) -> list[Signer]:
         if role in ("timestamp", "snapshot") or _is_bin(role):

@@ -60,6 +60,8 @@ DRAIN_SECONDS = 25.0
 MAX_METADATA_SLOTS = 64
 _SLOT_LOCK_WAIT = 30.0
 BACKLOG = 1024
+# While failing closed (no usable trusted state) the background refresher retries at least this often.
+FAILING_CLOSED_BACKOFF = 4.0
 
 
 @dataclass
@@ -272,11 +274,6 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         ),
     )
     opened.callback(trust.close)
-    try:
-        await trust.refresh()
-    except TrustError as e:
-        # Keep starting: requests will retry the refresh and fail closed until it works.
-        log.warning("initial metadata refresh failed: %s", e)
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
     on_miss = (
         MissProtocol(gateway, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
@@ -312,6 +309,12 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         guard,
         config.allow_anonymous_private,
     )
+    trust.on_refused = proxy.resolver.refusals.refresh_refused
+    try:
+        await trust.refresh()
+    except TrustError as e:
+        # Keep starting: requests will retry the refresh and fail closed until it works.
+        log.warning("initial metadata refresh failed: %s", e)
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
@@ -371,11 +374,13 @@ async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -
     """Refresh in the background, so requests find fresh metadata instead of waiting for it.
 
     Nothing a refresh raises ends this loop: a failure is logged and counted, and
-    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    retried after 1 s, doubling up to ``interval`` (up to ``FAILING_CLOSED_BACKOFF``
+    while there is no usable trusted state), until a refresh succeeds.
     """
     failures = 0
     while True:
-        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
+        cap = min(interval, FAILING_CLOSED_BACKOFF) if trust.failing_closed else interval
+        await asyncio.sleep(interval if failures == 0 else min(cap, 2.0 ** (failures - 1)))
         try:
             await trust.refresh(force=failures > 0)
             failures = 0
