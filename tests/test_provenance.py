@@ -129,6 +129,15 @@ def test_real_bundles_verify_and_variants_do_not(offline_trust: SigstoreTrust, t
     # Production bundles do not verify against the staging trust root (which ships with sigstore-python too).
     staging = SigstoreTrust("staging", offline=True)
     assert staging.verify(real_provenance(), REAL, real_sha).state == "invalid"
+    # The real staging bundle (signed by an e-mail login, no PEP 740 publisher kind): the staging root accepts its
+    # chain and only the publisher policy refuses it; the production root refuses the chain itself.
+    attestation = json.loads((ASSETS / "rfc8785-0.1.2-py3-none-any.whl.publish.attestation").read_bytes())
+    wheel = "rfc8785-0.1.2-py3-none-any.whl"
+    as_google = json.dumps({"version": 1, "attestation_bundles": [{"publisher": {"kind": "Google", "email": "william@yossarian.net"},
+                                                                   "attestations": [attestation]}]}).encode()
+    wheel_sha = hashlib.sha256((ASSETS / wheel).read_bytes()).hexdigest()
+    assert "OIDCIssuer does not match" in staging.verify(as_google, wheel, wheel_sha).detail
+    assert "certificate chain" in offline_trust.verify(as_google, wheel, wheel_sha).detail
     # A FILE trust root: the shipped production root, given as a file, verifies; the staging one does not.
     from sigstore._utils import read_embedded
 
