@@ -37,7 +37,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.protocol import index
 from proxy.protocol.access import AUTHENTICATED, Rules
@@ -177,6 +177,10 @@ async def _pusher(values: dict, directory: Path, public: Path,
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None)
+        # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
+        published = await bucket.read("metadata/timestamp.json")
+        if published is not None:
+            await asyncio.to_thread(_check_restore, directory, cache, timestamp_version(published))
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
@@ -355,6 +359,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
+    """The highest timestamp version published, kept with what is never restored from a backup."""
+    return state_dir(directory, cache_dir) / "run" / "high-water.json"
+
+
+def _check_restore(directory: Path, cache_dir: Path | None, remembered: int = 0) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it.
+    ``remembered``: a timestamp version published elsewhere (the bucket's copy)."""
+    repo = _open(directory)
+    try:
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir), remembered)
+    except KeyUnavailable as e:
+        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
+                           f"online key cannot sign: {e}") from None
+    if restored is not None:
+        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
+                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
+                    restored[0], restored[1], repo.settings.bins)
+
+
+def _check_ledger(directory: Path) -> None:
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    ledger = Ledger(ledger_dir(directory))
+    existed = ledger.path.exists()
+    public = Path(directory) / "public"
+    published = [*signed_projects(public), *_open(directory).private_projects()]
+    try:
+        rebuilt, projects = rebuild_pins(ledger, public, published)
+    except OSError as e:
+        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    if not existed:
+        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
+                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
+    elif rebuilt:
+        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
+                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
+
+
 def _private_indexes(values: dict[str, Any]) -> tuple[str, ...]:
     """The --index-url entries that need credentials (in the URL or netrc), without them: their projects are private."""
     auth = OriginAuth()
@@ -387,43 +429,6 @@ def _access(values: dict[str, Any], gateway: Gateway, audit: AuditLog, metrics: 
     any_private = bool(gateway.policy.private_project) or bool(_private_indexes(values))
     return AccessMiddleware(guard, gateway_resource(private, any_private), audit,
                             refusals_counter(metrics.registry)), tls
-
-
-def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
-    """The highest timestamp version published, kept with what is never restored from a backup."""
-    return state_dir(directory, cache_dir) / "run" / "high-water.json"
-
-
-def _check_restore(directory: Path, cache_dir: Path | None) -> None:
-    """A directory older than what this gateway published (a restore): re-sign every online role above it."""
-    repo = _open(directory)
-    try:
-        restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
-    except KeyUnavailable as e:
-        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
-                           f"online key cannot sign: {e}") from None
-    if restored is not None:
-        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
-                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
-                    restored[0], restored[1], repo.settings.bins)
-
-
-def _check_ledger(directory: Path) -> None:
-    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
-    ledger = Ledger(ledger_dir(directory))
-    existed = ledger.path.exists()
-    public = Path(directory) / "public"
-    published = [*signed_projects(public), *_open(directory).private_projects()]  # private ones are not listed
-    try:
-        rebuilt, projects = rebuild_pins(ledger, public, published)
-    except OSError as e:
-        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
-    if not existed:
-        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
-                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
-    elif rebuilt:
-        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
-                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
