@@ -31,6 +31,7 @@ from proxy.cli import advisories
 from proxy.cli import ceremony as ceremony_cli
 from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.cli.up import add_up
+from proxy.gateway import provenance
 from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp, gateway_resource
 from proxy.gateway.feeds import Feeds
@@ -49,6 +50,7 @@ from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
 from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import url_list as _url_list
+from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
 from proxy.repository import Repository, RepositoryError
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
@@ -65,6 +67,7 @@ from proxy.transport.credentials import OriginAuth, strip_credentials
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.tls import ServerTLS, TLSConfigError, server_tls
 from proxy.trust.fetch import Pace
+from proxy.trust.provenance import SigstoreTrust
 from proxy.util import logs
 from proxy.util.atomic import atomic_write
 from proxy.util.locks import FetchLocks, Leadership
@@ -135,6 +138,7 @@ OPTIONS: tuple[Option, ...] = (
            metavar="PATTERN=WHO"),
     Option("tls_client_ca", "ask every client (edges) for a certificate signed by this CA (mTLS); needs --tls-cert",
            None, Path, metavar="FILE"),
+    *provenance.OPTIONS,
 )
 
 SERVE_HELP = """\
@@ -282,9 +286,16 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
+    trust = SigstoreTrust(values["sigstore_trust_root"], values["sigstore_offline"])
+    try:
+        trust.prepare(ledger_dir(directory) / "sigstore")
+    except OSError as e:
+        raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
+    gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust,
+                                     publisher.add_targets)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
-                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))), provenance=gate)
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
@@ -404,6 +415,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    print(f"  PEP 740 {provenance.policy_of(values).describe()}; Sigstore trust root {values['sigstore_trust_root']}"
+          f"{' (offline)' if values['sigstore_offline'] else ''}", flush=True)
     _check_restore(directory, values["cache_dir"])
     _check_ledger(directory)
     problem = asyncio.run(_files_origin_problem(values))
@@ -587,6 +600,42 @@ def _cmd_revoke(args: argparse.Namespace) -> int:
                        f"a timestamp without it within {args.wait:g}s: it has not applied it; see its log")
 
 
+def _cmd_provenance(args: argparse.Namespace) -> int:
+    if not ledger_dir(Path(args.dir)).is_dir():
+        raise CommandError(f"{args.dir}: no gateway here (no {ledger_dir(Path(args.dir))}); 'tufproxy gateway init' makes one")
+    ledger = Ledger(ledger_dir(Path(args.dir)))
+    if args.accept:
+        try:
+            project, spec = next(iter(parse_trusted_publishers(args.accept).items()))
+        except ValueError as e:
+            raise CommandError(f"--accept: {e}") from e
+        if not args.reason:
+            raise CommandError("--accept needs --reason TEXT (kept in the ledger and the audit record)")
+        before = ledger.publishers.get(project, {}).get("spec")
+        ledger.append([{"kind": "publisher", "project": project, "spec": str(spec), "filename": None,
+                        "accepted": True, "reason": args.reason}])
+        audit = AuditLog(args.audit_log)
+        try:
+            audit.refused(reason="publisher-accepted", target=f"simple/{project}/", project=project,
+                          expected=before, seen=str(spec), detail=args.reason)
+        finally:
+            audit.close()
+        print(f"{project}: publisher {before or '(none)'} -> {spec} accepted")
+        return 0
+    pins = [{"project": p, "spec": r["spec"], **parse_spec(r["spec"]).to_json(), "time": r.get("time"),
+             "filename": r.get("filename"), "accepted": bool(r.get("accepted")), "reason": r.get("reason")}
+            for p, r in sorted(ledger.publishers.items())]
+    if args.json:
+        print(json.dumps(pins, indent=2))
+        return 0
+    for pin in pins:
+        source = f"accepted: {pin['reason']}" if pin["accepted"] else f"first verified file {pin['filename']}"
+        print(f"{pin['project']}  {pin['spec']}  pinned {pin['time']}  ({source})")
+    if not pins:
+        print("no publisher pinned yet")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``tufproxy gateway`` and its subcommands."""
     gw = subparsers.add_parser(
@@ -672,5 +721,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with a gateway running, how long to wait for it to publish a timestamp without the file "
                    "(default: 30); exit 2 if it does not")
     p.set_defaults(func=_guarded(_cmd_revoke))
+
+    p = sub.add_parser(
+        "provenance",
+        help="list each project's pinned PEP 740 publisher, or accept a change",
+        description="Each project's trusted publisher as pinned in DIR's ledger (kind, repository or e-mail, "
+        "workflow, when, from which file). --accept records a publisher change the operator vouches for, "
+        "in the ledger and the audit log; works beside a running gateway.",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--accept", metavar="PROJECT=SPEC", help="pin this publisher for PROJECT from now on")
+    p.add_argument("--reason", help="why the publisher changed (required with --accept)")
+    p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.set_defaults(func=_guarded(_cmd_provenance))
 
     ceremony_cli.register(sub, _open, _guarded)

@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
-from proxy.protocol.layout import is_valid_filename, is_valid_project_name
+from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
 from proxy.serving.access import AccessMiddleware, Resource
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
@@ -181,6 +181,8 @@ class GatewayApp:
         project, name = request.match_info["project"], request.match_info["name"]
         if not is_valid_project_name(project) or canonicalize_name(project) != project or not is_valid_filename(name):
             raise web.HTTPNotFound()
+        if name.endswith(PROVENANCE_SUFFIX):  # a signed target, beside the page (PEP 740 provenance)
+            return self._file("simple", project, name, headers=_IMMUTABLE)
         core = name.endswith(".metadata")
         return await self.files.serve(request, project, name.removesuffix(".metadata") if core else name, core)
 

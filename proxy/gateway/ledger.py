@@ -10,6 +10,12 @@
   filename change contents, so a later listing with other hashes or size
   is left out, and the pin stays.
 * ``{"kind": "revoke", "project", "filename" (or null: the whole project)}``.
+* ``{"kind": "publisher", "project", "spec", "filename", "accepted"}``: the
+  project's PEP 740 trusted publisher, pinned at its first verified file or
+  accepted by the operator; the latest record wins
+  (:mod:`proxy.gateway.provenance`).
+* ``{"kind": "provenance", "project", "filename", "publisher", "sha256", "url"}``:
+  a file's verified publisher and the sha256 of its provenance object.
 * ``{"kind": "seen", "project", "filename", "counts_from"}``: a file listed
   for the first time (hidden by the policy or not), and the time its
   release cooldown counts from (null: the index's claim alone), fixed then.
@@ -74,6 +80,8 @@ class Ledger:
         self.pins: dict[tuple[str, str], Pin] = {}
         self.project_index: dict[str, str] = {}
         self.revoked: set[tuple[str, str | None]] = set()
+        self.publishers: dict[str, dict[str, Any]] = {}
+        self.provenance: dict[tuple[str, str], dict[str, Any]] = {}
         self.seen: dict[tuple[str, str], datetime | None] = {}
         self._listed: set[str] = set()  # projects with a file seen
         self._offset = 0
@@ -139,6 +147,10 @@ class Ledger:
             self.project_index.setdefault(record["project"], record["index"])
         elif kind == "revoke":
             self.revoked.add((record["project"], record.get("filename")))
+        elif kind == "publisher":
+            self.publishers[record["project"]] = record
+        elif kind == "provenance":
+            self.provenance[(record["project"], record["filename"])] = record
         elif kind == "seen":
             when = record.get("counts_from")
             self.seen.setdefault((record["project"], record["filename"]), datetime.fromisoformat(when) if when else None)

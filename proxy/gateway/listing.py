@@ -196,5 +196,6 @@ class IndexClient:
             elif "sha256" not in dist.hashes or len(dist.hashes["sha256"]) != 64:
                 dropped.append((dist.filename, "missing-hash"))
             else:
-                kept.append(dataclasses.replace(dist, url=url))
+                provenance = strip_credentials(urljoin(page_url, dist.provenance))[0] if dist.provenance else None
+                kept.append(dataclasses.replace(dist, url=url, provenance=provenance))
         return Listing(project, base, dataclasses.replace(page, files=tuple(kept)), dropped, page_url)

@@ -28,7 +28,7 @@ from proxy.gateway.listing import Listing
 from proxy.gateway.policy import Policy, Refusal, RefusalKind, Trimmed
 from proxy.protocol import index
 from proxy.protocol.hashing import ACCEPTED
-from proxy.protocol.layout import page_file_href
+from proxy.protocol.layout import PROVENANCE_SUFFIX, page_file_href
 from proxy.protocol.osv import AdvisorySet, Block
 
 
@@ -122,11 +122,13 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
                 continue
         files.append(dataclasses.replace(
             dist,
-            url=page_file_href(project, dist.filename),
+            url=(href := page_file_href(project, dist.filename)),
             hashes=dict(pin.hashes),
             size=pin.size if pin.size is not None else dist.size,
             # A .metadata file the page gives no hash for could not be checked: let pip read the wheel instead.
             core_metadata=dict(pin.core_metadata) if pin.core_metadata and "sha256" in pin.core_metadata else False,
+            # Never the index's URL: ours, to the signed provenance target, for the files verified.
+            provenance=f"{href}{PROVENANCE_SUFFIX}" if (project, dist.filename) in ledger.provenance else None,
         ))
     files.sort(key=lambda f: f.filename)
     out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions).with_status(

@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from proxy.protocol import index
 from proxy.repository import Repository
@@ -59,6 +60,7 @@ from proxy.util.atomic import atomic_write
 log = logging.getLogger(__name__)
 
 Pages = dict[str, index.ProjectPage | None]
+Targets = dict[str, tuple[bytes, dict[str, Any]]]  # target path -> (bytes, its custom field)
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 
 
@@ -84,6 +86,7 @@ class Publisher:
         self.window = window
         self._observe = observe  # (pages the batch changed, seconds it took)
         self._pending: Pages = {}
+        self._targets: Targets = {}  # other signed targets (provenance objects), signed with the next batch
         self._resign = False
         self._waiters: list[asyncio.Future[int]] = []
         self._wake = asyncio.Event()
@@ -178,6 +181,10 @@ class Publisher:
         self._pending.update(pages)
         return await self._enqueue()
 
+    def add_targets(self, targets: Targets) -> None:
+        """Sign ``targets`` with the next batch that signs (queued before the page that refers to them, never after)."""
+        self._targets.update(targets)
+
     async def resign(self) -> int:
         """Re-sign online roles past half their lifetime (the timestamp before it expires)."""
         self._resign = True
@@ -212,9 +219,11 @@ class Publisher:
                         w.set_exception(KeyUnavailable(str(self.signing_error)))
                 continue
             try:
-                signed = await asyncio.to_thread(self._sign, pages, resign)
+                targets, self._targets = self._targets, {}
+                signed = await asyncio.to_thread(self._sign, pages, resign, targets)
                 self.signing_error, self._backoff = None, 0.0
             except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
+                self._targets = {**targets, **self._targets}  # signed with a later batch
                 # tuf's Metadata.sign wraps the signer's error (UnsignedMetadataError): the key's failure is its cause.
                 key = e if isinstance(e, KeyUnavailable) else e.__cause__
                 if isinstance(key, KeyUnavailable):
@@ -236,11 +245,11 @@ class Publisher:
                 if not w.done():
                     w.set_result(self.timestamp_version)
 
-    def _sign(self, pages: Pages, resign: bool) -> int:
+    def _sign(self, pages: Pages, resign: bool, targets: Targets | None = None) -> int:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
         changed, resigned = 0, []
-        if pages:
-            report = self.repo.publish_pages(pages, private=self.private)
+        if pages or targets:
+            report = self.repo.publish_pages(pages, private=self.private, targets=targets)
             resigned = [*report.added, *report.removed]
             changed = len(resigned)
         if resign:

@@ -44,6 +44,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.prefetch import Budget, Prefetcher
+from proxy.gateway.provenance import ProvenanceGate
 from proxy.gateway.publisher import Publisher, signed_page
 from proxy.protocol import index
 from proxy.protocol.access import not_listed
@@ -112,7 +113,7 @@ class Gateway:
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
                  metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
                  prefetch_depth: int = 0, prefetch_max: int = 0,
-                 advisories: AdvisoryWatch | None = None) -> None:
+                 advisories: AdvisoryWatch | None = None, provenance: ProvenanceGate | None = None) -> None:
         self.client = client
         self.locks = locks
         self.ledger = ledger
@@ -120,6 +121,7 @@ class Gateway:
         self.audit = audit
         self.metrics = metrics
         self.policy = policy
+        self.provenance = provenance
         self._inflight: dict[str, asyncio.Future[Published]] = {}
         # Published projects by last use, and when each page was last fetched (monotonic).
         self.used = Recent(MAX_TRACKED)
@@ -229,6 +231,8 @@ class Gateway:
             self.metrics.refusals.labels(e.reason).inc()
             self.audit.refused(reason=e.reason, target=f"simple/{project}/", upstream_url=e.url, detail=str(e))
             raise
+        if isinstance(listing, Listing) and self.provenance is not None:
+            listing = await self.provenance.screen(listing)  # PEP 740: files left out before render and signing
         if isinstance(listing, Listing) or project in self.publisher.published:
             self.fetched[project] = time.monotonic()
         self.metrics.pages_fetched.labels("ok" if isinstance(listing, Listing) else "not-found").inc()

@@ -64,6 +64,7 @@ from proxy.protocol.layout import (
     core_metadata_target,
     file_target,
     project_page_target,
+    provenance_target,
     root_page_target,
 )
 from proxy.protocol.osv import ADVISORY_TARGET
@@ -370,6 +371,10 @@ class _Sync:
         else:
             items = [i for i in (self.through_page(path, s, dist, core) for path, s, dist, core, _ in wanted)
                      if i is not None]
+            # PEP 740: each kept file's provenance object the signed page names is a signed target of its own.
+            proofs = [provenance_target(s.wanted.project, d.filename) for s in selected for d in s.kept if d.provenance]
+            items += [(Want.of(t), self.trust.target_urls(t)) for t in await asyncio.gather(*map(self.lookup, proofs))
+                      if t is not None]
         self.progress.planned(self.progress.counts.files + len(items),
                               sum(t.length for t in self.mirrored if t.exact) + sum(t.length for t, _ in items if t.exact))
         await asyncio.gather(*(self.fetch(t, urls) for t, urls in items))

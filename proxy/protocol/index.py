@@ -70,6 +70,7 @@ class DistFile:
     core_metadata: bool | dict[str, str] = False  # PEP 658/714
     size: int | None = None  # PEP 700, JSON only
     upload_time: str | None = None  # PEP 700, JSON only, ISO 8601 as given
+    provenance: str | None = None  # PEP 740: URL of the file's provenance object, as given
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ def _html_dist_file(attributes: dict[str, str | None], text: str, base: str | No
         requires_python=attributes.get("data-requires-python") or None,
         yanked=yanked,
         core_metadata=_parse_core_metadata_attr(core),
+        provenance=attributes.get("data-provenance") or None,
     )
 
 
@@ -358,6 +360,7 @@ def _json_dist_file(entry: Any) -> DistFile:
         core_metadata=core,
         size=size,
         upload_time=_typed(entry, "upload-time", (str, type(None))),
+        provenance=_typed(entry, "provenance", (str, type(None))) or None,
     )
 
 
@@ -435,6 +438,8 @@ def _html_link(dist: DistFile) -> str:
     if core is not None:
         # PEP 714: the legacy attribute too, with the same value, for older clients.
         parts.append(f' data-core-metadata="{_attr(core)}" data-dist-info-metadata="{_attr(core)}"')
+    if dist.provenance:
+        parts.append(f' data-provenance="{_attr(dist.provenance)}"')
     parts.append(f">{_attr(dist.filename)}</a><br />")
     return "".join(parts)
 
@@ -484,7 +489,8 @@ def _json_file(dist: DistFile) -> dict[str, Any]:
         # "dist-info-metadata" key in JSON because pip 22.3-23.1 crash on it.
         "data-dist-info-metadata": core,
     }
-    optional = {"requires-python": dist.requires_python, "size": dist.size, "upload-time": dist.upload_time}
+    optional = {"requires-python": dist.requires_python, "size": dist.size, "upload-time": dist.upload_time,
+                "provenance": dist.provenance}
     entry.update((k, v) for k, v in optional.items() if v is not None)
     return entry
 

@@ -46,6 +46,7 @@ METADATA_DIR = "metadata"
 MIRROR_STATE_DIR = ".mirror"
 MIRROR_MANIFEST = "manifest.json"
 ROOT_INDEX_HTML = "simple/index.html"
+PROVENANCE_SUFFIX = ".provenance"
 ROOT_INDEX_JSON = "simple/index.json"
 
 # PEP 508 names: ASCII letters and digits, with . _ - inside.
@@ -72,6 +73,7 @@ class TargetKind(str, Enum):
     PROJECT_INDEX = "project-index"
     FILE = "file"
     CORE_METADATA = "core-metadata"
+    PROVENANCE = "provenance"  # a file's PEP 740 provenance object, a signed target beside its page
 
 
 def is_valid_project_name(name: str) -> bool:
@@ -123,6 +125,11 @@ def consistent_name(target_path: str, digest: str) -> str:
     return f"{dirname}{sep}{digest}.{basename}"
 
 
+def provenance_target(project: str, filename: str) -> str:
+    """The target path of ``filename``'s PEP 740 provenance object (the gateway signs it beside the page)."""
+    return f"simple/{project}/{filename}{PROVENANCE_SUFFIX}"
+
+
 def metadata_filename(role: str, version: int | None) -> str:
     """``VERSION.ROLE.json`` (or ``ROLE.json`` for timestamp and probes)."""
     return f"{role}.json" if version is None else f"{version}.{role}.json"
@@ -148,6 +155,8 @@ class TargetRequest:
         assert self.filename is not None
         if self.kind is TargetKind.FILE:
             return file_target(self.project, self.filename)
+        if self.kind is TargetKind.PROVENANCE:
+            return provenance_target(self.project, self.filename)
         return core_metadata_target(self.project, self.filename)
 
     @property
@@ -201,6 +210,8 @@ def parse_request_path(path: str) -> TargetRequest:
             raise BadRequestPath(f"not a valid file name: {filename[:80]!r}")
         if filename.endswith(".metadata"):
             return TargetRequest(TargetKind.CORE_METADATA, project, filename[: -len(".metadata")])
+        if filename.endswith(PROVENANCE_SUFFIX):
+            return TargetRequest(TargetKind.PROVENANCE, project, filename[: -len(PROVENANCE_SUFFIX)])
         return TargetRequest(TargetKind.FILE, project, filename)
     raise BadRequestPath("no such route")
 

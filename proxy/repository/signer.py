@@ -641,12 +641,15 @@ class Repository:
         return self._current_page(change, project)
 
     def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
-                      private: Callable[[str], bool] | None = None) -> ChangeReport:
+                      private: Callable[[str], bool] | None = None,
+                      targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
         For a layout whose files are not targets (the gateway's): the page's
         hashes are what vouch for its files, and the caller stores the files.
-        Keys are normalised project names; the root list follows.
+        Keys are normalised project names; the root list follows.  ``targets``
+        are other targets signed in the same transaction, each with its
+        ``custom`` field (a file's PEP 740 provenance object).
         """
         if self.profile.files_are_targets:
             raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
@@ -654,6 +657,8 @@ class Repository:
         with self._locked():
             change = _Change(self, when)
             known = set(self._projects(change))
+            for path, (data, custom) in (targets or {}).items():
+                change.put_target(path, data, custom)
             hidden = set(self._private_projects(change))
             hidden_before = set(hidden)
             for project, page in pages.items():

@@ -39,6 +39,7 @@ from proxy.protocol.options import yes_no as _yes_no
 from proxy.protocol.profiles import TUFPROXY, WAREHOUSE, Profile, get_profile, recorded_profile
 from proxy.transport.bucket import BucketConfigError, parse_store_url
 from proxy.transport.credentials import OriginAuth
+from proxy.trust.provenance import SIGSTORE_OPTIONS
 
 
 def cpu_count() -> int:
@@ -151,6 +152,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("client_key", "the private key of --client-cert", None, Path, metavar="FILE"),
     Option("uvloop", "run the event loop on uvloop if it is installed (yes/no): more warm page requests per "
            "second, but files lose sendfile (aiohttp copies them through the loop)", False, _yes_no, metavar="YES|NO"),
+    Option("verify_provenance", "gateway profile: verify each file's PEP 740 provenance here before serving it, "
+           "against the publisher this edge pinned for its project (yes/no)", False, _yes_no, metavar="YES|NO"),
+    *SIGSTORE_OPTIONS,
 )
 
 
@@ -201,6 +205,9 @@ class ServeConfig:
     uvloop: bool = False
     # Credentials taken out of --upstream / --gateway-url (or netrc), sent only to their origin; never printed.
     upstream_auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
+    verify_provenance: bool = False
+    sigstore_trust_root: str = "production"
+    sigstore_offline: bool = False
 
     @property
     def layout(self) -> Profile | None:
@@ -254,6 +261,8 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         raise ConfigError(f"--profile: {e}") from e
     if config.gateway_url is not None and config.layout is not None and not config.layout.miss_protocol:
         raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
+    if config.verify_provenance and config.layout is not None and config.layout.files_are_targets:
+        raise ConfigError(f"--verify-provenance is for --profile gateway, not {config.profile}")
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"--log-format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -53,6 +53,7 @@ from proxy.protocol.errors import (
 )
 from proxy.protocol.hashing import accepted_hashes, verify_bytes
 from proxy.protocol.layout import (
+    PROVENANCE_SUFFIX,
     BadRequestPath,
     PageFormat,
     TargetKind,
@@ -60,9 +61,11 @@ from proxy.protocol.layout import (
     is_valid_filename,
     page_file_href,
     parse_request_path,
+    provenance_target,
     version_of_filename,
 )
 from proxy.protocol.profiles import TUFPROXY, Profile
+from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.refusals import Asker, Refusals
 from proxy.storage.audit import AuditLog, AuditWriteError
 from proxy.storage.downloads import Download, Downloads
@@ -235,8 +238,10 @@ class Resolver:
         on_miss: OnMiss | None = None,
         page_fetcher: Fetcher | None = None,
         shared: SharedTier | None = None,
+        provenance: EdgeProvenance | None = None,
     ) -> None:
         self.trust = trust
+        self.provenance = provenance  # --verify-provenance
         self.fetcher = fetcher
         # Pages are small and every resolve needs them: give them a pool file downloads cannot fill.
         self.page_fetcher = page_fetcher or fetcher
@@ -426,6 +431,8 @@ class Resolver:
         ask.target = req.target_path()
         source = await self._file_source(ask, req)
         want = source.want
+        if self.provenance is not None and req.kind is TargetKind.FILE and not self.profile.files_are_targets:
+            await self._check_provenance(ask, req, want)
         if want.exact and want.length > self.settings.max_file_size:
             raise LengthMismatch(f"{want.path}: {want.length} bytes is over the --max-file-size limit",
                                  target=want.path, expected=self.settings.max_file_size, actual=want.length)
@@ -448,6 +455,21 @@ class Resolver:
             download, _ = self._start(ask, source)
             blob = await asyncio.shield(download.result)
         return self._serve(ask, source, blob)
+
+    async def _check_provenance(self, ask: Ask, req: TargetRequest, want: Want) -> None:
+        """``--verify-provenance``: the file's PEP 740 provenance, verified here (:mod:`proxy.serving.provenance`)."""
+        assert self.provenance is not None and req.project is not None and req.filename is not None
+        sha256 = want.hashes.get("sha256", "")
+        if self.provenance.known(want.path, sha256):
+            return
+        fmt = self.profile.signed_formats[0]
+        page = _parse(await self._page_bytes(ask, await self._page_target(ask, req.project, fmt)), req.project, fmt)
+        dist = next((f for f in page.files if f.filename == req.filename), None)
+        data = None
+        if dist is not None and dist.provenance:
+            data = await self._page_bytes(ask, await self.trust.get_target(provenance_target(req.project, req.filename)))
+        ask.target = want.path
+        await self.provenance.check(req.project, req.filename, want.path, sha256, data)
 
     def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
         want = source.want
@@ -496,7 +518,7 @@ class Resolver:
         :mod:`proxy.trust.pagefiles` decides (PEP 700 ``size`` exact, else a bound).
         """
         path = req.target_path()
-        if self.profile.files_are_targets:
+        if self.profile.files_are_targets or req.kind is TargetKind.PROVENANCE:
             target = await self.trust.get_target(path)
         else:
             assert req.project is not None
@@ -514,7 +536,7 @@ class Resolver:
     async def _new_file_source(self, ask: Ask, req: TargetRequest, target: VerifiedTarget) -> _Source:
         """:meth:`_file_source` for ``target``: the file's own, or its project page's."""
         path = req.target_path()
-        if self.profile.files_are_targets:
+        if self.profile.files_are_targets or req.kind is TargetKind.PROVENANCE:
             hashes = accepted_hashes(path, target.hashes, target.role)
             return _Source(Want(path, hashes, target.length, True, target.role), target.role,
                            self.trust.target_urls(target))
@@ -588,6 +610,9 @@ def _render(req: TargetRequest, raw: bytes, source: PageFormat, fmt: PageFormat)
     # would break the link): leave such entries out rather than fail the whole page.
     page = dataclasses.replace(page, files=tuple(f for f in page.files if is_valid_filename(f.filename)))
     page = index.with_urls(page, lambda f: page_file_href(project, f.filename))
+    # PEP 740: a file whose signed page names provenance gets ours, the signed target this proxy verifies.
+    page = dataclasses.replace(page, files=tuple(
+        dataclasses.replace(f, provenance=f"{f.url}{PROVENANCE_SUFFIX}" if f.provenance else None) for f in page.files))
     if fmt is PageFormat.JSON and not page.versions:
         # An HTML page has no PEP 700 versions list: derive it from the file names.
         versions = dict.fromkeys(v for f in page.files if (v := version_of_filename(f.filename)))

@@ -33,6 +33,7 @@ from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.serving.guard import Guard
 from proxy.serving.passwords import AuthFileError, Passwords
+from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.resolver import ProxySettings, Resolver
 from proxy.serving.server import Proxy
 from proxy.storage.audit import AuditLog
@@ -47,6 +48,7 @@ from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.detect import candidate_paths, open_detected
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
+from proxy.trust.provenance import SigstoreTrust
 from proxy.trust.slots import catch_up
 from proxy.util.locks import FetchLocks
 from proxy.util.metrics import Metrics
@@ -311,6 +313,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             on_miss=on_miss,
             page_fetcher=page_fetcher,
             shared=shared,
+            provenance=_edge_provenance(config),
         ),
         guard,
         config.allow_anonymous_private,
@@ -346,6 +349,18 @@ async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
         log.warning("%s (starting anyway)", e)
     log.info("shared store: %s (local tier %s in front; credentials: %s)", bucket.url, config.cache_dir, bucket.aws.source)
     return bucket
+
+
+def _edge_provenance(config: ServeConfig) -> EdgeProvenance | None:
+    """``--verify-provenance``: the edge's own Sigstore trust root (prepared under the cache dir) and pins."""
+    if not config.verify_provenance:
+        return None
+    trust = SigstoreTrust(config.sigstore_trust_root, config.sigstore_offline)
+    try:
+        trust.prepare(config.cache_dir / "sigstore")
+        return EdgeProvenance(trust, config.cache_dir / "provenance-pins.jsonl")
+    except OSError as e:
+        raise CommandError(f"cannot prepare PEP 740 verification in {config.cache_dir}: {e}") from e
 
 
 def _bucket_tier(

@@ -1,0 +1,179 @@
+"""PEP 740 provenance at the gateway: fetch, verify, pin the publisher, leave files out.
+
+:meth:`ProvenanceGate.screen` is the gateway's one hook (called by
+:meth:`proxy.gateway.service.Gateway.fetch` on every listing before it is
+rendered and signed).  For each file not yet pinned in the ledger (so
+verification runs once per file, at its first publish, never per
+request) it fetches the file's provenance object through the index client
+(bounded size, timeouts, the index's and ``--files-origin`` origins only,
+redirects checked), all of a page's at once, and verifies each
+attestation (:meth:`proxy.trust.provenance.SigstoreTrust.verify`, which
+also says which Sigstore trust root is used).  :func:`proxy.protocol.provenance.decide` then says which files are
+left out; each one gets an audit record (rule, project, file, expected and
+seen publisher) and a ``tufproxy_gateway_refusals_total`` label.  The
+ledger learns the project's pinned publisher (``kind: publisher``) and, per
+file, the verified publisher and the provenance object's sha256 (``kind:
+provenance``).  Each verified provenance object is queued as a signed
+target beside its page (:func:`proxy.protocol.layout.provenance_target`),
+its ``custom`` field naming the verified publisher and the file's sha256,
+so edges can serve and re-verify it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.gateway.ledger import Ledger
+from proxy.gateway.listing import Listing
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.publisher import Targets
+from proxy.protocol import provenance as rules
+from proxy.protocol.index import DistFile
+from proxy.protocol.layout import provenance_target
+from proxy.protocol.options import Option
+from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
+from proxy.storage.audit import AuditLog
+from proxy.transport.indexhttp import IndexHTTP, origin
+from proxy.transport.upstream import DownloadError, DownloadLengthError
+from proxy.trust.provenance import SIGSTORE_OPTIONS, SigstoreTrust
+
+log = logging.getLogger(__name__)
+MAX_PROVENANCE_SIZE = 1 * 2**20  # PyPI's are a few KiB; anything near this is junk
+CONCURRENCY = 16
+MAX_REMEMBERED = 100_000  # outcomes of files left out, kept so a refresh neither re-verifies nor re-audits them
+_NOT_FETCHED = "provenance not fetched"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("provenance", "PEP 740: off, verify (invalid provenance leaves a file out), pin (also pin each project's "
+           "first verified publisher; files without provenance or from another publisher leave) or require "
+           "(every file needs valid provenance)", "pin", rules.parse_mode, metavar="MODE"),
+    Option("trusted_publisher", "pin PROJECT's publisher up front: github:OWNER/REPO[@WORKFLOW], "
+           "gitlab:NAMESPACE/PROJECT[@WORKFLOW] or google:EMAIL; repeatable", [], rules.parse_trusted_publishers,
+           repeat=True, metavar="PROJECT=SPEC"),
+    Option("provenance_project", "the --provenance mode for the projects PATTERN matches (first match wins); "
+           "repeatable", [], rules.parse_project_modes, repeat=True, metavar="PATTERN=MODE"),
+    *SIGSTORE_OPTIONS,
+)
+
+
+def policy_of(values: dict[str, Any]) -> ProvenancePolicy:
+    return ProvenancePolicy(values["provenance"], values["trusted_publisher"] or {}, tuple(values["provenance_project"] or ()))
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    filename: str
+    rule: str
+    outcome: Outcome
+    expected: PublisherSpec | None
+
+
+class ProvenanceGate:
+    """See the module docstring."""
+
+    def __init__(self, http: IndexHTTP, ledger: Ledger, audit: AuditLog, metrics: GatewayMetrics,
+                 policy: ProvenancePolicy, trust: SigstoreTrust, sign: Callable[[Targets], None],
+                 max_size: int = MAX_PROVENANCE_SIZE) -> None:
+        self.sign = sign  # queues signed targets for the next batch (Publisher.add_targets)
+        self.http = http
+        self.ledger = ledger
+        self.audit = audit
+        self.metrics = metrics
+        self.policy = policy
+        self.trust = trust
+        self.max_size = max_size
+        self._slots = asyncio.Semaphore(CONCURRENCY)
+        # (file URL, filename, sha256, provenance URL) -> outcome, for files not pinned (left out); fetch
+        # failures are not kept (the next refresh tries again), and a left-out file is audited when its rule changes.
+        self._outcomes: dict[tuple[str, str, str, str], Outcome] = {}
+        self._audited: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def pinned(self, project: str) -> PublisherSpec | None:
+        record = self.ledger.publishers.get(project)
+        return rules.parse_spec(record["spec"]) if record else None
+
+    async def screen(self, listing: Listing) -> Listing:
+        """``listing`` without the files the policy leaves out; ledger and audit log updated."""
+        project = listing.project
+        mode = self.policy.mode_for(project)
+        if mode == "off":
+            return listing
+        new = [d for d in listing.page.files if (project, d.filename) not in self.ledger.pins]
+        if not new:
+            return listing
+        answers = await asyncio.gather(*(self._outcome(d) for d in new))
+        outcomes = [o for o, _ in answers]
+        fetched = [data for _, data in answers]
+        pinned = self.pinned(project) if mode in ("pin", "require") else None
+        expected = self.policy.expected(project, pinned)
+        records: list[dict[str, Any]] = []
+        left: list[LeftOut] = []
+        for dist, outcome in zip(new, outcomes, strict=True):
+            rule = rules.decide(mode, expected, outcome)
+            if rule is not None:
+                left.append(LeftOut(dist.filename, rule, outcome, expected))
+                continue
+            if outcome.state != "verified":
+                continue
+            assert outcome.publisher is not None
+            if expected is None and mode in ("pin", "require"):
+                expected = outcome.publisher  # the first verified publisher: pinned from here on
+                records.append({"kind": "publisher", "project": project, "spec": str(expected),
+                                "filename": dist.filename, "accepted": False})
+            records.append({"kind": "provenance", "project": project, "filename": dist.filename,
+                            "publisher": str(outcome.publisher), "sha256": outcome.digest, "url": dist.provenance})
+        self.ledger.append(records)
+        gone = {out.filename for out in left}
+        self.sign({provenance_target(project, d.filename): (data, {"provenance": {
+                       "publisher": str(o.publisher), "file": d.filename, "file_sha256": d.hashes["sha256"]}})
+                   for d, o, data in zip(new, outcomes, fetched, strict=True)
+                   if o.state == "verified" and data is not None and d.filename not in gone})
+        for out in left:
+            if self._audited.get((project, out.filename)) == (out.rule, out.outcome.detail):
+                continue
+            if len(self._audited) >= MAX_REMEMBERED:
+                self._audited.clear()
+            self._audited[(project, out.filename)] = (out.rule, out.outcome.detail)
+            self.metrics.refusals.labels(out.rule).inc()
+            self.audit.refused(reason=out.rule, target=f"packages/{project}/{out.filename}", project=project,
+                               file=out.filename, expected=str(out.expected) if out.expected else None,
+                               seen=str(out.outcome.publisher) if out.outcome.publisher else None,
+                               detail=out.outcome.detail or None)
+        if not left:
+            return listing
+        return replace(listing, page=replace(listing.page, files=tuple(d for d in listing.page.files if d.filename not in gone)))
+
+    async def _outcome(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
+        """The file's outcome, and the provenance object's bytes when they were fetched just now."""
+        if dist.provenance is None:
+            return Outcome("missing"), None
+        key = (dist.url, dist.filename, dist.hashes["sha256"], dist.provenance)
+        if (known := self._outcomes.get(key)) is not None:
+            return known, None
+        outcome, data = await self._verified(dist)
+        if not outcome.detail.startswith(_NOT_FETCHED):
+            if len(self._outcomes) >= MAX_REMEMBERED:
+                self._outcomes.clear()
+            self._outcomes[key] = outcome
+        return outcome, data
+
+    async def _verified(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
+        assert dist.provenance is not None
+        url = dist.provenance  # absolute and credential-free since the listing was validated
+        allowed = (*self.http.index_urls, *self.http.files_origins)
+        if not url.startswith(("http://", "https://")) or origin(url) not in {origin(a) for a in allowed}:
+            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin"), None
+        async with self._slots:
+            try:
+                async with self.http.get(url, self.max_size, allowed, accept="application/json") as response:
+                    data = b"".join([chunk async for chunk in response.body])
+            except DownloadLengthError:
+                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes"), None
+            except DownloadError as e:
+                return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}"), None
+        return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"]), data
