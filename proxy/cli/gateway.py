@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -26,17 +27,20 @@ from typing import Any
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
+from proxy.cli import advisories
 from proxy.cli import ceremony as ceremony_cli
 from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
 from proxy.cli.up import add_up
+from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp, gateway_resource
+from proxy.gateway.feeds import Feeds
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.gateway.startcheck import files_origin_problem
 from proxy.protocol import index
@@ -67,6 +71,17 @@ from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
+ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this
+
+
+def _file_urls(value: str | list[str]) -> list[str]:
+    """http(s) URLs of files (a feed's zip): as given, with no slash added; text split on commas and spaces."""
+    items = value if isinstance(value, list) else [value]
+    urls = [u for item in items for u in re.split(r"[\s,]+", str(item).strip()) if u]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"not an http(s) URL: {bad[0]!r}")
+    return urls
 
 
 def ledger_dir(directory: Path) -> Path:
@@ -106,6 +121,11 @@ OPTIONS: tuple[Option, ...] = (
            "it from there",
            None, _store_url, metavar="URL"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
+    Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
+           "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
+    Option("advisories_refresh", "seconds between conditional GETs of each --advisories-url", 3600.0, _positive_float,
+           metavar="SECONDS"),
+    Option("advisories_max_size", "largest --advisories-url body accepted", "1G", parse_size, metavar="SIZE"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
     Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
@@ -138,7 +158,8 @@ What lives where (back up the first three; the rest is fetched again):
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
-                          memory of what was served) and policy.json
+                          memory of what was served), policy.json and
+                          advisories.json (imported OSV advisories)
   DIR/public/packages/    files fetched on demand, checked against the ledger;
                           with --cache-dir DIR2: DIR2/packages/ instead
   DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
@@ -178,6 +199,10 @@ async def _pusher(values: dict, directory: Path, public: Path,
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None)
+        # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
+        published = await bucket.read("metadata/timestamp.json")
+        if published is not None:
+            await asyncio.to_thread(_check_restore, directory, cache, timestamp_version(published))
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
@@ -258,8 +283,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
-                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"])
-    presence = _hold_serving(directory)
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
@@ -280,9 +305,22 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+    watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
+    feeds = None
+    if values["advisories_url"]:
+        feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
+                              connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+        feeds = (feed_http, asyncio.create_task(
+            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
+                  max_size=values["advisories_max_size"])
+            .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:
         fresh.cancel()
+        watching.cancel()
+        if feeds is not None:
+            feeds[1].cancel()
+            await feeds[0].close()
         if reload_tls is not None:
             reload_tls.cancel()
         if pushing is not None:
@@ -292,7 +330,6 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await runner.cleanup()
         await http.close()
         audit.close()
-        os.close(presence)
         if leader is not None:
             leader.close()
 
@@ -311,13 +348,17 @@ async def _serve(directory: Path, values: dict, policy: Policy) -> None:
         await started.stop()
 
 
+def serve_lock(directory: Path) -> Path:
+    return ledger_dir(directory) / "serve.lock"
+
+
 def _claim(directory: Path, listen: tuple[str, int]) -> None:
     """Refuse a second gateway on DIR in one line: it would sign beside this one and re-publish at once.
 
     A POSIX record lock on DIR/gateway/serve.lock, held while this process lives: the OS drops it when the
     process dies (even by SIGKILL), and --workers children never hold it (record locks are not inherited).
     """
-    path = ledger_dir(directory) / "serve.lock"
+    path = serve_lock(directory)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
@@ -374,6 +415,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
+    """The highest timestamp version published, kept with what is never restored from a backup."""
+    return state_dir(directory, cache_dir) / "run" / "high-water.json"
+
+
+def _check_restore(directory: Path, cache_dir: Path | None, remembered: int = 0) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it.
+    ``remembered``: a timestamp version published elsewhere (the bucket's copy)."""
+    repo = _open(directory)
+    try:
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir), remembered)
+    except KeyUnavailable as e:
+        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
+                           f"online key cannot sign: {e}") from None
+    if restored is not None:
+        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
+                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
+                    restored[0], restored[1], repo.settings.bins)
+
+
+def _check_ledger(directory: Path) -> None:
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    ledger = Ledger(ledger_dir(directory))
+    existed = ledger.path.exists()
+    public = Path(directory) / "public"
+    published = [*signed_projects(public), *_open(directory).private_projects()]
+    try:
+        rebuilt, projects = rebuild_pins(ledger, public, published)
+    except OSError as e:
+        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    if not existed:
+        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
+                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
+    elif rebuilt:
+        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
+                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
+
+
 async def _files_origin_problem(values: dict) -> str | None:
     http = IndexHTTP(values["index_url"], files_origins=values["files_origin"], ca_bundle=values["ca_bundle"],
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
@@ -417,43 +496,6 @@ def _access(values: dict[str, Any], gateway: Gateway, audit: AuditLog, metrics: 
                             refusals_counter(metrics.registry)), tls
 
 
-def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
-    """The highest timestamp version published, kept with what is never restored from a backup."""
-    return state_dir(directory, cache_dir) / "run" / "high-water.json"
-
-
-def _check_restore(directory: Path, cache_dir: Path | None) -> None:
-    """A directory older than what this gateway published (a restore): re-sign every online role above it."""
-    repo = _open(directory)
-    try:
-        restored = resign_after_restore(repo, high_water_file(directory, cache_dir))
-    except KeyUnavailable as e:
-        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
-                           f"online key cannot sign: {e}") from None
-    if restored is not None:
-        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
-                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
-                    restored[0], restored[1], repo.settings.bins)
-
-
-def _check_ledger(directory: Path) -> None:
-    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
-    ledger = Ledger(ledger_dir(directory))
-    existed = ledger.path.exists()
-    public = Path(directory) / "public"
-    published = [*signed_projects(public), *_open(directory).private_projects()]  # private ones are not listed
-    try:
-        rebuilt, projects = rebuild_pins(ledger, public, published)
-    except OSError as e:
-        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
-    if not existed:
-        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
-                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
-    elif rebuilt:
-        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
-                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
-
-
 def _cmd_ledger(args: argparse.Namespace) -> int:
     _open(Path(args.dir))
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
@@ -488,28 +530,18 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def serving_lock(directory: Path) -> Path:
-    """Held (shared) by every running ``gateway serve`` of DIR: ``gateway revoke`` asks whether one runs."""
-    return ledger_dir(directory) / "serving.lock"
-
-
-def _hold_serving(directory: Path) -> int:
-    fd = os.open(serving_lock(directory), os.O_RDWR | os.O_CREAT, 0o640)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    return fd
-
-
 def _gateway_running(directory: Path) -> bool:
+    """Whether a ``gateway serve`` holds DIR (its :func:`_claim` on ``serve.lock``): ``gateway revoke`` asks."""
     try:
-        fd = os.open(serving_lock(directory), os.O_RDWR)
+        fd = os.open(serve_lock(directory), os.O_RDWR)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         return True
     finally:
-        os.close(fd)
+        os.close(fd)  # (closing drops this process's probe lock, if it got one)
     return False
 
 
@@ -616,6 +648,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
     p.set_defaults(func=_guarded(_cmd_policy))
+
+    advisories.register(sub, ledger_dir, policy_file)
 
     p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
     p.add_argument("dir", metavar="DIR")

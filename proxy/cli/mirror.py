@@ -103,7 +103,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps({"sound": sound, "targets": report.targets, "checked": report.checked,
                           "metadata_error": report.metadata_error,
                           "missing": report.missing, "corrupt": [{"name": n, "why": w} for n, w in report.corrupt],
-                          "extra": report.extra, "expired_metadata_used_for": report.expired}, indent=2))
+                          "extra": report.extra, "expired_metadata_used_for": report.expired,
+                          "blocked": [b.audit_fields() for b in report.blocked]}, indent=2))
         return 0 if sound else 1
     if report.metadata_error:
         print(f"metadata refused: {report.metadata_error}")
@@ -113,6 +114,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"corrupt {name}: {why}")
     for name in report.extra:
         print(f"extra {name}")
+    for b in report.blocked:
+        print(f"BLOCKED by advisory {b.id} ({b.rule}, severity {b.severity or '-'}): {b.project} {b.version or '?'} {b.filename}")
     if report.expired:
         print(f"WARNING: {len(report.expired)} target(s) verified only under --allow-expired-until: their metadata has expired")
     print(f"{'sound' if sound else 'NOT SOUND'}: {report.targets} target(s) checked ({report.checked} file(s) on "

@@ -60,6 +60,13 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.advisory_blocks = Gauge(
+            "tufproxy_gateway_advisory_blocked_files",
+            "Files OSV advisories keep out of signed pages now, by rule (advisory-malicious, advisory-vulnerable)",
+            ["rule"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.timestamp_version = Gauge(
             "tufproxy_gateway_timestamp_version", "Version of the published timestamp", registry=r, multiprocess_mode="livemax"
         )

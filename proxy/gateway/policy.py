@@ -17,6 +17,9 @@ Owns four decisions, all pure (no I/O; the time is passed in):
 * **Several indexes, first match wins** (uv's ``first-index``), with names
   claimed private that only the first index may ever supply, and the
   ledger's memory of where a project came from.
+* **Advisory rules**: whether OSV advisories block malicious releases,
+  vulnerable ones from which severity up, and the advisories accepted
+  anyway (the matching itself is :mod:`proxy.protocol.osv`).
 * **Settings**: the flags, ``TUFPROXY_*`` variables and TOML keys above,
   parsed all-or-nothing, and a description of the effective policy.
 
@@ -30,6 +33,7 @@ import argparse
 import dataclasses
 import enum
 import fnmatch
+import functools
 import os
 import re
 from collections import Counter
@@ -50,7 +54,8 @@ from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.access import not_listed
 from proxy.protocol.index import ProjectPage
-from proxy.protocol.options import ConfigError, Option, add_options, resolve_values
+from proxy.protocol.options import ConfigError, Option, add_options, resolve_values, yes_no
+from proxy.protocol.osv import Rules, parse_level
 
 # Rule slugs: audit records and metric labels (a bounded set).
 RULE_MIN_RELEASE_AGE = "min-release-age"
@@ -330,6 +335,14 @@ def parse_missing_upload_time(value: Any) -> str:
     return str(value)
 
 
+def parse_advisory_ids(value: Any) -> tuple[str, ...]:
+    ids = [str(item).strip() for item in _split_list(value)]
+    bad = [i for i in ids if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", i)]
+    if bad:
+        raise PolicyError(f"{bad[0]!r} is not an advisory id (e.g. PYSEC-2024-1, GHSA-xxxx-xxxx-xxxx, CVE-2024-1)")
+    return tuple(dict.fromkeys(ids))
+
+
 def parse_first_seen_cooldown(value: Any) -> str:
     word = str(value).strip().lower() if isinstance(value, (str, bool)) else value
     word = {"true": "yes", "false": "no"}.get(str(word), word)
@@ -448,6 +461,14 @@ class Policy:
     allow_project: tuple[str, ...] = ()
     deny_project: tuple[str, ...] = ()
     private_project: tuple[str, ...] = ()
+    block_malicious: bool = True
+    block_vulnerable: str = "none"
+    allow_advisory: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def advisory_rules(self) -> Rules:
+        """The advisory settings as :mod:`proxy.protocol.osv` applies them (built once: asked per file)."""
+        return Rules(self.block_malicious, self.block_vulnerable, frozenset(self.allow_advisory))
 
     # -------------------------------------------------------- projects
 
@@ -593,6 +614,9 @@ class Policy:
             "allow_project": list(self.allow_project),
             "deny_project": list(self.deny_project),
             "private_project": list(self.private_project),
+            "block_malicious": "yes" if self.block_malicious else "no",
+            "block_vulnerable": self.block_vulnerable,
+            "allow_advisory": list(self.allow_advisory),
         }
 
     def describe(self, now: datetime | None = None) -> str:
@@ -617,6 +641,9 @@ class Policy:
             f"allow-project: {listed(self.allow_project, 'all projects')}",
             f"deny-project: {listed(self.deny_project)}",
             f"private-project (first index only): {listed(self.private_project)}",
+            f"block-malicious (OSV advisories): {'yes' if self.block_malicious else 'no'}",
+            f"block-vulnerable (from severity): {self.block_vulnerable}",
+            f"allow-advisory: {listed(self.allow_advisory)}",
         ])
 
 
@@ -651,6 +678,13 @@ POLICY_OPTIONS: tuple[Option, ...] = (
            "beats --allow-project; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("private_project", "names only the first --index-url may supply; if it lacks one, 404, never "
            "another index's package of that name; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("block_malicious", "leave out files an imported OSV advisory calls malicious (MAL- ids, the "
+           "malicious-packages origin)", "yes", yes_no, metavar="yes|no"),
+    Option("block_vulnerable", "leave out files with an imported OSV advisory of this severity or higher "
+           "(CVSS base score, else the advisory's own rating)", "none", parse_level,
+           metavar="none|low|medium|high|critical"),
+    Option("allow_advisory", "an advisory id (or alias) whose risk the organisation accepts: its files stay, each with an "
+           "advisory-allowed audit record; repeatable", [], parse_advisory_ids, repeat=True, metavar="ID"),
 )
 POLICY_KEYS = frozenset(opt.name for opt in POLICY_OPTIONS)
 

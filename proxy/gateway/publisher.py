@@ -274,9 +274,11 @@ def record_high_water(path: Path, version: int) -> None:
         atomic_write(path, json.dumps({"timestamp": version}).encode() + b"\n", durable=False)
 
 
-def resign_after_restore(repo: Repository, high_water: Path) -> tuple[int, int] | None:
-    """If ``repo``'s timestamp is below the high-water mark (a restore from an older copy), re-sign every
-    online role, every bin included, above anything published; (restored version, high-water) if it did."""
+def resign_after_restore(repo: Repository, high_water: Path, remembered: int = 0) -> tuple[int, int] | None:
+    """If ``repo``'s timestamp is below the high-water mark, or ``remembered`` (a version published
+    elsewhere, as the bucket's copy), the directory was restored from an older copy: re-sign every online
+    role, every bin included, above anything published; (restored version, high-water) if it did."""
+    record_high_water(high_water, remembered)
     current = repo.load_metadata("timestamp").signed.version
     mark = read_high_water(high_water)
     if current >= mark:
@@ -285,6 +287,14 @@ def resign_after_restore(repo: Repository, high_water: Path) -> tuple[int, int] 
     report = repo.refresh(force=True)
     record_high_water(high_water, report.signed.get("timestamp", current))
     return current, mark
+
+
+def timestamp_version(data: bytes) -> int:
+    """The version a ``timestamp.json`` claims (0 if unreadable); only ever a reason to re-sign higher."""
+    try:
+        return int(json.loads(data)["signed"]["version"])
+    except (ValueError, KeyError, TypeError):
+        return 0
 
 
 def signed_projects(public_dir: Path) -> list[str]:

@@ -16,6 +16,10 @@ is signed: a project it denies is a 404 with an audit record, and is
 unpublished at its next refresh if it was signed before; a page it
 trimmed gets one audit record each time what it hides changes, and the
 ``tufproxy_gateway_policy_hidden_files`` gauge counts what it hides now.
+Files an imported OSV advisory blocks (:mod:`proxy.gateway.advisories`)
+leave the page the same way, each with its own audit record, and
+:meth:`Gateway.watch_advisories` republishes at once the projects an
+import changes.
 """
 
 from __future__ import annotations
@@ -33,18 +37,21 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from proxy.gateway.advisories import AdvisoryWatch
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.gateway.pages import Rendered, render
+from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
 from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.publisher import Publisher, signed_page
 from proxy.protocol import index
 from proxy.protocol.access import not_listed
 from proxy.protocol.errors import Fault
+from proxy.protocol.osv import RULES as ADVISORY_RULES
+from proxy.protocol.osv import Block
 from proxy.storage.audit import AuditLog
-from proxy.util.locks import FetchLocks
+from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
@@ -54,6 +61,8 @@ MAX_ABSENT = 10_000
 MAX_TRACKED = 100_000
 # Past this, a worker stops waiting for another's publish of the same project and fetches it too.
 PUBLISH_LOCK_WAIT = 60.0
+# Projects an advisory change republishes per round (a second): each is one index fetch.
+REPUBLISH_BATCH = 100
 
 
 class Recent(OrderedDict[str, float]):
@@ -102,7 +111,8 @@ class Gateway:
 
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
                  metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
-                 prefetch_depth: int = 0, prefetch_max: int = 0) -> None:
+                 prefetch_depth: int = 0, prefetch_max: int = 0,
+                 advisories: AdvisoryWatch | None = None) -> None:
         self.client = client
         self.locks = locks
         self.ledger = ledger
@@ -121,6 +131,8 @@ class Gateway:
         self._revocations = set(ledger.revoked)
         self.prefetcher = Prefetcher(self._fetch_bytes, self._prefetch, prefetch_depth, prefetch_max,
                                      lambda outcome: metrics.prefetches.labels(outcome).inc())
+        self.advisories = advisories
+        self._blocked: dict[str, tuple[Block, ...]] = {}  # what advisories block now, by project
 
     def touch(self, project: str) -> None:
         """Record a use of a published project (the refresh order); any other name is not recorded."""
@@ -175,6 +187,9 @@ class Gateway:
                 listing = await self.fetch(project)
         else:  # a guess: signed in whichever batch comes next, holding no client's batch back
             listing = await self.fetch(project)
+        if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
+            self._refused_by_policy(project, refusal)
+            listing = refusal  # remembered as absent, like a project no index lists
         if isinstance(listing, Refusal):
             if listing.rule == RULE_PRIVATE:
                 self._refused_by_policy(project, listing)
@@ -256,14 +271,35 @@ class Gateway:
                         "cutoff": trimmed.cutoff.when.isoformat() if trimmed.cutoff else None}
         return {**answer, "refused": refusal.message, "rule": refusal.rule}
 
+    def _record_blocked(self, project: str, blocked: list[Block]) -> None:
+        """One audit record per file an advisory newly blocks; the gauge of blocks in force by rule."""
+        before = set(self._blocked.pop(project, ()))
+        if blocked:
+            self._blocked[project] = tuple(blocked)
+        for block in blocked:
+            if block in before:
+                continue
+            if block.allowed:  # the organisation accepted this risk: served, and on the record
+                self.audit.refused(reason="advisory-allowed", target=f"packages/{project}/{block.filename}",
+                                   detail=f"advisory {block.id} accepted by --allow-advisory", **block.audit_fields())
+                continue
+            self.metrics.refusals.labels(block.rule).inc()
+            self.audit.refused(reason=block.rule, target=f"packages/{project}/{block.filename}",
+                               detail=f"blocked by advisory {block.id}", **block.audit_fields())
+        totals = Counter(b.rule for blocks in self._blocked.values() for b in blocks if not b.allowed)
+        for rule in ADVISORY_RULES:
+            self.metrics.advisory_blocks.labels(rule).set(totals[rule])
+
     def accept(self, listing: Listing) -> Rendered:
         """Render ``listing`` and record what it pins and what it refused, before it is signed."""
         rebuilt, _ = rebuild_pins(self.ledger, self.publisher.repo.public_dir, [listing.project])
         if rebuilt:
             log.warning("ledger %s lacked %d pin(s) of %s that its signed page lists: rebuilt them from the signed page",
                         self.ledger.path, rebuilt, listing.project)
-        rendered = render(listing, self.ledger, self.policy, datetime.now(UTC))
+        advisories = self.advisories.advisories if self.advisories is not None else None
+        rendered = render(listing, self.ledger, self.policy, datetime.now(UTC), advisories)
         self._record_trimmed(listing.project, rendered.trimmed)
+        self._record_blocked(listing.project, rendered.blocked)
         records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
         if listing.project not in self.ledger.project_index:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
@@ -328,6 +364,46 @@ class Gateway:
         version = await self.publisher.publish(pages)
         return sum(1 for p in pages if self.publisher.resigned_at.get(p) == version)
 
+    async def watch_advisories(self, interval: float = 1.0, leader: Leadership | None = None) -> None:
+        """Run until cancelled: reload the advisory store when it changes and republish the published
+        projects it names at once (all of them the first time: the rules may have changed since they
+        were signed).  Under workers, every worker reloads; the leader republishes."""
+        if self.advisories is None:
+            return
+        due = set(self.advisories.advisories.projects())
+        while True:
+            due |= self.advisories.check()
+            if due and (leader is None or leader.held()):
+                self.publisher.reload()
+                # A project being published now may have been rendered with the old set: it is due next time.
+                # At most REPUBLISH_BATCH a round: the first round after a start may name thousands.
+                published = sorted(due & self.publisher.published)
+                batch, rest = published[:REPUBLISH_BATCH], published[REPUBLISH_BATCH:]
+                due = (due & self._inflight.keys()) | set(rest)
+                if batch:
+                    try:
+                        changed = await self.refresh(batch)
+                        log.info("advisories changed: republished %d of %d project(s)", changed, len(batch))
+                    except Exception as e:  # noqa: BLE001 - keep watching; the page ttl refreshes them anyway
+                        log.error("republishing after an advisory change failed: %s", e)
+            elif leader is not None and not leader.held():
+                due = set()
+            await asyncio.sleep(interval)
+
+    def _withhold_from_signed(self, project: str) -> index.ProjectPage | None:
+        """The signed page less the files advisories now block, when there are any (else None: keep it)."""
+        advisories = self.advisories.advisories if self.advisories is not None else None
+        page = self.publisher.repo.current_page(project) if advisories and project in advisories.projects() else None
+        if page is None:
+            return None
+        blocked = [b for d in page.files if (b := withheld(advisories, self.policy, project, d, None)) is not None
+                   and not b.allowed]
+        if not blocked:
+            return None
+        self._record_blocked(project, blocked)
+        gone = {b.filename for b in blocked}
+        return dataclasses.replace(page, files=tuple(f for f in page.files if f.filename not in gone))
+
     async def _fresh_page(self, project: str) -> index.ProjectPage | Refusal | None:
         if self.ledger.is_revoked(project):
             return None
@@ -337,9 +413,12 @@ class Gateway:
         try:
             listing = await self.fetch(project)
         except PageRefused:
-            return None  # an unreachable or lying index never unpublishes what is signed
+            # An unreachable or lying index never unpublishes what is signed, nor delays a block.
+            return self._withhold_from_signed(project)
         if isinstance(listing, Refusal) and listing.rule == RULE_PRIVATE:
             return listing
+        if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
+            return refusal
         if isinstance(listing, Refusal):
             # The index no longer lists it: its files leave the signed page.
             listing = Listing(project, self.ledger.project_index.get(project, ""), index.ProjectPage(name=project, files=()))

@@ -66,6 +66,7 @@ from proxy.protocol.layout import (
     project_page_target,
     root_page_target,
 )
+from proxy.protocol.osv import ADVISORY_TARGET
 from proxy.protocol.profiles import LayoutError, Profile, choose_profile, detect_profile
 from proxy.repository import (
     ChangeReport,
@@ -259,6 +260,12 @@ class _Sync:
             self.progress.fetched(target.path, written)
             self.mirrored.append(target)
             return True
+
+    async def advisories(self) -> None:
+        """The gateway's signed advisory store, when the repository signs one (``mirror verify`` reads it)."""
+        target = await self.lookup(ADVISORY_TARGET, required=False)
+        if target is not None:
+            await self.fetch(Want.of(target), self.trust.target_urls(target))
 
     async def page(self, path: str, required: bool) -> VerifiedTarget | None:
         target = await self.lookup(path, required)
@@ -520,6 +527,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         selected = [s for s in projects if s is not None]
         progress.counts.projects = len(selected)
         await run.files(selected)
+        await run.advisories()
         result = SyncResult(progress.counts, None, layout=layout)
         c = progress.counts
         if run.stopped or ((c.refused or c.failed) and not options.keep_going):

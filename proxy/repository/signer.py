@@ -685,6 +685,13 @@ class Repository:
                         os.unlink(self.public_dir / self.plain_name(self.profile.page_target(project, fmt)))
             return report
 
+    def publish_target(self, target_path: str, data: bytes, now: datetime | None = None) -> ChangeReport:
+        """Sign ``data`` as the target ``target_path`` (one snapshot and timestamp; nothing if it is signed already)."""
+        with self._locked():
+            change = _Change(self, _now(now))
+            change.put_target(target_path, data)
+            return change.commit() if change.dirty else change.report
+
     def remove(
         self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None
     ) -> ChangeReport:

@@ -144,8 +144,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("mirror_downloads", "concurrent file downloads per mirror (metadata has a pool of its own)",
            16, _positive_int, metavar="N"),
     *access_options("anonymous"),
-    Option("ca_bundle", "CA certificates to verify upstreams' (the gateway's) TLS with",
-           None, Path, metavar="FILE", shown="the system's"),
+    Option("ca_bundle", "CA certificates to verify upstreams' (the gateway's) TLS with", None, Path, metavar="FILE",
+           shown="the system's"),
     Option("client_cert", "present this client certificate (PEM, key included or --client-key) to upstreams that "
            "ask for one (a gateway with --tls-client-ca)", None, Path, metavar="FILE"),
     Option("client_key", "the private key of --client-cert", None, Path, metavar="FILE"),

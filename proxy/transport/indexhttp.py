@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -48,11 +48,13 @@ class RedirectRefused(DownloadError):
 
 @dataclass(frozen=True)
 class Response:
-    """A 200 answer: where it finally came from, its type, its bounded body."""
+    """A 200 answer: where it finally came from, its type, its bounded body (or a 304 to a conditional GET)."""
 
     url: str
     content_type: str
     body: ByteStream
+    status: int = 200
+    validators: Mapping[str, str] = field(default_factory=dict)  # ETag and Last-Modified, for the next conditional GET
 
 
 class IndexHTTP(AiohttpFetcher):
@@ -87,11 +89,17 @@ class IndexHTTP(AiohttpFetcher):
 
     @asynccontextmanager
     async def get(self, url: str, max_length: int, allowed: Iterable[str], accept: str | None = None,
-                  total: float | None = 600.0) -> AsyncIterator[Response]:
-        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds."""
+                  total: float | None = 600.0, conditional: Mapping[str, str] | None = None) -> AsyncIterator[Response]:
+        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds.
+
+        With ``conditional`` (the ``validators`` of an earlier answer), a 304 is answered with status 304 and no body.
+        """
         allowed_origins = {origin(a) for a in allowed}
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
         accepting = {"Accept": accept} if accept else {}
+        for name, header in (("ETag", "If-None-Match"), ("Last-Modified", "If-Modified-Since")):
+            if conditional and conditional.get(name):
+                accepting[header] = conditional[name]
         for _ in range(self.max_redirects + 1):
             if origin(url) not in allowed_origins:
                 raise RedirectRefused(url, "redirected to an origin that is not allowed")
@@ -107,13 +115,23 @@ class IndexHTTP(AiohttpFetcher):
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     url = urljoin(url, response.headers["Location"])
                     continue
+                validators = {k: response.headers[k] for k in ("ETag", "Last-Modified") if k in response.headers}
+                if response.status == 304 and conditional:
+                    yield Response(url, "", ByteStream(_nothing(), 0), 304, validators or dict(conditional))
+                    return
                 if response.status != 200:
                     raise DownloadHTTPError(url, response.status)
                 if response.content_length is not None and response.content_length > max_length:
                     raise DownloadLengthError(url, max_length, response.content_length)
                 yield Response(url, response.headers.get("Content-Type", ""),
-                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length))
+                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length),
+                               validators=validators)
                 return
             finally:
                 response.release()
         raise RedirectRefused(url, f"more than {self.max_redirects} redirects")
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing

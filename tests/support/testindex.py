@@ -56,6 +56,7 @@ class TestIndex:
         self.authorization: list[tuple[str, str, str | None]] = []
         self.projects: dict[str, list[IndexFile]] = {}
         self.raw_pages: dict[str, bytes] = {}
+        self.status: dict[str, tuple[str, str | None]] = {}  # project -> PEP 792 status and reason its page carries
         self.raw_types: dict[str, str] = {}  # project -> Content-Type of its raw page (default HTML)
         self.redirects: dict[str, str] = {}  # project -> Location its page redirects to
         self.stall: dict[str, threading.Event] = {}  # project -> event: its page's body waits for it
@@ -105,7 +106,7 @@ class TestIndex:
                 yanked=f.yanked, core_metadata={"sha256": hashlib.sha256(f.core).hexdigest()} if f.core else False,
                 size=len(f.data), upload_time=f.upload_time))
         versions = tuple(dict.fromkeys(f.path.name.split("-")[1].removesuffix(".tar.gz") for f in self.projects.get(project, [])))
-        return index.ProjectPage(name=project, files=tuple(files), versions=versions)
+        return index.ProjectPage(name=project, files=tuple(files), versions=versions).with_status(*self.status.get(project, (None, None)))
 
     # -- HTTP -----------------------------------------------------------
     async def _page(self, request: web.Request) -> web.Response:
