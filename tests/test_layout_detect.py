@@ -121,3 +121,21 @@ def test_an_edge_started_before_its_gateway_says_the_assumed_layout_was_wrong(tm
                 with pytest.raises(urllib.error.HTTPError) as ready:
                     urllib.request.urlopen(f"{edge.base}readyz", timeout=10)
                 assert ready.value.code == 503 and problem in ready.value.read().decode()
+
+
+@pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
+def test_a_restarted_edge_finds_its_metadata_where_it_is_not_where_it_trusted_before(
+        layout: str, sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    root = str(sample_repo.repo.metadata_dir / "1.root.json")
+    for _ in range(2):  # the second start has trusted metadata from the first, and metadata/ still answers 404
+        with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", root, "--workers", "1") as edge:
+            wait_for(lambda: _ready(edge.base), what="ready: a refresh reached the upstream's tuf-metadata/",
+                     timeout=15)
+            assert "layout warehouse (detected from the signed metadata)" in edge.log()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{base}readyz", timeout=10).status == 200
+    except urllib.error.HTTPError:
+        return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.protocol.errors import TrustError
+from proxy.protocol.errors import RepositoryError, TrustError
 from proxy.protocol.profiles import TUFPROXY, WAREHOUSE, Profile, choose_profile, detect_profile
 from proxy.trust.client import TrustedClient
 
@@ -56,7 +56,10 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
 
     Raises :class:`~proxy.protocol.profiles.LayoutError` when ``insisted`` contradicts the metadata.
     """
-    first: tuple[TrustedClient, Profile, TrustError | None] | None = None
+    # Metadata that answered at a path (verified now, or refused: it is there) settles the path. A path that
+    # did not answer is only a fallback: what an earlier run trusted says nothing about where the metadata is.
+    tried: list[tuple[str, TrustedClient, Profile, TrustError | None]] = []
+    kept = tried
     for path in paths:
         guess = _guess(path, insisted)
         client = await open_at(path, guess)
@@ -65,26 +68,27 @@ async def open_detected(open_at: OpenAt, paths: Sequence[str], insisted: Profile
             error = None
         except TrustError as e:
             error = e
-        targets = client.verified_targets
-        if targets is None:  # nothing verified here, now or before
-            if first is None:
-                first = (client, guess, error)  # kept: what it failed with is what /readyz reports
-            else:
-                client.close()
-            continue
-        if first is not None:
-            first[0].close()
-        try:
-            profile = choose_profile(detect_profile(targets), insisted, source)
-        except BaseException:
-            client.close()
-            raise
-        if profile.served_name is not guess.served_name:
-            client.close()  # reopened on what it just verified and kept: no new fetch
-            client = await open_at(path, profile)
-        how = "given" if insisted is not None else "detected from the signed metadata"
-        return Detected(client, profile, how, error)
-    assert first is not None  # paths is never empty
-    client, profile, error = first
-    why = "given" if insisted is not None else "assumed until the metadata verifies: restart to detect it"
-    return Detected(client, profile, why, error, verified=False)
+        tried.append((path, client, guess, error))
+        if client.verified_targets is not None and (error is None or isinstance(error, RepositoryError)):
+            break
+    else:
+        with_state = [t for t in tried if t[1].verified_targets is not None]
+        kept = with_state[:1] or tried[:1]  # trusted before, else the first path, where /readyz says what failed
+    path, client, guess, error = kept[-1]
+    for other in tried:
+        if other[1] is not client:
+            other[1].close()
+    targets = client.verified_targets
+    if targets is None:
+        why = "given" if insisted is not None else "assumed until the metadata verifies: restart to detect it"
+        return Detected(client, guess, why, error, verified=False)
+    try:
+        profile = choose_profile(detect_profile(targets), insisted, source)
+    except BaseException:
+        client.close()
+        raise
+    if profile.served_name is not guess.served_name:
+        client.close()  # reopened on what it just verified and kept: no new fetch
+        client = await open_at(path, profile)
+    how = "given" if insisted is not None else "detected from the signed metadata"
+    return Detected(client, profile, how, error)
