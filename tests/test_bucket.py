@@ -503,3 +503,21 @@ def test_refused_credentials_end_start_up_with_one_line_and_are_never_printed(
     [line] = r.stderr.strip().splitlines()
     assert f"bucket s3://{BUCKET}/creds/ refused the credentials of {source}" in line and "403" in line, line
     assert wrong not in r.stderr + r.stdout and ACCESS_KEY not in r.stderr + r.stdout
+
+
+def test_a_restore_without_its_high_water_mark_is_detected_from_the_bucket(seaweed: Seaweed, tmp_path: Path) -> None:
+    """Issue 27, item 4: a backup restored on a new host (no run/ left) is older than the bucket's timestamp."""
+    import shutil
+
+    with gateway_to_bucket(seaweed, tmp_path, "restored") as gw:
+        assert gw.publish("base")[0] == 200
+        shutil.copytree(gw.directory / "public", tmp_path / "backup")
+        assert gw.publish("lib")[0] == 200  # pushed before the answer: the bucket holds the newer timestamp
+        gw.stop()
+        shutil.rmtree(gw.directory / "public")
+        shutil.copytree(tmp_path / "backup", gw.directory / "public")
+        (gw.directory / "gateway" / "run" / "high-water.json").unlink()
+        gw.start()
+        restored = [line for line in gw.log().splitlines() if "restored from an older copy" in line]
+        assert len(restored) == 1 and "re-signed every online role" in restored[0], gw.log()
+        assert gw.publish("app")[0] == 200

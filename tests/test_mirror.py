@@ -72,7 +72,7 @@ def test_sync_writes_a_verified_tree_that_serves_offline(
     out = capsys.readouterr().out
     signed = all_targets(sample_repo.repo)
     wanted = {p for p in signed if p.split("/")[1] in PROJECTS or p.startswith("simple/index.")}
-    assert "synced 3 project(s)" in out and f"{len(wanted)} file(s), {len(wanted)} fetched" in out
+    assert "synced 3 project(s)" in out and f"{len(wanted)} target(s), {len(wanted)} fetched" in out
     # Every selected target under its plain name and both hash names, byte for byte; nothing else.
     on_disk = names(dest)
     for path in wanted:
@@ -228,7 +228,7 @@ def test_twenty_projects_progress_and_summary(tmp_path: Path, capsys: pytest.Cap
     assert code == 0
     out = capsys.readouterr()
     files = 2 + 20 * 2 + 20 * 2  # root pages, project pages, wheels, .metadata
-    assert f"synced 20 project(s): {files} file(s), {files} fetched" in out.out and "0 refused" in out.out
+    assert f"synced 20 project(s): {files} target(s), {files} fetched" in out.out and "0 refused" in out.out
     fetched = [line for line in out.err.splitlines() if line.startswith("fetched packages/") and ".whl (" in line]
     assert len(fetched) == 20 and all(re.search(r"\(\d+(\.\d)? (B|kB)\) \[\d+/82\]$", line) for line in fetched)
 

@@ -14,6 +14,7 @@ are known by :data:`COMMANDS`, whose one-line help ``tufproxy --help`` lists.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
@@ -38,14 +39,53 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("proxy.cli.gateway", "publish a plain index's packages as a PEP 458 repository signed with your "
                                      "own keys"),
     "cache": ("proxy.cli.cache", "inspect a proxy's cache directory"),
+    "why": ("proxy.cli.why", "ask a gateway why a version or file is not offered (cooldown, denied, private, ...)"),
+    "doctor": ("proxy.cli.doctor", "check a running gateway and edge end to end, one line per check with the fix"),
 }
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, except that a usage error is one line (and where help is), exit 2."""
+    """argparse's parser, except that a usage error is one line (and where help is), exit 2, and a flag
+    is never abbreviated (``--index-ur`` is a typo, not ``--index-url``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but what nobody recognised is reported by the (sub)command it was given to,
+        with the nearest flag it has."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = _find(self, getattr(parsed, "prog", self.prog))
+            command.error(_unrecognised(command, extras))
+        return parsed
+
+
+def _find(parser: argparse.ArgumentParser, prog: str) -> argparse.ArgumentParser:
+    """The (sub)command parser called ``prog`` under ``parser`` (``parser`` itself if none is)."""
+    if parser.prog == prog:
+        return parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found = _find(child, prog)
+                if found is not parser and found.prog == prog:
+                    return found
+    return parser
+
+
+def _unrecognised(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: --files-orgin (did you mean --files-origin?)``."""
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    hints = []
+    for word in extras:
+        near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1) if word.startswith("--") else []
+        hints.append(f"{word} (did you mean {near[0]}?)" if near else word)
+    return f"unrecognized arguments: {' '.join(hints)}"
 
 
 class _Commands(argparse._SubParsersAction):

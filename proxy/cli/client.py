@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
 from proxy.protocol.errors import EXIT_REFUSED, CommandError, RepositoryError, TrustError
 from proxy.protocol.model import Mirror, TrustConfig, VerifiedTarget
+from proxy.protocol.profiles import detect_profile
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust.client import TrustedClient
 from proxy.trust.fetch import Want, fetch_bytes
@@ -130,12 +132,23 @@ async def _online(args: argparse.Namespace) -> int:
     client = TrustedClient(args.metadata_dir, [mirror], fetcher, _CONFIG)
     try:
         await client.refresh(force=True)
+        _use_layout(client)
         for name in args.target_name or []:
             await _download(client, fetcher, await client.get_target(name), args.target_dir)
         return 0
     finally:
         client.close()
         await fetcher.close()
+
+
+def _use_layout(client: TrustedClient) -> None:
+    """Name targets as the layout the verified metadata has does (a warehouse page is served under its own
+    name); a repository of no known layout keeps TUF's consistent-snapshot names."""
+    targets = client.verified_targets
+    layouts = detect_profile(targets) if targets is not None else ()
+    if layouts:
+        logging.getLogger(__name__).info("layout %s (detected from the signed metadata)", layouts[0].name)
+        client.config = replace(client.config, served_name=layouts[0].served_name)
 
 
 async def _download(client: TrustedClient, fetcher: Fetcher, target: VerifiedTarget, target_dir: Path) -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import fcntl
 import json
 import logging
 import os
+import re
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,28 +27,43 @@ from typing import Any
 from aiohttp import web
 from packaging.utils import canonicalize_name
 
-from proxy.cli.repo import _days, _guarded
-from proxy.gateway.app import GatewayApp
+from proxy.cli import advisories
+from proxy.cli import ceremony as ceremony_cli
+from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
+from proxy.cli.up import add_up
+from proxy.gateway.advisories import AdvisoryWatch, store_path
+from proxy.gateway.app import GatewayApp, gateway_resource
+from proxy.gateway.feeds import Feeds
 from proxy.gateway.files import FileSource
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher
-from proxy.gateway.service import Gateway
+from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
+from proxy.gateway.service import Gateway, rebuild_pins
+from proxy.gateway.startcheck import files_origin_problem
+from proxy.protocol import index
+from proxy.protocol.access import AUTHENTICATED, Rules
 from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
 from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import url_list as _url_list
-from proxy.repository import Expiry, Repository, RepositoryError
-from proxy.serving.config import _store_url, add_arguments, read_config
+from proxy.repository import Repository, RepositoryError
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
+from proxy.serving.access import AccessMiddleware, refusals_counter
+from proxy.serving.config import _rules, _store_url, access_options, add_arguments, read_config
+from proxy.serving.guard import Guard
+from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.serve import stop_on_signals
 from proxy.serving.workers import Started, Supervisor
 from proxy.storage.audit import AuditLog
 from proxy.storage.treepush import TreePush
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
-from proxy.transport.indexhttp import IndexHTTP, strip_credentials
+from proxy.transport.credentials import OriginAuth, strip_credentials
+from proxy.transport.indexhttp import IndexHTTP
+from proxy.transport.tls import ServerTLS, TLSConfigError, server_tls
 from proxy.trust.fetch import Pace
 from proxy.util import logs
 from proxy.util.atomic import atomic_write
@@ -53,6 +71,17 @@ from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
 DEFAULT_BINS = 1024
+ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this
+
+
+def _file_urls(value: str | list[str]) -> list[str]:
+    """http(s) URLs of files (a feed's zip): as given, with no slash added; text split on commas and spaces."""
+    items = value if isinstance(value, list) else [value]
+    urls = [u for item in items for u in re.split(r"[\s,]+", str(item).strip()) if u]
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ConfigError(f"not an http(s) URL: {bad[0]!r}")
+    return urls
 
 
 def ledger_dir(directory: Path) -> Path:
@@ -74,33 +103,48 @@ OPTIONS: tuple[Option, ...] = (
     Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
     Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
            metavar="SECONDS"),
+    Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
+           "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
+    Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
-    Option("ca_bundle", "CA certificates to verify the index's TLS with (default: the system's)", None, Path, metavar="FILE"),
+    Option("ca_bundle", "CA certificates to verify the index's TLS with", None, Path, metavar="FILE", shown="the system's"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
     Option("read_timeout", "seconds an index may stay silent mid-response", 30.0, _positive_float, metavar="SECONDS"),
     Option("max_page_size", "largest index page accepted", "64M", parse_size, metavar="SIZE"),
     Option("max_file_size", "largest file accepted when the page gives no size", "4G", parse_size, metavar="SIZE"),
     Option("workers", "worker processes sharing DIR (one signs at a time; about one per CPU)", 1, int, metavar="N"),
     Option("cache_dir", "keep files fetched on demand (and worker locks and metrics) here instead of in DIR/public "
-           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2"),
+           "and DIR/gateway/run: what can be lost and fetched again", None, Path, metavar="DIR2",
+           shown="DIR/public and DIR/gateway/run"),
     Option("store", "also publish the signed repository (metadata, pages, files in DIR/public or --cache-dir) "
            "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
            "it from there",
            None, _store_url, metavar="URL"),
-    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store (default: AWS's)", None, metavar="URL"),
+    Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
+    Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
+           "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
+    Option("advisories_refresh", "seconds between conditional GETs of each --advisories-url", 3600.0, _positive_float,
+           metavar="SECONDS"),
+    Option("advisories_max_size", "largest --advisories-url body accepted", "1G", parse_size, metavar="SIZE"),
     Option("log_level", "debug, info, warning or error", "info", metavar="LEVEL"),
     Option("log_format", "text or json, on stderr", "text", metavar="FORMAT"),
-    Option("audit_log", "append audit records (JSON lines) to this file instead of stdout", None, Path, metavar="FILE"),
+    Option("audit_log", "append audit records (JSON lines) to this file", None, Path, metavar="FILE", shown="stdout"),
+    *access_options("authenticated"),
+    Option("publish_rule", "PATTERN=WHO: who may ask the gateway to publish (POST /_tufproxy/publish/<project>) "
+           "projects matching PATTERN; repeatable; unmatched projects: authenticated", [], _rules, repeat=True,
+           metavar="PATTERN=WHO"),
+    Option("tls_client_ca", "ask every client (edges) for a certificate signed by this CA (mTLS); needs --tls-cert",
+           None, Path, metavar="FILE"),
 )
 
 SERVE_HELP = """\
-The miss protocol: an edge (tufproxy serve --profile gateway) that finds no
+The miss protocol: an edge (tufproxy serve) that finds no
 signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
 fetches the page from the first index that lists it, checks it, pins its
 files in DIR/gateway/ledger.jsonl, signs it (batched with whatever else
 arrives in --batch-window) and answers {"timestamp_version": N} once that
 timestamp is written, or 404 when no index lists the project. Edges run:
-  tufproxy serve --profile gateway --upstream http://GATEWAY:8081/ \\
+  tufproxy serve --upstream http://GATEWAY:8081/ \\
       --root DIR/public/metadata/1.root.json
 
 --workers N runs N processes on one port sharing DIR: each batches its own
@@ -109,11 +153,13 @@ signed state from disk; a project's page is fetched by one of them.
 
 What lives where (back up the first three; the rest is fetched again):
   DIR/keys/               signing keys: root-*.pem, targets.pem, bins.pem
-                          (keep offline) and online.pem (the running gateway's)
+                          (keep offline) and online.pem (the running gateway's);
+                          uris.json for keys in a token or KMS (no private key)
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
-                          memory of what was served) and policy.json
+                          memory of what was served), policy.json and
+                          advisories.json (imported OSV advisories)
   DIR/public/packages/    files fetched on demand, checked against the ledger;
                           with --cache-dir DIR2: DIR2/packages/ instead
   DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
@@ -121,19 +167,18 @@ What lives where (back up the first three; the rest is fetched again):
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    expiry = Expiry(root=args.root_expiry, targets=args.offline_expiry, bins=args.offline_expiry,
-                    timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry)
-    repo = Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold,
-                           expiry=expiry, layout="gateway", clock_versions=True)
+    repo = init_repository(args, layout="gateway", clock_versions=True)
     ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
-    print(f"initialised gateway {repo.path}: {args.bins} bins, {args.root_keys} root key(s), threshold {args.root_threshold}")
-    print(f"keys in {repo.keys.directory}: move root-*.pem, targets.pem and bins.pem offline; "
-          "the gateway needs only online.pem")
+    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print("the running gateway needs only the online key")
     print(f"edges pin {repo.metadata_dir / '1.root.json'}")
     return 0
 
 
 def _open(directory: Path) -> Repository:
+    if not (Path(directory) / "repository.json").exists():
+        raise CommandError(f"{directory} is not a repository (no repository.json): create one with "
+                           f"'tufproxy gateway init {directory}'")
     try:
         repo = Repository.open(directory)
     except RepositoryError as e:
@@ -154,6 +199,10 @@ async def _pusher(values: dict, directory: Path, public: Path,
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None)
+        # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
+        published = await bucket.read("metadata/timestamp.json")
+        if published is not None:
+            await asyncio.to_thread(_check_restore, directory, cache, timestamp_version(published))
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
@@ -180,6 +229,10 @@ class GatewayWorkers:
         return self.values["listen"]
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.values["tls_cert"] else "http"
+
+    @property
     def state_dir(self) -> Path:
         return state_dir(self.directory, self.values["cache_dir"]) / "run"
 
@@ -201,24 +254,47 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     http = IndexHTTP(values["index_url"], files_origins=files_origins, ca_bundle=values["ca_bundle"],
                      connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
-    ledger = Ledger(ledger_dir(directory))
+    ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
+    try:
+        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
+        await asyncio.to_thread(repo.keys.check, ONLINE)
+    except KeyUnavailable as e:
+        audit.close()
+        raise CommandError(f"the online key: {e}") from None
     pusher = await _pusher(values, directory, repo.public_dir, metrics)
+    private_indexes = set(_private_indexes(values))
+
+    def private(project: str) -> bool:
+        """Private: claimed by --private-project, or taken from an index that needs credentials."""
+        return (policy.claimed_private(project) is not None
+                or ledger.project_index.get(project) in private_indexes)
+
+    def key_failed(error: KeyUnavailable) -> None:
+        metrics.signing_errors.inc()
+        audit.refused(reason="signing-unavailable", target="metadata/timestamp.json", detail=str(error)[:500])
+
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
-                          after=pusher.push if pusher is not None else None)
+                          after=pusher.push if pusher is not None else None, key_failed=key_failed, private=private,
+                          high_water=high_water_file(directory, values["cache_dir"]))
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
-    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks)
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
+                      prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))))
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
-    app = GatewayApp(gateway, files, repo.public_dir)
+    access, tls = _access(values, gateway, audit, metrics, private)
+    app = GatewayApp(gateway, files, repo.public_dir, access=access)
     runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = values["listen"]
     try:
-        await (web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)).start()
+        context = tls.context if tls is not None else None
+        await (web.TCPSite(runner, host, port, ssl_context=context) if sock is None
+               else web.SockSite(runner, sock, ssl_context=context)).start()
     except OSError as e:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
@@ -226,13 +302,30 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
     # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
+    reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
                                            tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+    watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
+    feeds = None
+    if values["advisories_url"]:
+        feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
+                              connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+        feeds = (feed_http, asyncio.create_task(
+            Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
+                  max_size=values["advisories_max_size"])
+            .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:
         fresh.cancel()
+        watching.cancel()
+        if feeds is not None:
+            feeds[1].cancel()
+            await feeds[0].close()
+        if reload_tls is not None:
+            reload_tls.cancel()
         if pushing is not None:
             pushing.cancel()
+        await gateway.prefetcher.cancel()
         await publisher.stop()
         await runner.cleanup()
         await http.close()
@@ -246,12 +339,40 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
 async def _serve(directory: Path, values: dict, policy: Policy) -> None:
     started, port = await _start(directory, values, policy, None, None)
     stop = stop_on_signals()
-    print(f"tufproxy gateway serving {directory / 'public'} on http://{values['listen'][0]}:{port}/ "
+    scheme = "https" if values["tls_cert"] else "http"
+    print(f"tufproxy gateway serving {directory / 'public'} on {scheme}://{values['listen'][0]}:{port}/ "
           f"(indexes: {', '.join(strip_credentials(u)[0] for u in values['index_url'])})", flush=True)
     try:
         await stop.wait()
     finally:
         await started.stop()
+
+
+def serve_lock(directory: Path) -> Path:
+    return ledger_dir(directory) / "serve.lock"
+
+
+def _claim(directory: Path, listen: tuple[str, int]) -> None:
+    """Refuse a second gateway on DIR in one line: it would sign beside this one and re-publish at once.
+
+    A POSIX record lock on DIR/gateway/serve.lock, held while this process lives: the OS drops it when the
+    process dies (even by SIGKILL), and --workers children never hold it (record locks are not inherited).
+    """
+    path = serve_lock(directory)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise CommandError(f"cannot open {path}: {e.strerror}") from e
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CommandError(f"{directory} is already served by another gateway ({holder}): stop that one first, "
+                           "or give it more --workers") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {listen[0]}:{listen[1]}".encode(), 0)
+    # The descriptor stays open (and the lock held) until the process exits.
 
 
 def resolve_serve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], Policy]:
@@ -270,21 +391,113 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError("give --index-url URL (the index to take projects from; there is no default)")
     if values["workers"] < 1:
         raise CommandError("--workers: give 1 or more")
+    _fail_closed(values)
     directory = Path(args.dir)
-    _open(directory)
+    try:
+        _open(directory).check()  # a damaged metadata file is named now, not met mid-publish
+    except RepositoryError as e:
+        raise CommandError(str(e)) from e
+    _claim(directory, values["listen"])
     logs.configure(values["log_level"], values["log_format"])
     try:
         atomic_write(policy_file(directory), json.dumps(policy.to_json(), indent=2).encode() + b"\n")
     except OSError as e:
         raise CommandError(f"cannot record the policy in {policy_file(directory)}: {e.strerror}") from e
     print("policy, applied before signing:\n  " + policy.describe(datetime.now(UTC)).replace("\n", "\n  "), flush=True)
+    _check_restore(directory, values["cache_dir"])
+    _check_ledger(directory)
+    problem = asyncio.run(_files_origin_problem(values))
+    if problem is not None:
+        log.warning("foreign-origin: %s", problem)
     if values["workers"] > 1:
         return Supervisor(GatewayWorkers(directory, values, policy), values["workers"]).run()
     asyncio.run(_serve(directory, values, policy))
     return 0
 
 
+def high_water_file(directory: Path, cache_dir: Path | None) -> Path:
+    """The highest timestamp version published, kept with what is never restored from a backup."""
+    return state_dir(directory, cache_dir) / "run" / "high-water.json"
+
+
+def _check_restore(directory: Path, cache_dir: Path | None, remembered: int = 0) -> None:
+    """A directory older than what this gateway published (a restore): re-sign every online role above it.
+    ``remembered``: a timestamp version published elsewhere (the bucket's copy)."""
+    repo = _open(directory)
+    try:
+        restored = resign_after_restore(repo, high_water_file(directory, cache_dir), remembered)
+    except KeyUnavailable as e:
+        raise CommandError(f"{repo.metadata_dir} was restored from an older copy and must be re-signed, but the "
+                           f"online key cannot sign: {e}") from None
+    if restored is not None:
+        log.warning("%s was restored from an older copy (timestamp v%d, below v%d published before): re-signed "
+                    "every online role, all %d bins included, above anything published", repo.metadata_dir,
+                    restored[0], restored[1], repo.settings.bins)
+
+
+def _check_ledger(directory: Path) -> None:
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    ledger = Ledger(ledger_dir(directory))
+    existed = ledger.path.exists()
+    public = Path(directory) / "public"
+    published = [*signed_projects(public), *_open(directory).private_projects()]
+    try:
+        rebuilt, projects = rebuild_pins(ledger, public, published)
+    except OSError as e:
+        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    if not existed:
+        log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
+                    rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
+    elif rebuilt:
+        log.warning("ledger %s lacks %d pin(s) of %d project(s) that the signed pages list (truncated, replaced or "
+                    "restored from an older copy?): rebuilt them from the signed pages", ledger.path, rebuilt, projects)
+
+
+async def _files_origin_problem(values: dict) -> str | None:
+    http = IndexHTTP(values["index_url"], files_origins=values["files_origin"], ca_bundle=values["ca_bundle"],
+                     connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+    try:
+        return await files_origin_problem(IndexClient(http, tuple(values["files_origin"]), values["max_page_size"]))
+    finally:
+        await http.close()
+
+
+def _private_indexes(values: dict[str, Any]) -> tuple[str, ...]:
+    """The --index-url entries that need credentials (in the URL or netrc), without them: their projects are private."""
+    auth = OriginAuth()
+    return tuple(clean for clean in auth.add_all(values["index_url"]) if auth.has(clean))
+
+
+def _fail_closed(values: dict[str, Any]) -> None:
+    """Refuse to turn a password-protected index into a public one (one line naming the index and the fix)."""
+    guarded = values["auth_file"] is not None or values["tls_client_ca"] is not None
+    private = _private_indexes(values)
+    if private and not guarded and not values["allow_anonymous_private"]:
+        raise CommandError(f"index {private[0]} needs credentials, so its projects are private, and this gateway "
+                           "would serve them to anyone: give --auth-file FILE (readers must authenticate) or "
+                           "--tls-client-ca FILE, or --allow-anonymous-private yes to accept that")
+
+
+def _access(values: dict[str, Any], gateway: Gateway, audit: AuditLog, metrics: GatewayMetrics,
+            private: Callable[[str], bool]) -> tuple[AccessMiddleware | None, ServerTLS | None]:
+    """The guard's middleware (None without --auth-file and rules) and the listener's TLS."""
+    try:
+        tls = server_tls(values["tls_cert"], values["tls_key"], values["tls_client_ca"])
+        if values["auth_file"] is None and not values["read_rule"] and not values["publish_rule"]:
+            return None, tls
+        passwords = Passwords(values["auth_file"], values["auth_groups"]) if values["auth_file"] else None
+    except (AuthFileError, TLSConfigError) as e:
+        raise CommandError(str(e)) from None
+    authenticated = frozenset({AUTHENTICATED})
+    guard = Guard(passwords, Rules(values["read_rule"], authenticated, values["allow_anonymous_private"]),
+                  Rules(values["publish_rule"], authenticated))
+    any_private = bool(gateway.policy.private_project) or bool(_private_indexes(values))
+    return AccessMiddleware(guard, gateway_resource(private, any_private), audit,
+                            refusals_counter(metrics.registry)), tls
+
+
 def _cmd_ledger(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
     if args.json:
         print(json.dumps(entries, indent=2))
@@ -292,6 +505,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     for e in entries:
         if e["kind"] == "project":
             print(f"project {e['project']} from {e['index']}")
+        elif e["kind"] == "seen":
+            print(f"seen {e['project']} {e['filename']} cooldown from {e['counts_from'] or 'its upload-time'}")
         elif e["kind"] == "pin":
             size = "?" if e["size"] is None else e["size"]
             print(f"pin {e['project']} {e['filename']} sha256={e['hashes'].get('sha256', '?')} size={size} ({e['time']})")
@@ -301,6 +516,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    _open(Path(args.dir))
     path = policy_file(Path(args.dir))
     try:
         recorded = json.loads(path.read_text())
@@ -314,29 +530,61 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_running(directory: Path) -> bool:
+    """Whether a ``gateway serve`` holds DIR (its :func:`_claim` on ``serve.lock``): ``gateway revoke`` asks."""
+    try:
+        fd = os.open(serve_lock(directory), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (closing drops this process's probe lock, if it got one)
+    return False
+
+
+def _lists(page: index.ProjectPage | None, filename: str | None) -> bool:
+    return page is not None and (filename is None or any(f.filename == filename for f in page.files))
+
+
 def _cmd_revoke(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    repo = Repository.open(directory)
+    repo = _open(directory)
     project = canonicalize_name(args.project)
+    what = f"{project} {args.filename or '(whole project)'}"
     ledger = Ledger(ledger_dir(directory))
+    before = repo.load_metadata("timestamp").signed.version
+    running = _gateway_running(directory)
     ledger.append([{"kind": "revoke", "project": project, "filename": args.filename, "reason": args.reason}])
-    page = repo.current_page(project)
-    if page is not None and args.filename is not None:
-        page = type(page)(name=page.name, files=tuple(f for f in page.files if f.filename != args.filename),
-                          versions=page.versions, api_version=page.api_version)
-    start = time.monotonic()
-    report = repo.publish_pages({project: None if args.filename is None else page} if page is not None else {})
     audit = AuditLog(args.audit_log)
     try:
         audit.refused(reason="revoked", target=f"packages/{project}/{args.filename}" if args.filename else f"simple/{project}/",
                       detail=args.reason or "revoked by the operator")
     finally:
         audit.close()
-    versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
-    took = time.monotonic() - start
-    outcome = f"published {versions} in {took:.2f}s" if versions else "was not published; kept out from now on"
-    print(f"revoked {project} {args.filename or '(whole project)'}: {outcome}")
-    return 0
+    start = time.monotonic()
+    page = repo.current_page(project)
+    if not _lists(page, args.filename):
+        print(f"revoked {what}: was not published; kept out from now on")
+        return 0
+    if not running:
+        if page is not None and args.filename is not None:
+            page = dataclasses.replace(page, files=tuple(f for f in page.files if f.filename != args.filename))
+        report = repo.publish_pages({project: None if args.filename is None else page})
+        versions = ", ".join(f"{r} v{v}" for r, v in report.signed.items() if r in ("snapshot", "timestamp"))
+        print(f"revoked {what}: published {versions} in {time.monotonic() - start:.2f}s (no gateway is running)")
+        return 0
+    # The running gateway signs it: confirmed only by a timestamp of its own that no longer lists the file.
+    while time.monotonic() - start < args.wait:
+        time.sleep(0.2)
+        version = repo.load_metadata("timestamp").signed.version
+        if version > before and not _lists(repo.current_page(project), args.filename):
+            print(f"revoked {what}: published by the running gateway in timestamp v{version}, {time.monotonic() - start:.2f}s")
+            return 0
+    raise CommandError(f"recorded the revocation of {what} in {ledger.path}, but the running gateway did not publish "
+                       f"a timestamp without it within {args.wait:g}s: it has not applied it; see its log")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -345,11 +593,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gateway",
         description="Fetch projects from a plain PEP 503/691 index on demand, check every file against the "
         "index's hashes, pin them, and publish them as a TUF repository signed with the organisation's keys, "
-        "which edges (tufproxy serve --profile gateway) and mirrors verify from its root.",
+        "which edges (tufproxy serve) and mirrors verify from its root.",
     )
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR")
+    p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
+                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument(
         "--bins",
@@ -357,8 +606,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_BINS,
         help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
     )
-    p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
-    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument(
         "--offline-expiry",
@@ -389,6 +637,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_policy_arguments(p)
     p.set_defaults(func=_guarded(_cmd_serve))
 
+    add_up(sub)
+
     p = sub.add_parser(
         "policy",
         help="show the policy the gateway in DIR last started with",
@@ -399,6 +649,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output (the TOML keys and values)")
     p.set_defaults(func=_guarded(_cmd_policy))
 
+    advisories.register(sub, ledger_dir, policy_file)
+
     p = sub.add_parser("ledger", help="show the pinned files, their index and the revocations")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -407,12 +659,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "revoke",
         help="remove a project or one file from the signed tree now, and keep it out",
-        description="Unpublish PROJECT (or only FILENAME) in one publish, record it in the ledger so "
-        "later refreshes keep it out, and write an audit record. Works beside a running gateway.",
+        description="Record the revocation of PROJECT (or only FILENAME) in the ledger so later refreshes keep it "
+        "out, write an audit record, and unpublish it in one publish: by the running gateway if one runs (confirmed "
+        "once a timestamp it signed no longer lists it), else here.",
     )
     p.add_argument("dir", metavar="DIR")
     p.add_argument("project", metavar="PROJECT")
     p.add_argument("filename", metavar="FILENAME", nargs="?")
     p.add_argument("--reason", help="why (kept in the ledger and the audit record)")
     p.add_argument("--audit-log", type=Path, metavar="FILE", help="append the audit record here (default: stdout)")
+    p.add_argument("--wait", type=_positive_float, default=30.0, metavar="SECONDS",
+                   help="with a gateway running, how long to wait for it to publish a timestamp without the file "
+                   "(default: 30); exit 2 if it does not")
     p.set_defaults(func=_guarded(_cmd_revoke))
+
+    ceremony_cli.register(sub, _open, _guarded)

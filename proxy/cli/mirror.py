@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from proxy.mirror.lockfiles import read_lock
 from proxy.mirror.progress import Progress
 from proxy.mirror.select import (
     FileFilter,
@@ -22,6 +23,8 @@ from proxy.mirror.verify import verify_tree
 from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, parse_datetime, parse_size, parsed
 from proxy.protocol.profiles import get_profile
+from proxy.storage.audit import redact_url
+from proxy.transport.credentials import OriginAuth
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")
@@ -32,15 +35,20 @@ def _upstream(value: str) -> str:
     url = urlsplit(value)
     if (url.scheme in ("http", "https") and url.hostname) or (not url.scheme and Path(value).is_dir()):
         return value
-    raise CommandError(f"--upstream must be an http(s) URL or an existing directory, not {value!r}")
+    raise CommandError(f"--upstream must be an http(s) URL or an existing directory, not {redact_url(value)!r}")
 
 
 def _options(args: argparse.Namespace) -> SyncOptions:
+    auth = OriginAuth()
     upstream = _upstream(args.upstream)
+    if urlsplit(upstream).scheme in ("http", "https"):
+        upstream = auth.add(upstream)  # user:password@ or netrc: sent to that origin only, never printed
     try:
         wanted = [parse_requirement(p) for p in args.project or ()]
         for req_file in args.requirements or ():
             wanted += read_requirements(Path(req_file))
+        for lock in args.from_lock or ():
+            wanted += read_lock(Path(lock))
         file_filter = FileFilter.of(
             spec=args.version_spec, platforms=args.platform or (), abis=args.abi or (),
             python_versions=args.python_version or (), sdists=not args.no_sdist, yanked=not args.exclude_yanked,
@@ -55,7 +63,8 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
-        metadata_path=args.metadata_path, profile=get_profile(args.profile),
+        metadata_path=args.metadata_path, profile=get_profile(args.profile) if args.profile else None, auth=auth,
+        ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None,
     )
 
 
@@ -66,6 +75,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         result = asyncio.run(sync(options, progress))
     except MirrorError as e:
         raise CommandError(str(e)) from e
+    print(result.layout)
     print(progress.summary())
     if result.published_snapshot is None:
         print(f"nothing published: {options.dest} still serves its previous state (rerun to resume)")
@@ -90,9 +100,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)
     if args.json:
-        print(json.dumps({"sound": sound, "checked": report.checked, "metadata_error": report.metadata_error,
+        print(json.dumps({"sound": sound, "targets": report.targets, "checked": report.checked,
+                          "metadata_error": report.metadata_error,
                           "missing": report.missing, "corrupt": [{"name": n, "why": w} for n, w in report.corrupt],
-                          "extra": report.extra, "expired_metadata_used_for": report.expired}, indent=2))
+                          "extra": report.extra, "expired_metadata_used_for": report.expired,
+                          "blocked": [b.audit_fields() for b in report.blocked]}, indent=2))
         return 0 if sound else 1
     if report.metadata_error:
         print(f"metadata refused: {report.metadata_error}")
@@ -102,9 +114,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"corrupt {name}: {why}")
     for name in report.extra:
         print(f"extra {name}")
+    for b in report.blocked:
+        print(f"BLOCKED by advisory {b.id} ({b.rule}, severity {b.severity or '-'}): {b.project} {b.version or '?'} {b.filename}")
     if report.expired:
         print(f"WARNING: {len(report.expired)} target(s) verified only under --allow-expired-until: their metadata has expired")
-    print(f"{'sound' if sound else 'NOT SOUND'}: {report.checked} file(s) checked, {len(report.missing)} missing, "
+    print(f"{'sound' if sound else 'NOT SOUND'}: {report.targets} target(s) checked ({report.checked} file(s) on "
+          f"disk), {len(report.missing)} missing, "
           f"{len(report.corrupt)} corrupt, {len(report.extra)} extra")
     return 0 if sound else 1
 
@@ -124,12 +139,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "audited and makes the exit status 1 (unless --keep-going). Reruns fetch only what changed and resume "
         "an interrupted sync. DEST keeps the upstream's metadata ('tufproxy serve --repository DEST' serves it); "
         "--resign-with also publishes the files in a 'tufproxy repo' repository under the site's own keys. "
-        "Through a 'tufproxy gateway' (--profile gateway), selected projects it has not published yet are "
+        "Through a 'tufproxy gateway', selected projects it has not published yet are "
         "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument(
-        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a synced tree)"
+        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a "
+        "synced tree); user:password@ in it (or netrc) authenticates to that origin only"
     )
+    p.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the upstream's TLS with (a private CA)")
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")
     p.add_argument("--dest", required=True, metavar="DIR", help="the mirror tree to write (created if absent)")
     p.add_argument(
@@ -141,10 +158,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile",
         choices=_PROFILES,
-        default="tufproxy",
-        help="the upstream's layout: 'gateway' for a "
+        help="the upstream's layout, only to insist: it is read from the signed metadata. 'gateway' for a "
         "'tufproxy gateway' (a selected project it has not published yet is published first, by the "
-        "edge's miss protocol; files are verified against their signed page's hashes) (default: tufproxy)",
+        "edge's miss protocol; files are verified against their signed page's hashes) (default: detected)",
     )
     sel = p.add_argument_group("selection")
     sel.add_argument(
@@ -157,7 +173,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--requirements",
         action="append",
         metavar="FILE",
-        help="mirror the projects of a requirements file and the files it includes with -r (simple version specifiers honoured)",
+        help="mirror the projects of a requirements file and the files it includes with -r (version specifiers "
+        "honoured; a line with --hash takes only the files with those hashes, and fails if none has one)",
+    )
+    sel.add_argument(
+        "--from", dest="from_lock", action="append", metavar="FILE",
+        help="mirror exactly the files a lock file locks, checked against its hashes and the signed metadata: "
+        "pylock.toml (PEP 751), uv.lock, or a requirements file with == and --hash on every line; repeatable",
     )
     sel.add_argument("--all", action="store_true", help="mirror every project of the upstream's root list")
     flt = p.add_argument_group("filters")

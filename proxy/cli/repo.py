@@ -9,7 +9,8 @@ from pathlib import Path
 
 from proxy.protocol.errors import CommandError
 from proxy.protocol.profiles import PROFILES
-from proxy.repository.keys import MissingKey
+from proxy.repository.keys import KeyURIs, MissingKey
+from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
 
 LAYOUT_HELP = """\
@@ -17,7 +18,8 @@ Layout of DIR:
   DIR/repository.json     settings (bin count, expiry periods)
   DIR/keys/               private keys (mode 0600): root-*.pem, targets.pem,
                           bins.pem (offline), online.pem (timestamp, snapshot,
-                          bin-n). Never serve this directory.
+                          bin-n); uris.json for keys named by URI (a token, a
+                          KMS: no private key here). Never serve this directory.
   DIR/public/             serve this, e.g. python -m http.server -d DIR/public
     metadata/             N.root.json, root.json, timestamp.json,
                           V.snapshot.json, V.targets.json, V.bins.json,
@@ -65,18 +67,58 @@ def _days(value: str) -> timedelta:
     return timedelta(days=days)
 
 
-def _cmd_init(args: argparse.Namespace) -> int:
+KEY_URI_HELP = """\
+Keys by URI (--online-key, --root-key, --targets-key, --bins-key): an RFC 7512
+PKCS#11 URI, pkcs11:token=LABEL;object=LABEL?module-path=/path/module.so&pin-source=file:/path
+(or id=%01; the PIN may instead come from TUFPROXY_PKCS11_PIN), or any private-key
+URI securesystemslib knows (hsm:, awskms:, gcpkms:, azurekms:, hv:, file2:PATH).
+init reads the public key from the token or KMS; no private key of such a role is
+written under DIR, and DIR/keys/uris.json keeps the URI (never a PIN).
+"""
+
+
+def add_key_arguments(p: argparse.ArgumentParser) -> None:
+    """The key options ``repo init`` and ``gateway init`` share."""
+    p.add_argument("--root-keys", type=int, help="number of root key files to create (default: 1; not with --root-key)")
+    p.add_argument("--root-key", action="append", default=[], metavar="URI",
+                   help="a root key by URI (repeat for each; the root keys are then exactly these)")
+    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    p.add_argument("--online-key", metavar="URI", help="the key for timestamp, snapshot and every bin-n, by URI")
+    p.add_argument("--targets-key", metavar="URI", help="the targets key, by URI")
+    p.add_argument("--bins-key", metavar="URI", help="the bins key, by URI")
+
+
+def init_repository(args: argparse.Namespace, **settings: object) -> Repository:
+    """``init`` from the shared key and expiry options (one implementation for ``repo`` and ``gateway``)."""
+    if args.root_key and args.root_keys is not None:
+        raise CommandError("give --root-keys N (key files) or --root-key URI, not both")
     expiry = Expiry(
         root=args.root_expiry, targets=args.offline_expiry, bins=args.offline_expiry,
         timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry,
     )
-    repo = Repository.init(
-        Path(args.dir), bins=args.bins, root_keys=args.root_keys, root_threshold=args.root_threshold, expiry=expiry,
-        layout=args.layout,
-    )
-    print(f"initialised {repo.path} ({args.layout} layout): {args.bins} bins, "
-          f"{args.root_keys} root key(s), threshold {args.root_threshold}")
-    print(f"keys in {repo.keys.directory} (keep root-*.pem, targets.pem and bins.pem offline)")
+    uris = KeyURIs(online=args.online_key, targets=args.targets_key, bins=args.bins_key, root=tuple(args.root_key))
+    return Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys or 1, root_threshold=args.root_threshold,
+                           expiry=expiry, key_uris=uris, **settings)  # type: ignore[arg-type]
+
+
+def describe_keys(repo: Repository, args: argparse.Namespace) -> str:
+    """Where each key of a new repository is, for ``init`` to print."""
+    roots = len(args.root_key) or args.root_keys or 1
+    by_uri = [f"--{role}-key" for role in ("online", "targets", "bins") if getattr(args, f"{role}_key")]
+    by_uri += ["--root-key"] if args.root_key else []
+    files = [name for name, flag in (("root-*.pem", "--root-key"), ("targets.pem", "--targets-key"), ("bins.pem", "--bins-key"),
+                                     ("online.pem", "--online-key")) if flag not in by_uri]
+    text = f"{roots} root key(s), threshold {args.root_threshold}\n"
+    if files:
+        text += f"key files in {repo.keys.directory}: {', '.join(files)} (keep all but online.pem offline)\n"
+    if by_uri:
+        text += f"keys by URI ({', '.join(by_uri)}): recorded in {repo.keys.directory / 'uris.json'}, no private key written\n"
+    return text
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    repo = init_repository(args, layout=args.layout)
+    print(f"initialised {repo.path} ({args.layout} layout): {args.bins} bins, " + describe_keys(repo, args), end="")
     print(f"serve {repo.public_dir}; pin {repo.metadata_dir / '1.root.json'} in clients")
     return 0
 
@@ -125,7 +167,7 @@ def _guarded(func):
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except (RepositoryError, MissingKey) as e:
+        except (RepositoryError, MissingKey, KeyUnavailable) as e:
             raise CommandError(str(e)) from e
         except OSError as e:
             raise CommandError(f"{e.filename or ''}: {e.strerror or e}") from e
@@ -144,14 +186,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = repo.add_subparsers(dest="repo_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository in DIR")
+    p = sub.add_parser("init", help="create keys and an empty signed repository in DIR", epilog=KEY_URI_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--layout", choices=sorted(PROFILES), default="tufproxy",
                    help="tufproxy (default: pages, files and .metadata are targets) or warehouse "
                    "(PyPI's PEP 458 draft: one target per project page, blake2b-256; see README)")
     p.add_argument("--bins", type=int, default=16384, help="number of hash bins, a power of two (default: 16384, PEP 458)")
-    p.add_argument("--root-keys", type=int, default=1, help="number of root keys to create (default: 1)")
-    p.add_argument("--root-threshold", type=int, default=1, help="signatures a new root needs (PEP 458 recommends >1)")
+    add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS",
                    help="targets and bins lifetime (default: 365)")

@@ -35,7 +35,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         running = await start(config)
         stop = stop_on_signals()
-        print(f"tufproxy serving on http://{config.listen[0]}:{running.port}/simple/", flush=True)
+        scheme = "https" if config.tls_cert else "http"
+        print(f"tufproxy serving on {scheme}://{config.listen[0]}:{running.port}/simple/ ({running.layout})", flush=True)
         try:
             await stop.wait()
         finally:
@@ -116,7 +117,10 @@ async def _demo(args: argparse.Namespace, directory: Path, repo_dir: Path, liste
     first = DEMO_DISTS[0][0] if args.dists is None else "<project>"
     print(f"untrusted mirror: {mirror_url} (the signed tree in {repo_dir / 'public'})")
     print(f"tufproxy:         {index_url} (cache {directory / 'cache'}, audit log {directory / 'audit.log'})")
-    print("try, in another shell:")
+    venv = directory / "client"
+    print("try, in another shell (in a virtual environment: a distribution's Python refuses pip outside one):")
+    print(f"  python3 -m venv {venv} && . {venv}/bin/activate")
+    print("  pip install uv    # for the uv line: uv is not in a new venv")
     print(f"  pip install --index-url {index_url} {first}")
     print(f"  uv pip install --index-url {index_url} {first}")
     print("Ctrl-C stops both.", flush=True)

@@ -10,6 +10,8 @@ Routes:
   published first).
 * ``GET /packages/<p>/<file>[.metadata]``: from the tree, else streamed from
   the index and checked against its pin (:mod:`proxy.gateway.files`).
+* ``GET /_tufproxy/why/<project>``: what a publish would offer and what the
+  policy hides, by rule (``tufproxy why``).
 * ``POST /_tufproxy/publish/<project>``: the miss protocol (README, design
   notes): 200 ``{"project", "timestamp_version"}`` once a timestamp carrying
   the project is written; 404 ``{"project", "reason"}`` when no index lists
@@ -18,7 +20,9 @@ Routes:
 
 Refusals map to status by whose fault they are, in :func:`_status`: the
 index lied (502), the index is unreachable (502, reason
-``upstream-unreachable``), not found (404), our resources (503).
+``upstream-unreachable``), not found (404), our resources (503), the
+online key cannot sign (503, ``signing-unavailable``: the token or KMS is
+gone; the last signed tree is still served).
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ from proxy.gateway.files import FileSource
 from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import is_valid_filename, is_valid_project_name
+from proxy.serving.access import AccessMiddleware, Resource
+from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
 PUBLISH_PREFIX = "/_tufproxy/publish/"
+WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _NO_CACHE = {"Cache-Control": "no-cache"}
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
@@ -50,19 +57,23 @@ _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
 class GatewayApp:
     """aiohttp application over a :class:`Gateway` and its tree."""
 
-    def __init__(self, gateway: Gateway, files: FileSource, public_dir: Path, started: float | None = None) -> None:
+    def __init__(self, gateway: Gateway, files: FileSource, public_dir: Path, started: float | None = None,
+                 access: AccessMiddleware | None = None) -> None:
         self.gateway = gateway
+        self.access = access
         self.files = files
         self.public_dir = public_dir
         self.metrics = gateway.metrics
         self.started = started or time.time()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware])
+        middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_post(PUBLISH_PREFIX + "{project}", self._publish, name="publish")
+        app.router.add_get(WHY_PREFIX + "{project}", self._why, name="why")
         app.router.add_get("/metadata/{name}", self._metadata, name="metadata")
         app.router.add_get("/simple/", self._root_page, name="root-page")
         app.router.add_get("/simple/{name}", self._root_file, name="root-file")
@@ -75,6 +86,8 @@ class GatewayApp:
     async def _middleware(self, request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         route = request.match_info.route.name or "other"
+        # Set for each request (a keep-alive connection reuses its task): an edge's id, else ours.
+        request_id.set(new_request_id(request.headers.get("X-Request-Id")))
         try:
             response = await handler(request)
         except web.HTTPException as e:
@@ -105,6 +118,13 @@ class GatewayApp:
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
+
+    async def _why(self, request: web.Request) -> web.Response:
+        """What a publish would offer and what the policy hides, by rule (``tufproxy why``); signs nothing."""
+        name = request.match_info["project"]
+        if not is_valid_project_name(name):
+            return web.json_response({"reason": "bad-project-name"}, status=400)
+        return web.json_response(await self.gateway.why(name))
 
     # -- the tree ------------------------------------------------------
     def _path(self, *segments: str) -> Path:
@@ -172,12 +192,19 @@ class GatewayApp:
         publisher = self.gateway.publisher
         publisher.reload()  # another worker may have re-signed
         problems = []
-        if publisher.timestamp_expires <= time.time():
+        left = publisher.timestamp_expires - time.time()
+        if left <= 0:
             problems.append("published timestamp has expired")
+        elif left < publisher.repo.settings.expiry.timestamp.total_seconds() / 4:
+            # Re-signed at half its lifetime: this close to expiry, signing has been failing for a while.
+            problems.append(f"published timestamp expires in {left:.0f} s")
         if not (self.public_dir / "metadata" / "timestamp.json").is_file():
             problems.append("no timestamp.json")
         status = 503 if problems else 200
-        return web.json_response({"ready": not problems, "problems": problems,
+        # A key that cannot sign alone leaves the gateway ready: what it serves is still valid, and a
+        # load balancer that dropped it would stop edges from reading that too.
+        signing = None if publisher.signing_error is None else str(publisher.signing_error)
+        return web.json_response({"ready": not problems, "problems": problems, "signing_error": signing,
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -191,6 +218,27 @@ class GatewayApp:
         self.metrics.timestamp_version.set(publisher.timestamp_version)
         self.metrics.timestamp_expiry.set(publisher.timestamp_expires - time.time())
         self.metrics.projects.set(len(publisher.published))
+        for structure, size in self.gateway.usage_sizes().items():
+            self.metrics.usage_entries.labels(structure).set(size)
+
+
+_OPEN = frozenset(("healthz", "readyz"))
+_PROJECT_ROUTES = frozenset(("project-page", "page-file", "packages", "publish"))
+
+
+def gateway_resource(private: Callable[[str], bool], any_private: bool) -> Callable[[web.Request], Resource | None]:
+    """What each gateway request asks of access control: health is open; a project's page, files and publish
+    name it; the rest (signed metadata, the root list, metrics) is the whole repository, which names private
+    projects whenever there may be any, so it is never anonymous then."""
+    def resource(request: web.Request) -> Resource | None:
+        route = request.match_info.route.name
+        if route in _OPEN:
+            return None
+        if route in _PROJECT_ROUTES:
+            project = canonicalize_name(request.match_info["project"][:200])
+            return Resource(project, publish=route == "publish", private=private(project))
+        return Resource(None, private=any_private)
+    return resource
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:

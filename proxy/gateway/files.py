@@ -21,6 +21,11 @@ before any byte went out is answered by the app's one table (a 502 naming
 the reason for a file the index lied about); after, the client's
 connection is reset before its last byte.
 
+A file already kept is checked against its pin (the signed hash) the
+first time this process serves it; one that no longer matches (a rewritten
+volume, or a file kept before its pin was lost and rebuilt) is audited,
+removed and fetched again.
+
 A client that goes away mid-file does not stop the fetch: the file is
 still checked and kept for the next request.  Worker processes do not
 share a fetch in flight: two workers asked for one cold file at the same
@@ -42,7 +47,8 @@ from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.protocol.errors import TrustError
 from proxy.protocol.layout import core_metadata_target, file_target
-from proxy.serving.streaming import first_bytes, send_download
+from proxy.protocol.model import file_digest
+from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download, Tee
 from proxy.storage.store import Blob
@@ -51,6 +57,8 @@ from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
 
 log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
+# Kept files this process checked, by (path, inode, mtime, size); beyond this many the oldest are checked again.
+MAX_CHECKED = 100_000
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
@@ -67,6 +75,7 @@ class FileSource:
         self.max_file_size = max_file_size
         self.pace = pace
         self._inflight: dict[str, Download] = {}
+        self._checked: dict[tuple[str, int, int, int], None] = {}
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
         target = core_metadata_target(project, filename) if core else file_target(project, filename)
@@ -78,14 +87,48 @@ class FileSource:
         download = self._inflight.get(target)
         joined = download is not None
         if download is None:
-            if path.is_file():
+            if await self._kept(path, target, pin, core):
+                if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
+                    return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
                 return web.FileResponse(path)
+            if not pin.url:
+                raise web.HTTPServiceUnavailable(reason="pin rebuilt from the signed page; its index URL is learnt at "
+                                                 "the project's next refresh", headers={"Retry-After": "5"})
             download = self._start(request, pin, target, path, core)
         refusal = await first_bytes(download, joined)
         if refusal is not None:
             raise refusal  # the app's one table answers it, before any byte went out
         response, _ = await send_download(request, download, _HEADERS, download.want.length if download.want.exact else None)
         return response
+
+    async def _kept(self, path: Path, target: str, pin: Pin, core: bool) -> bool:
+        """True if ``path`` holds the file, checked against the pin once per process; a mismatch is removed."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
+        if key in self._checked:
+            return True
+        hashes = (pin.core_metadata or {}) if core else pin.hashes
+        algorithm = next((a for a in ("sha256", "sha512") if a in hashes), None)
+        size = None if core else pin.size
+        if algorithm is not None:
+            actual = await asyncio.to_thread(file_digest, algorithm, path)
+            if actual != hashes[algorithm] or (size is not None and size != st.st_size):
+                log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
+                            path, algorithm, hashes[algorithm], size)
+                self.metrics.refusals.labels("hash-mismatch").inc()
+                self.audit.refused(reason="hash-mismatch", target=target, detail="kept file differs from its pin",
+                                   expected={algorithm: hashes[algorithm], "size": size},
+                                   actual={algorithm: actual, "size": st.st_size})
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return False
+        self._checked[key] = None
+        if len(self._checked) > MAX_CHECKED:
+            del self._checked[next(iter(self._checked))]
+        return True
 
     def _start(self, request: web.Request, pin: Pin, target: str, path: Path, core: bool) -> Download:
         if core:

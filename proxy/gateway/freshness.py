@@ -1,6 +1,7 @@
 """Keeping the signed tree fresh: page refreshes, timestamp re-signing, old metadata removal.
 
-Every ``tick`` seconds the gateway re-fetches the published projects whose
+Every ``tick`` seconds the gateway first applies revocations recorded
+since the last tick (:meth:`Gateway.apply_revocations`), then re-fetches the published projects whose
 page is older than ``page_ttl``, most recently used first, at most
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
@@ -48,6 +49,10 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
             await asyncio.sleep(tick)
             continue
         gateway.publisher.reload()
+        try:
+            await gateway.apply_revocations()
+        except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
+            log.error("applying revocations failed: %s", e)
         now = time.monotonic()
         # What was signed before we led is due now; what another worker signs since was fetched just now.
         if seen is None:
@@ -69,7 +74,9 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         if batch:
             try:
                 changed = await gateway.refresh(batch)
-                log.info("refreshed %d page(s), %d published", len(batch), changed)
+                # Said when something changed; an unchanged check every tick is only for debugging.
+                log.log(logging.INFO if changed else logging.DEBUG, "re-signed %d of %d page(s) checked; %d unchanged",
+                        changed, len(batch), len(batch) - changed)
             except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("page refresh failed: %s", e)
         await asyncio.sleep(tick)

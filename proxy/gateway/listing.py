@@ -40,10 +40,13 @@ from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
+from proxy.transport.credentials import origin, strip_credentials
 from proxy.transport.failover import Exhausted, Outcome, Tried, failover
-from proxy.transport.indexhttp import IndexHTTP, RedirectRefused, origin, strip_credentials
-from proxy.transport.upstream import DownloadLengthError
+from proxy.transport.indexhttp import IndexHTTP, RedirectRefused
+from proxy.transport.upstream import DownloadHTTPError, DownloadLengthError
 
+# Entries left out of a page by design (not a distribution of the project): counted, not refusals.
+IGNORED = "not-a-file-of-this-project"
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 
 
@@ -63,6 +66,11 @@ class PageRefused(Exception):
             self.fault = Fault.OPERATOR
 
 
+def foreign_origin(files: str, where: str) -> str:
+    """The one line a missing ``--files-origin`` gets, fix first (a status line may cut the rest)."""
+    return f"the index links files on {files}/; start the gateway with --files-origin {files}/ ({where})"
+
+
 class IndexUnreachable(PageRefused):
     """No usable answer from the index (network, timeout, 5xx)."""
 
@@ -80,6 +88,7 @@ class Listing:
     index_url: str
     page: index.ProjectPage
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (filename, reason)
+    page_url: str = ""  # where the page was read (after redirects), for audit records
 
 
 def dist_project(filename: str) -> tuple[str, str] | None:
@@ -138,6 +147,17 @@ class IndexClient:
             raise self._refused(failed.url, failed.error) from failed.error
         return choice.refusal
 
+    async def first_index_page(self, project: str) -> Listing | None:
+        """The first index's page of ``project``, checked as for publishing (None: not listed)."""
+        base = self.index_urls[0]
+        project = canonicalize_name(project)
+        try:
+            return await self._from_index(base, f"{base}{project}/", project)
+        except DownloadHTTPError as e:
+            if e.status in (404, 410):
+                return None
+            raise
+
     def _refused(self, url: str, error: Exception | None) -> PageRefused:
         """Why an index that did not answer with a page ends the search."""
         if isinstance(error, DownloadLengthError):
@@ -169,13 +189,12 @@ class IndexClient:
         for dist in page.files:
             url, _ = strip_credentials(urljoin(page_url, dist.url))
             if not url.startswith(("http://", "https://")) or origin(url) not in allowed:
-                raise PageRefused("foreign-origin", f"{page_url}: {dist.filename} links to {origin(url)}, "
-                                  "which is neither the index nor a --files-origin", page_url)
+                raise PageRefused("foreign-origin", foreign_origin(origin(url), f"{dist.filename} on {page_url}"), page_url)
             named = dist_project(dist.filename)
             if not is_valid_filename(dist.filename) or named is None or named[0] != project:
-                dropped.append((dist.filename[:200], "not-a-file-of-this-project"))
+                dropped.append((dist.filename[:200], IGNORED))
             elif "sha256" not in dist.hashes or len(dist.hashes["sha256"]) != 64:
                 dropped.append((dist.filename, "missing-hash"))
             else:
                 kept.append(dataclasses.replace(dist, url=url))
-        return Listing(project, base, dataclasses.replace(page, files=tuple(kept)), dropped)
+        return Listing(project, base, dataclasses.replace(page, files=tuple(kept)), dropped, page_url)

@@ -26,6 +26,12 @@ class GatewayMetrics:
         self.pages_fetched = Counter(
             "tufproxy_gateway_pages_fetched_total", "Index pages fetched, by outcome", ["outcome"], registry=r
         )
+        self.prefetches = Counter(
+            "tufproxy_gateway_prefetches_total",
+            "Dependency prefetches by outcome: published (or already was), refused by policy or the index, "
+            "failed, unreachable, bad-metadata",
+            ["outcome"], registry=r,
+        )
         self.publishes = Counter(
             "tufproxy_gateway_publishes_total", "Batches signed (one snapshot and timestamp each)", registry=r
         )
@@ -40,10 +46,23 @@ class GatewayMetrics:
         )
         self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
+        self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
+                                      "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)
         self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
+        self.ignored_files = Counter(
+            "tufproxy_gateway_ignored_files_total",
+            "Entries of index pages left out by design: not a distribution of that project (.egg, bad names)",
+            registry=r)
         self.policy_hidden = Gauge(
             "tufproxy_gateway_policy_hidden_files",
             "Files the policy leaves out of signed pages now, by rule",
+            ["rule"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.advisory_blocks = Gauge(
+            "tufproxy_gateway_advisory_blocked_files",
+            "Files OSV advisories keep out of signed pages now, by rule (advisory-malicious, advisory-vulnerable)",
             ["rule"],
             registry=r,
             multiprocess_mode="livemax",
@@ -54,6 +73,13 @@ class GatewayMetrics:
         self.timestamp_expiry = Gauge(
             "tufproxy_gateway_timestamp_expiry_seconds",
             "Seconds until the published timestamp expires",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.usage_entries = Gauge(
+            "tufproxy_gateway_usage_entries",
+            "Entries kept per project name, by structure (used, fetched, absent; each bounded, oldest evicted)",
+            ["structure"],
             registry=r,
             multiprocess_mode="livemax",
         )

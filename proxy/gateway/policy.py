@@ -9,11 +9,17 @@ Owns four decisions, all pure (no I/O; the time is passed in):
   ``--uploaded-prior-to`` takes ``P<n>D``).  A day is 24 hours; months and
   years have no fixed length and are refused, as uv refuses them.  A file
   is kept only if it was uploaded strictly before the cut-off (uv drops a
-  file uploaded at its ``exclude-newer`` time itself).
+  file uploaded at its ``exclude-newer`` time itself).  The index's
+  ``upload-time`` is only a claim: with ``first_seen_cooldown`` a file
+  counts as uploaded no earlier than this gateway first saw it
+  (:meth:`Policy.counts_from`), so an index cannot make a new file look old.
 * **Project rules**: allow and deny globs on PEP 503-normalised names.
 * **Several indexes, first match wins** (uv's ``first-index``), with names
   claimed private that only the first index may ever supply, and the
   ledger's memory of where a project came from.
+* **Advisory rules**: whether OSV advisories block malicious releases,
+  vulnerable ones from which severity up, and the advisories accepted
+  anyway (the matching itself is :mod:`proxy.protocol.osv`).
 * **Settings**: the flags, ``TUFPROXY_*`` variables and TOML keys above,
   parsed all-or-nothing, and a description of the effective policy.
 
@@ -27,6 +33,7 @@ import argparse
 import dataclasses
 import enum
 import fnmatch
+import functools
 import os
 import re
 from collections import Counter
@@ -45,21 +52,25 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from proxy.protocol.access import not_listed
 from proxy.protocol.index import ProjectPage
-from proxy.protocol.options import ConfigError, Option, add_options, resolve_values
+from proxy.protocol.options import ConfigError, Option, add_options, resolve_values, yes_no
+from proxy.protocol.osv import Rules, parse_level
 
 # Rule slugs: audit records and metric labels (a bounded set).
 RULE_MIN_RELEASE_AGE = "min-release-age"
 RULE_UPLOADED_BEFORE = "uploaded-before"
 RULE_PROJECT_AGE = "project-age"
 RULE_MISSING_UPLOAD_TIME = "missing-upload-time"
+RULE_FIRST_SEEN = "first-seen"  # old enough by the index's claim, not since this gateway first saw it
 RULE_DENY = "deny-project"
 RULE_ALLOW = "allow-project"
 RULE_PRIVATE = "private-project"
 RULE_FIRST_INDEX = "first-index"
 
 # The rules that hide files from a page (the hidden-files metric's label values).
-FILE_RULES = (RULE_MIN_RELEASE_AGE, RULE_UPLOADED_BEFORE, RULE_PROJECT_AGE, RULE_MISSING_UPLOAD_TIME)
+FILE_RULES = (RULE_MIN_RELEASE_AGE, RULE_UPLOADED_BEFORE, RULE_PROJECT_AGE, RULE_MISSING_UPLOAD_TIME, RULE_FIRST_SEEN)
+FIRST_SEEN_MODES = ("yes", "no", "all")
 
 DENIED = "denied by policy"
 # An age beyond this is a typo, and "now - age" must stay a valid datetime.
@@ -324,6 +335,22 @@ def parse_missing_upload_time(value: Any) -> str:
     return str(value)
 
 
+def parse_advisory_ids(value: Any) -> tuple[str, ...]:
+    ids = [str(item).strip() for item in _split_list(value)]
+    bad = [i for i in ids if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", i)]
+    if bad:
+        raise PolicyError(f"{bad[0]!r} is not an advisory id (e.g. PYSEC-2024-1, GHSA-xxxx-xxxx-xxxx, CVE-2024-1)")
+    return tuple(dict.fromkeys(ids))
+
+
+def parse_first_seen_cooldown(value: Any) -> str:
+    word = str(value).strip().lower() if isinstance(value, (str, bool)) else value
+    word = {"true": "yes", "false": "no"}.get(str(word), word)
+    if word not in FIRST_SEEN_MODES:
+        raise PolicyError(f"{value!r} is not yes, no or all")
+    return str(word)
+
+
 def _first_match(name: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(name, p)), None)
 
@@ -430,9 +457,18 @@ class Policy:
     project_age: Mapping[str, timedelta] = field(default_factory=dict)
     cooldown_exempt: tuple[str, ...] = ()
     missing_upload_time: str = "exclude"
+    first_seen_cooldown: str = "yes"
     allow_project: tuple[str, ...] = ()
     deny_project: tuple[str, ...] = ()
     private_project: tuple[str, ...] = ()
+    block_malicious: bool = True
+    block_vulnerable: str = "none"
+    allow_advisory: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def advisory_rules(self) -> Rules:
+        """The advisory settings as :mod:`proxy.protocol.osv` applies them (built once: asked per file)."""
+        return Rules(self.block_malicious, self.block_vulnerable, frozenset(self.allow_advisory))
 
     # -------------------------------------------------------- projects
 
@@ -489,7 +525,7 @@ class Policy:
             gone = "no longer lists it" if candidates else "is no longer configured"
             why = f"index {served_from + 1}, which published it, {gone}; never taken from another index"
             return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
-        return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: no index lists it"))
+        return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, not_listed(name)))
 
     # -------------------------------------------------------- files
 
@@ -512,9 +548,26 @@ class Policy:
             candidates.append(Cutoff(self.uploaded_before, RULE_UPLOADED_BEFORE))
         return min(candidates, key=lambda c: c.when, default=None)
 
-    def apply(self, page: ProjectPage, now: datetime) -> Trimmed:
+    def counts_from(self, upload_time: str | None, seen: datetime, listed_before: bool) -> datetime | None:
+        """When a file first seen at ``seen`` counts as uploaded, fixed at that first sight.
+
+        The later of the index's claimed ``upload_time`` and ``seen`` for a
+        file absent from the project's earlier listings (``listed_before``),
+        and with ``first_seen_cooldown = all`` for a project's first listing
+        too; otherwise (``no``, or a project this gateway never listed) the
+        claim alone, the index's word.  None: no claim to go by.
+        """
+        claim = _upload_time(upload_time)
+        if self.first_seen_cooldown == "no" or (self.first_seen_cooldown == "yes" and not listed_before):
+            return claim
+        return seen if claim is None else max(claim, seen)
+
+    def apply(self, page: ProjectPage, now: datetime, counted: Mapping[str, datetime | None] | None = None) -> Trimmed:
         """The page with too-new files left out and PEP 700 ``versions`` to match.
 
+        ``counted`` is what :meth:`counts_from` fixed at each file's first
+        sight: a file counts as uploaded at the later of that and its claimed
+        upload-time now (a claim moved back later changes nothing).
         A version drops out of ``versions`` when the policy hid every file of
         it; versions the index lists with no file at all are left alone.
         The page is returned unchanged (the same object) when nothing is hidden.
@@ -522,9 +575,14 @@ class Policy:
         cut = self.cutoff(page.name, now)
         if cut is None:
             return Trimmed(page)
+        counted = counted or {}
         kept, hidden = [], []
         for dist in page.files:
-            uploaded = _upload_time(dist.upload_time)
+            claim = _upload_time(dist.upload_time)
+            first = counted.get(dist.filename)
+            uploaded = max(claim, first) if claim is not None and first is not None else claim
+            if uploaded is None and first is not None and self.missing_upload_time == "include":
+                uploaded = first
             if uploaded is None:
                 if self.missing_upload_time == "include":
                     kept.append(dist)
@@ -533,7 +591,8 @@ class Policy:
             elif uploaded < cut.when:
                 kept.append(dist)
             else:
-                hidden.append(Hidden(dist.filename, cut.rule, dist.upload_time))
+                rule = RULE_FIRST_SEEN if claim is not None and claim < cut.when else cut.rule
+                hidden.append(Hidden(dist.filename, rule, dist.upload_time))
         if not hidden:
             return Trimmed(page, cutoff=cut)
         remaining = {_file_version(d.filename) for d in kept}
@@ -551,9 +610,13 @@ class Policy:
             "project_age": {name: iso_age(age) for name, age in sorted(self.project_age.items())},
             "cooldown_exempt": list(self.cooldown_exempt),
             "missing_upload_time": self.missing_upload_time,
+            "first_seen_cooldown": self.first_seen_cooldown,
             "allow_project": list(self.allow_project),
             "deny_project": list(self.deny_project),
             "private_project": list(self.private_project),
+            "block_malicious": "yes" if self.block_malicious else "no",
+            "block_vulnerable": self.block_vulnerable,
+            "allow_advisory": list(self.allow_advisory),
         }
 
     def describe(self, now: datetime | None = None) -> str:
@@ -574,13 +637,25 @@ class Policy:
             f"project-age: {ages or 'none'}",
             f"cooldown-exempt: {listed(self.cooldown_exempt)}",
             f"missing-upload-time: {self.missing_upload_time}",
+            f"first-seen-cooldown: {self.first_seen_cooldown} ({FIRST_SEEN_TRUST[self.first_seen_cooldown]})",
             f"allow-project: {listed(self.allow_project, 'all projects')}",
             f"deny-project: {listed(self.deny_project)}",
             f"private-project (first index only): {listed(self.private_project)}",
+            f"block-malicious (OSV advisories): {'yes' if self.block_malicious else 'no'}",
+            f"block-vulnerable (from severity): {self.block_vulnerable}",
+            f"allow-advisory: {listed(self.allow_advisory)}",
         ])
 
 
 # ---------------------------------------------------------------- settings
+
+# What each --first-seen-cooldown trusts, for the start-up description and `tufproxy gateway policy`.
+FIRST_SEEN_TRUST = {
+    "yes": "a file new to a project this gateway listed before counts from when it was first seen here, "
+           "whatever upload-time the index claims; a project's first listing is taken at the index's word",
+    "no": "the index's upload-time alone, as first claimed",
+    "all": "every file counts from when this gateway first saw it, a project's first listing included",
+}
 
 POLICY_OPTIONS: tuple[Option, ...] = (
     Option("min_release_age", "leave out files uploaded less than AGE ago (400d, '7 days', '24 hours', P7D, PT36H; "
@@ -594,12 +669,22 @@ POLICY_OPTIONS: tuple[Option, ...] = (
            [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("missing_upload_time", "a file with no upload-time under a cooldown: exclude (as uv does) or include",
            "exclude", parse_missing_upload_time, metavar="exclude|include"),
-    Option("allow_project", "publish only projects matching one of these globs; repeatable (default: all)",
-           [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("first_seen_cooldown", "measure a file's age from the later of its claimed upload-time and when this "
+           "gateway first saw it: yes (files new to a project listed before), all (a project's first listing too) "
+           "or no (the index's claim alone)", "yes", parse_first_seen_cooldown, metavar="yes|no|all"),
+    Option("allow_project", "publish only projects matching one of these globs; repeatable",
+           [], parse_patterns, repeat=True, metavar="PATTERN", shown="every project"),
     Option("deny_project", "never publish projects matching these globs (404 'denied by policy'); "
            "beats --allow-project; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
     Option("private_project", "names only the first --index-url may supply; if it lacks one, 404, never "
            "another index's package of that name; repeatable", [], parse_patterns, repeat=True, metavar="PATTERN"),
+    Option("block_malicious", "leave out files an imported OSV advisory calls malicious (MAL- ids, the "
+           "malicious-packages origin)", "yes", yes_no, metavar="yes|no"),
+    Option("block_vulnerable", "leave out files with an imported OSV advisory of this severity or higher "
+           "(CVSS base score, else the advisory's own rating)", "none", parse_level,
+           metavar="none|low|medium|high|critical"),
+    Option("allow_advisory", "an advisory id (or alias) whose risk the organisation accepts: its files stay, each with an "
+           "advisory-allowed audit record; repeatable", [], parse_advisory_ids, repeat=True, metavar="ID"),
 )
 POLICY_KEYS = frozenset(opt.name for opt in POLICY_OPTIONS)
 

@@ -2,11 +2,13 @@
 
 Callers hand :meth:`Publisher.publish` the pages of some projects (None
 removes one) and wait for the timestamp version that carries them.  One
-task signs: while it signs, new requests queue; when it is done it waits
-``window`` seconds for more and signs everything queued in one
-transaction of the signer (:meth:`Repository.publish_pages`), so N
-projects arriving together cost one snapshot and one timestamp signature,
-however many bins they touch.  The signer runs in a thread and keeps its
+task signs: while it signs, new requests queue, and the next batch signs
+everything queued in one transaction of the signer
+(:meth:`Repository.publish_pages`), so N projects arriving together cost
+one snapshot and one timestamp signature, however many bins they touch.
+The window adapts: a lone miss is signed at once; only while other pages
+are still being fetched for a publish (:meth:`Publisher.preparing`) does a
+batch wait for them, at most ``window`` seconds.  The signer runs in a thread and keeps its
 own write order (bin-n, snapshot, then timestamp, each atomic), so a
 crash mid-publish leaves the previous timestamp in force.
 
@@ -20,26 +22,44 @@ worker's batch, and a worker killed mid-batch leaves the previous
 timestamp in force and releases the lock with its death.  What other
 workers signed reaches this one's view (``published``, the timestamp
 version) through :meth:`Publisher.reload`.
+
+When the online key cannot sign (its token removed, its KMS unreachable:
+:class:`~proxy.repository.keysource.SigningError`), the batch's waiters hear
+that error (the app answers 503), the last signed tree stays served, and the
+key is not asked again until a back-off (1 s doubling to 30 s) has passed:
+meanwhile new batches fail at once and a probe signature retries in the
+background, so a token put back is used again without a restart.
+
+The highest timestamp version ever published is also kept in a small
+high-water file outside the state an operator restores (``run/``).  A
+directory whose timestamp is below it was restored from an older copy:
+:func:`resign_after_restore` then re-signs every online role, every bin
+included, at versions above anything published, so edges that trust a
+bin signed after the backup never see the restored one as a rollback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-
-from tuf.api.metadata import Metadata
 
 from proxy.protocol import index
 from proxy.repository import Repository
+from proxy.repository.keys import ONLINE
+from proxy.repository.keysource import KeyUnavailable
+from proxy.util.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
 Pages = dict[str, index.ProjectPage | None]
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 
 
 class Publisher:
@@ -47,8 +67,18 @@ class Publisher:
 
     def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
-                 after: Callable[[], Awaitable[object]] | None = None) -> None:
+                 after: Callable[[], Awaitable[object]] | None = None,
+                 key_failed: Callable[[KeyUnavailable], None] | None = None,
+                 private: Callable[[str], bool] | None = None, high_water: Path | None = None) -> None:
         self.repo = repo
+        self.private = private  # which projects to mark private in the signed metadata
+        self.high_water = high_water  # where the highest timestamp version published is kept
+        self._resign_all = False  # the next re-sign covers every online role (after a restore)
+        self._key_failed = key_failed  # each time the online key failed to sign (metric, audit)
+        # Why the online key cannot sign now (None: it can), and when it is next tried.
+        self.signing_error: KeyUnavailable | None = None
+        self._backoff, self._retry_at = 0.0, 0.0
+        self._probe: asyncio.Task[None] | None = None
         # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
@@ -57,10 +87,13 @@ class Publisher:
         self._resign = False
         self._waiters: list[asyncio.Future[int]] = []
         self._wake = asyncio.Event()
+        self._preparing = 0  # pages being fetched that a publish will follow
         self._task: asyncio.Task[None] | None = None
         self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
         self._seen: tuple[object, ...] = ()
         self.published: set[str] = set()
+        # Project -> the timestamp version that last carried a new signature of its page (signed here).
+        self.resigned_at: dict[str, int] = {}
         self.timestamp_version, self.timestamp_expires = 0, 0.0
         self.reload()
 
@@ -76,25 +109,69 @@ class Publisher:
             self.published = published
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+            restored = version < self.timestamp_version and not self._resign_all
+        if restored:  # the directory was replaced under us by an older copy
+            log.warning("%s was restored from an older copy while serving (timestamp v%d, below v%d published "
+                        "before): re-signing every online role, every bin included, above anything published",
+                        self.repo.metadata_dir, version, self.timestamp_version)
+            self._resign_all = True
+            task = asyncio.get_running_loop().create_task(self.resign())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is logged by _run
 
     def _read_published(self) -> list[str]:
-        path = self.repo.public_dir / "simple" / "index.json"
-        try:
-            return list(index.parse_project_list_json(path.read_bytes()).projects)
-        except (OSError, index.IndexParseError):
-            return []
+        return [*signed_projects(self.repo.public_dir), *self.repo.private_projects()]
 
     def _read_timestamp(self) -> tuple[int, float]:
-        md = Metadata.from_bytes((self.repo.metadata_dir / "timestamp.json").read_bytes())
+        md = self.repo.load_metadata("timestamp")
         return md.signed.version, md.signed.expires.timestamp()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _key_down(self, error: KeyUnavailable) -> None:
+        self.signing_error = error
+        if self._key_failed is not None:
+            self._key_failed(error)
+        if not error.retry:
+            # A wrong PIN tried again counts towards locking the token: the operator fixes it and restarts.
+            self._retry_at = float("inf")
+            log.error("the online key cannot sign, not retried (fix the PIN and restart): %s", error)
+            return
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_FIRST, self._backoff * 2))
+        self._retry_at = time.monotonic() + self._backoff
+        log.error("the online key cannot sign (retrying in %.0f s): %s", self._backoff, error)
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._retry())
+
+    async def _retry(self) -> None:
+        """Probe the key after each back-off until it signs again."""
+        while self.signing_error is not None:
+            await asyncio.sleep(max(0.0, self._retry_at - time.monotonic()))
+            try:
+                await asyncio.to_thread(self.repo.keys.check, ONLINE)
+            except KeyUnavailable as e:
+                self._key_down(e)
+                if not e.retry:
+                    return
+                continue
+            log.info("the online key signs again")
+            self.signing_error, self._backoff = None, 0.0
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """While this is held, a batch about to be signed waits (at most ``window``) for its publish."""
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+            self._wake.set()  # a batch waiting for it looks again
 
     async def publish(self, pages: Pages) -> int:
         """Queue ``pages``; the timestamp version that first carries them all."""
@@ -113,18 +190,36 @@ class Publisher:
         return await future
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            # The batch window: what arrives meanwhile is signed with this batch.
-            await asyncio.sleep(self.window)
+            # The batch window: only pages still being fetched for a publish are waited for.
+            deadline = loop.time() + self.window
+            while self._preparing and (left := deadline - loop.time()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
             self._wake.clear()
+            if not self._waiters:
+                continue  # woken by a fetch that ended without a publish
             pages, self._pending = self._pending, {}
             resign, self._resign = self._resign, False
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()
+            if self.signing_error is not None and start < self._retry_at:
+                for w in waiters:  # backing off: the key is not asked again yet
+                    if not w.done():
+                        w.set_exception(KeyUnavailable(str(self.signing_error)))
+                continue
             try:
                 signed = await asyncio.to_thread(self._sign, pages, resign)
+                self.signing_error, self._backoff = None, 0.0
             except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
+                # tuf's Metadata.sign wraps the signer's error (UnsignedMetadataError): the key's failure is its cause.
+                key = e if isinstance(e, KeyUnavailable) else e.__cause__
+                if isinstance(key, KeyUnavailable):
+                    self._key_down(key)
+                    e = key
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
                 for w in waiters:
                     if not w.done():
@@ -143,19 +238,79 @@ class Publisher:
 
     def _sign(self, pages: Pages, resign: bool) -> int:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
-        changed = 0
+        changed, resigned = 0, []
         if pages:
-            report = self.repo.publish_pages(pages)
-            changed = len(report.added) + len(report.removed)
+            report = self.repo.publish_pages(pages, private=self.private)
+            resigned = [*report.added, *report.removed]
+            changed = len(resigned)
         if resign:
-            self.repo.refresh()
+            self.repo.refresh(force=self._resign_all)
+            self._resign_all = False
         version, expires = self._read_timestamp()
         with self._view:
             for project, page in pages.items():
                 (self.published.add if page is not None else self.published.discard)(project)
+                self.resigned_at.pop(project, None)
+            self.resigned_at.update(dict.fromkeys(resigned, version))
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
+        if self.high_water is not None:
+            record_high_water(self.high_water, version)
         return changed
+
+
+def read_high_water(path: Path) -> int:
+    """The highest timestamp version recorded at ``path`` (0: none)."""
+    try:
+        return int(json.loads(path.read_bytes())["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def record_high_water(path: Path, version: int) -> None:
+    """Raise the high-water mark at ``path`` to ``version`` (never lowers it)."""
+    if version > read_high_water(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"timestamp": version}).encode() + b"\n", durable=False)
+
+
+def resign_after_restore(repo: Repository, high_water: Path, remembered: int = 0) -> tuple[int, int] | None:
+    """If ``repo``'s timestamp is below the high-water mark, or ``remembered`` (a version published
+    elsewhere, as the bucket's copy), the directory was restored from an older copy: re-sign every online
+    role, every bin included, above anything published; (restored version, high-water) if it did."""
+    record_high_water(high_water, remembered)
+    current = repo.load_metadata("timestamp").signed.version
+    mark = read_high_water(high_water)
+    if current >= mark:
+        record_high_water(high_water, current)
+        return None
+    report = repo.refresh(force=True)
+    record_high_water(high_water, report.signed.get("timestamp", current))
+    return current, mark
+
+
+def timestamp_version(data: bytes) -> int:
+    """The version a ``timestamp.json`` claims (0 if unreadable); only ever a reason to re-sign higher."""
+    try:
+        return int(json.loads(data)["signed"]["version"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def signed_projects(public_dir: Path) -> list[str]:
+    """The projects the signed root list names."""
+    try:
+        return list(index.parse_project_list_json((public_dir / "simple" / "index.json").read_bytes()).projects)
+    except (OSError, index.IndexParseError):
+        return []
+
+
+def signed_page(public_dir: Path, project: str) -> index.ProjectPage | None:
+    """``project``'s signed page as published (its plain ``index.json``), or None."""
+    try:
+        return index.parse_project_json((public_dir / "simple" / project / "index.json").read_bytes(), project)
+    except (OSError, index.IndexParseError):
+        return None
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -130,7 +130,7 @@ class Progress:
         if self.tty:
             self.stream.write("\r\x1b[K")
         headline = (
-            f"synced {c.projects} project(s): {c.files} file(s), {c.fetched} fetched "
+            f"synced {c.projects} project(s): {c.files} target(s), {c.fetched} fetched "
             f"({human_bytes(c.bytes_fetched)}), {c.present} already present; "
             f"{len(c.refused)} refused, {len(c.failed)} failed, {len(c.not_found)} not found; "
             f"in {_duration(elapsed)}"

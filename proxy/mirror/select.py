@@ -40,11 +40,43 @@ class SelectionError(ValueError):
 
 
 @dataclass(frozen=True)
+class Locked:
+    """One locked file (``filename``), or any file of ``version`` whose sha256 is one of ``sha256``
+    (:mod:`proxy.mirror.lockfiles` reads them and checks them against the signed page)."""
+
+    source: str  # the lock or requirements file, for messages
+    sha256: frozenset[str]
+    filename: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True)
 class Wanted:
-    """One project to mirror, with the versions asked for (empty: all)."""
+    """One project to mirror, with the versions asked for (empty: all), or exactly the files ``locked``."""
 
     project: str  # normalised
     spec: SpecifierSet = field(default_factory=SpecifierSet)
+    locked: tuple[Locked, ...] = ()
+
+
+_PINNED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*===?\s*([^\s;\\]+)")
+_HASH_OPTION = re.compile(r"--hash[=\s]+sha256:([0-9a-fA-F]{64})")
+
+
+def parse_hashed(line: str, source: str) -> Wanted | None:
+    """A hash-checking requirement line (``name==V --hash=sha256:…``) as a locked selection; None without --hash.
+
+    pip installs only a file whose hash is listed, so the sync takes only those, and fails when none matches.
+    """
+    hashes = frozenset(h.lower() for h in _HASH_OPTION.findall(line))
+    if not hashes:
+        return None
+    m = _PINNED.match(line)
+    if m is None:
+        raise SelectionError(f"{source}: {line[:120]!r}: a requirement with --hash must be pinned with ==")
+    if not is_valid_project_name(m.group(1)):
+        raise SelectionError(f"{source}: not a project name: {m.group(1)!r}")
+    return Wanted(canonicalize_name(m.group(1)), locked=(Locked(source, hashes, version=m.group(2)),))
 
 
 def parse_requirement(text: str) -> Wanted:
@@ -70,7 +102,8 @@ def read_requirements(path: Path, _including: tuple[Path, ...] = ()) -> list[Wan
 
     ``-r FILE`` / ``--requirement FILE`` lines are followed, relative to the
     including file as pip does; comments, blanks and other pip options
-    (constraints, index options, ``--hash``) are skipped.  An include cycle
+    (constraints, index options) are skipped; a line with ``--hash`` locks files
+    (:func:`parse_hashed`), as pip's hash-checking mode does.  An include cycle
     or nesting deeper than :data:`MAX_INCLUDE_DEPTH` is a
     :class:`SelectionError`; an unreadable file an ``OSError``.
     """
@@ -82,26 +115,31 @@ def read_requirements(path: Path, _including: tuple[Path, ...] = ()) -> list[Wan
         raise SelectionError(f"requirements includes nested deeper than {MAX_INCLUDE_DEPTH} at {path}")
     wanted = []
     with open(path, encoding="utf-8") as f:
-        for raw in f:
-            line = raw.split("#", 1)[0].strip()
+        for raw in f.read().replace("\\\n", " ").splitlines():
+            line = re.sub(r"(^|\s)#.*$", "", raw).strip()
             include = _INCLUDE.fullmatch(line)
             if include:
                 wanted += read_requirements(path.parent / include.group(1), (*_including, here))
                 continue
             if not line or line.startswith("-"):
                 continue
-            # "name==1.0 --hash=sha256:..." : pip options after the requirement.
+            hashed = parse_hashed(line, str(path))
+            if hashed is not None:
+                wanted.append(hashed)
+                continue
+            # "name[extra]>=1.0 ; marker" and other pip options after the requirement.
             line = line.split(" --", 1)[0].rstrip(" \\")
             wanted.append(parse_requirement(line))
     return wanted
 
 
 def merge(wanted: Iterable[Wanted]) -> list[Wanted]:
-    """One entry per project; specifiers of repeated projects are combined (all must hold)."""
-    merged: dict[str, SpecifierSet] = {}
+    """One entry per project; specifiers of repeated projects are combined (all must hold), locked files joined."""
+    merged: dict[str, Wanted] = {}
     for w in wanted:
-        merged[w.project] = merged.get(w.project, SpecifierSet()) & w.spec
-    return [Wanted(p, s) for p, s in merged.items()]
+        seen = merged.get(w.project)
+        merged[w.project] = w if seen is None else Wanted(w.project, seen.spec & w.spec, seen.locked + w.locked)
+    return list(merged.values())
 
 
 def parse_spec(text: str | None) -> SpecifierSet:

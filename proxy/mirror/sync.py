@@ -39,13 +39,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
+from proxy.mirror.lockfiles import check_locked
 from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
@@ -64,7 +66,8 @@ from proxy.protocol.layout import (
     project_page_target,
     root_page_target,
 )
-from proxy.protocol.profiles import TUFPROXY, Profile
+from proxy.protocol.osv import ADVISORY_TARGET
+from proxy.protocol.profiles import LayoutError, Profile, choose_profile, detect_profile
 from proxy.repository import (
     ChangeReport,
     NotADistribution,
@@ -74,7 +77,9 @@ from proxy.repository import (
 from proxy.repository import RepositoryError as SignerError
 from proxy.serving.edge import MissProtocol
 from proxy.storage.audit import AuditLog
+from proxy.transport.credentials import OriginAuth
 from proxy.transport.local import LocalFetcher
+from proxy.transport.tls import client_context
 from proxy.transport.upstream import AiohttpFetcher, DownloadError, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient, VerifiedTarget
 from proxy.trust.fetch import Observer, Want, fetch_verified
@@ -112,7 +117,11 @@ class SyncOptions:
     audit_log: Path | None = None  # default: DEST/.mirror/audit.log
     max_file_size: int = MAX_FILE_SIZE
     metadata_path: str = "metadata/"
-    profile: Profile = TUFPROXY  # ``gateway``: files through pages, unknown projects published on request
+    # None: the layout the signed metadata has. ``gateway``: files through pages, unknown projects published on request.
+    profile: Profile | None = None
+    # Credentials taken out of ``upstream`` (or netrc's for its host), sent to that origin only; never printed.
+    auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
+    ca_bundle: Path | None = None  # a private CA the upstream's TLS is verified with
 
 
 @dataclass
@@ -122,6 +131,7 @@ class SyncResult:
     counts: Counts
     published_snapshot: int | None
     resigned: ChangeReport | None = None
+    layout: str = ""  # the upstream's layout and how it was decided
 
     def exit_code(self, keep_going: bool) -> int:
         """0 only when the mirror is complete; refusals and unknown projects are excused by ``keep_going``."""
@@ -131,10 +141,14 @@ class SyncResult:
         return 0 if keep_going or not (c.refused or c.not_found) else 1
 
 
+def _tls(options: SyncOptions) -> ssl.SSLContext | None:
+    return client_context(options.ca_bundle) if options.ca_bundle is not None else None
+
+
 def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
     if re.match(r"https?://", options.upstream):
         base = options.upstream if options.upstream.endswith("/") else f"{options.upstream}/"
-        fetcher: Fetcher = AiohttpFetcher()
+        fetcher: Fetcher = AiohttpFetcher(auth=options.auth, ssl_context=_tls(options))
     else:
         local = LocalFetcher(Path(options.upstream))
         base, fetcher = local.base_url(), local
@@ -166,6 +180,8 @@ class _Sync:
     def __init__(self, options: SyncOptions, progress: Progress, tree: MirrorTree, trust: TrustedClient,
                  fetcher: Fetcher, audit: AuditLog, mirror: Mirror) -> None:
         self.options = options
+        assert options.profile is not None  # decided by _layout
+        self.profile: Profile = options.profile
         self.progress = progress
         self.tree = tree
         self.trust = trust
@@ -245,6 +261,12 @@ class _Sync:
             self.mirrored.append(target)
             return True
 
+    async def advisories(self) -> None:
+        """The gateway's signed advisory store, when the repository signs one (``mirror verify`` reads it)."""
+        target = await self.lookup(ADVISORY_TARGET, required=False)
+        if target is not None:
+            await self.fetch(Want.of(target), self.trust.target_urls(target))
+
     async def page(self, path: str, required: bool) -> VerifiedTarget | None:
         target = await self.lookup(path, required)
         if target is None or not await self.fetch(Want.of(target), self.trust.target_urls(target)):
@@ -272,7 +294,12 @@ class _Sync:
         except index.IndexParseError as e:
             self.progress.failed(json_path, f"signed page does not parse: {e}")
             return None
-        kept = [d for d in page.files if self.options.filter.keeps(d, wanted)]
+        if not wanted.locked:
+            return _Selected(wanted, signed, page, [d for d in page.files if self.options.filter.keeps(d, wanted)])
+        # Exactly the locked files, each with the hash its lock gives: a disagreement fails the sync, naming it.
+        kept, problems = check_locked(wanted.project, wanted.locked, page.files)
+        for problem in problems:
+            self.progress.failed(wanted.project, problem)
         return _Selected(wanted, signed, page, kept)
 
     async def published(self, wanted: list[Wanted]) -> list[Wanted]:
@@ -283,10 +310,10 @@ class _Sync:
         here and left out.  Only then is anything looked up or fetched, so
         the whole sync works from the snapshot the last publish reached.
         """
-        if not self.options.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
+        if not self.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
             return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
         protocol = MissProtocol(self.mirror.targets_url, self.trust, FetchLocks(self.tree.state / "locks"),
-                                _PUBLISH_DEADLINE)
+                                _PUBLISH_DEADLINE, auth=self.options.auth, ssl_context=_tls(self.options))
         asking = asyncio.Semaphore(self.options.jobs)
 
         async def one(w: Wanted) -> Wanted | None:
@@ -337,7 +364,7 @@ class _Sync:
                 wanted.append((file_target(s.wanted.project, dist.filename), s, dist, False, True))
                 if dist.core_metadata:
                     wanted.append((core_metadata_target(s.wanted.project, dist.filename), s, dist, True, False))
-        if self.options.profile.files_are_targets:
+        if self.profile.files_are_targets:
             found = await asyncio.gather(*(self.lookup(path, req) for path, _, _, _, req in wanted))
             items = [(Want.of(t), self.trust.target_urls(t)) for t in found if t is not None]
         else:
@@ -440,12 +467,27 @@ def _site_files(repo: Repository, project: str) -> dict[str, index.DistFile]:
     return {f.filename: f for f in index.parse_project_json(page.read_bytes(), project).files}
 
 
+def _layout(options: SyncOptions, trust: TrustedClient) -> tuple[SyncOptions, str]:
+    """``options`` with the upstream's layout read from its verified targets (or the one insisted on, if they
+    agree), and how it was decided."""
+    targets = trust.verified_targets
+    assert targets is not None  # a refresh verified
+    try:
+        profile = choose_profile(detect_profile(targets), options.profile)
+    except LayoutError as e:
+        raise MirrorError(str(e)) from None
+    if not profile.root_list_signed or PageFormat.JSON not in profile.signed_formats:
+        raise MirrorError(f"the {profile.name} layout signs no root list or JSON page: it cannot be mirrored")
+    how = "given" if options.profile is not None else "detected from the signed metadata"
+    return replace(options, profile=profile), f"layout {profile.name} ({how})"
+
+
 async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
     """Run one sync; see the module docstring.  Raises :class:`MirrorError` when it cannot start."""
     if options.jobs < 1:
         raise MirrorError("--jobs must be at least 1")
     if not options.all_projects and not options.projects:
-        raise MirrorError("nothing selected: give --project, --requirements or --all")
+        raise MirrorError("nothing selected: give --project, --requirements, --from or --all")
     try:
         pinned = options.root.read_bytes()
     except OSError as e:
@@ -478,13 +520,15 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             raise MirrorError(f"upstream metadata refused ({e.reason}): {e}") from e
         except TrustError as e:
             raise MirrorError(f"cannot load upstream metadata: {e}") from e
+        options, layout = _layout(options, trust)
         run = _Sync(options, progress, tree, trust, fetcher, audit, mirror)
         wanted = await run.wanted(await run.published(list(options.projects)))
         projects = await asyncio.gather(*(run.project(w) for w in wanted))
         selected = [s for s in projects if s is not None]
         progress.counts.projects = len(selected)
         await run.files(selected)
-        result = SyncResult(progress.counts, None)
+        await run.advisories()
+        result = SyncResult(progress.counts, None, layout=layout)
         c = progress.counts
         if run.stopped or ((c.refused or c.failed) and not options.keep_going):
             return result
@@ -495,7 +539,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
         for target in run.mirrored:
             tree.link_plain(target)
-        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored), options.profile.name)
+        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored), run.profile.name)
         if options.resign_with is not None:
             result.resigned = await asyncio.to_thread(_resign, options.resign_with, run, selected)
         return result

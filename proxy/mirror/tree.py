@@ -45,7 +45,7 @@ from proxy.protocol.errors import BadMetadata, BadSignature, RepositoryError
 from proxy.protocol.hashing import StreamingVerifier
 from proxy.protocol.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
 from proxy.trust.fetch import FileSink, Want
-from proxy.util.atomic import atomic_link, atomic_write, fsync_dir
+from proxy.util.atomic import Batch, atomic_link, atomic_write, fsync_dir
 
 STATE_DIR = MIRROR_STATE_DIR
 MANIFEST = MIRROR_MANIFEST
@@ -179,9 +179,10 @@ class MirrorTree:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        fsync_dir(dest.parent)
         for name in others:
             _link(dest, self.path(name))
+        for directory in dict.fromkeys([dest.parent, *(self.path(n).parent for n in others)]):
+            fsync_dir(directory)  # the renames and links survive a crash before the next timestamp
         return sink.size
 
     def link_plain(self, target: Want) -> None:
@@ -196,10 +197,11 @@ class MirrorTree:
         are published only at the version the trusted snapshot lists.
         Returns the published snapshot version.
         """
+        batch = Batch()
         chain = list(roots)
         for data in chain:
             version = Metadata.from_bytes(data).signed.version
-            self._put(f"{version}.root.json", data)
+            self._put(batch, f"{version}.root.json", data)
         timestamp = (self.trust_dir / "timestamp.json").read_bytes()
         snapshot = (self.trust_dir / "snapshot.json").read_bytes()
         snap = Metadata[Snapshot].from_bytes(snapshot).signed
@@ -211,20 +213,20 @@ class MirrorTree:
             except FileNotFoundError:
                 continue  # a role no lookup of this mirror needed
             if Metadata.from_bytes(data).signed.version == meta.version:
-                self._put(f"{meta.version}.{quote(role, safe='')}.json", data)
-        self._put(f"{snap.version}.snapshot.json", snapshot)
-        os.sync()
+                self._put(batch, f"{meta.version}.{quote(role, safe='')}.json", data)
+        self._put(batch, f"{snap.version}.snapshot.json", snapshot)
+        batch.flush()  # what the new timestamp reaches, on disk before it is
         # The commit point: from here on the tree serves the new snapshot.
         atomic_write(self.metadata_dir / "timestamp.json", timestamp)
         atomic_write(self.metadata_dir / "root.json", chain[-1])
         return Metadata[Timestamp].from_bytes(timestamp).signed.snapshot_meta.version
 
-    def _put(self, name: str, data: bytes) -> None:
+    def _put(self, batch: Batch, name: str, data: bytes) -> None:
         path = self.metadata_dir / name
         with contextlib.suppress(FileNotFoundError):
             if path.read_bytes() == data:
                 return
-        atomic_write(path, data, durable=False)
+        batch.write(path, data)
 
     def write_manifest(self, snapshot: int, paths: Iterable[str], profile: str) -> None:
         """Record what this tree is meant to hold (and its layout), for ``tufproxy mirror verify``."""

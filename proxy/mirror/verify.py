@@ -15,7 +15,11 @@ one the last sync recorded in its manifest, else ``profile``.
   absent.  What it should hold is the last sync's manifest when there is
   one, else everything its signed pages list (a re-signed site tree);
 * **extra**: files no current target names (older page versions, strays):
-  reported, harmless to clients, unsound only with ``strict``.
+  reported, harmless to clients, unsound only with ``strict``;
+* **blocked**: files on the carried pages that the carried advisory store
+  (a gateway's signed ``advisories/osv.json``, verified like any target)
+  calls malicious or vulnerable: reported for people to act on (the tree
+  is still what its metadata signs).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from proxy.protocol.layout import (
     root_page_target,
 )
 from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.osv import ADVISORY_TARGET, Block, RecordError, Rules, read_store
 from proxy.protocol.profiles import TUFPROXY, Profile, get_profile
 from proxy.transport.local import LocalFetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
@@ -57,12 +62,14 @@ _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
 class VerifyReport:
     """The outcome of one verification."""
 
-    checked: int = 0
+    checked: int = 0  # files on disk re-hashed (a target's hash-named copies and its plain name each count)
+    targets: int = 0  # targets found and checked: the unit 'mirror sync' counts in
     metadata_error: str | None = None
     missing: list[str] = field(default_factory=list)
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)  # targets vouched for by expired metadata (override)
+    blocked: list[Block] = field(default_factory=list)  # files the carried advisories name
 
     def sound(self, strict: bool = False) -> bool:
         return self.metadata_error is None and not self.missing and not self.corrupt and not (strict and self.extra)
@@ -191,6 +198,28 @@ class _Verifier:
                     wanted.add(core_metadata_target(project, dist.filename))
         return wanted
 
+    async def blocked(self) -> list[Block]:
+        """Files of the carried pages the carried advisory store names (malicious, or vulnerable at any severity)."""
+        data = await self._page(ADVISORY_TARGET)
+        if data is None:
+            return []
+        try:
+            advisories = read_store(data)
+        except RecordError as e:
+            self.report.corrupt.append((ADVISORY_TARGET, f"signed, but unreadable: {e}"))
+            return []
+        rules = Rules(block_malicious=True, block_vulnerable="low")
+        found = []
+        for project in sorted(advisories.projects()):
+            page = await self._page(project_page_target(project, PageFormat.JSON))
+            if page is None:
+                continue
+            for dist in index.parse_project_json(page, project).files:
+                hashes = {h for h in (dist.hashes.get("sha256"),) if h}
+                if (block := advisories.block(rules, project, dist.filename, hashes)) is not None:
+                    found.append(block)
+        return found
+
     async def target(self, path: str, names: list[str], expected: bool) -> None:
         """Check every file standing for ``path``; note what is missing or extra."""
         target = await self.lookup(path)
@@ -203,7 +232,9 @@ class _Verifier:
         self.report.extra.extend(n for n in names if n not in signed)
         if expected and signed[0] not in names:
             self.report.missing.append(signed[0])
-        await asyncio.gather(*(self.check(n, target) for n in signed if n in names))
+        present = [n for n in signed if n in names]
+        self.report.targets += bool(present)
+        await asyncio.gather(*(self.check(n, target) for n in present))
 
 
 async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 8,
@@ -254,6 +285,7 @@ async def _verify(v: _Verifier) -> VerifyReport:
         on_disk.setdefault(_target_of(rel), []).append(rel)
     expected = await v.expected()
     await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in sorted(set(on_disk) | expected)))
+    v.report.blocked = await v.blocked()
     v.report.missing.sort()
     v.report.corrupt.sort()
     v.report.extra.sort()

@@ -11,5 +11,5 @@ subcommand (:mod:`~proxy.protocol.options`: flag, then variable, then TOML value
 Everything here is testable with plain bytes; ``import proxy.protocol`` never loads aiohttp.
 """
 
-__all__ = ["errors", "hashing", "index", "layout", "model", "options", "profiles", "refusals", "requesthead", "tufset",
-           "verify"]
+__all__ = ["access", "errors", "hashing", "index", "layout", "model", "options", "profiles", "refusals", "requesthead",
+           "tufset", "verify"]

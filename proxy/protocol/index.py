@@ -36,6 +36,10 @@ from proxy.protocol.errors import Fault
 from proxy.protocol.layout import MAX_FILENAME_LENGTH
 
 API_VERSION = "1.1"
+# PEP 792: a page that carries a project status marker says at least this version.
+STATUS_API_VERSION = "1.4"
+STATUSES = ("active", "archived", "quarantined", "deprecated")
+MAX_STATUS_REASON = 1000
 DEFAULT_MAX_FILES = 100_000
 # The root list is the one page that is legitimately huge (PyPI lists ~600k).
 MAX_PROJECTS = 2_000_000
@@ -76,6 +80,16 @@ class ProjectPage:
     files: tuple[DistFile, ...]
     versions: tuple[str, ...] = ()
     api_version: str = API_VERSION
+    status: str | None = None  # PEP 792 project status, as the page gave it (None: not given, i.e. active)
+    status_reason: str | None = None
+
+    def with_status(self, status: str | None, reason: str | None) -> ProjectPage:
+        """This page carrying a PEP 792 status marker (api-version raised to 1.4), or none."""
+        version = self.api_version
+        if status is not None and _version_tuple(version) < _version_tuple(STATUS_API_VERSION):
+            version = STATUS_API_VERSION
+        return dataclasses.replace(self, status=status, status_reason=reason if status is not None else None,
+                                   api_version=version)
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,22 @@ def _hash_entry(name: str, value: str) -> tuple[str, str] | None:
     if _HASH_NAME_RE.fullmatch(name) and _HASH_VALUE_RE.fullmatch(value):
         return name, value
     return None
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    match = _API_VERSION_RE.fullmatch(version)
+    return (int(match.group(1)), int(match.group(2))) if match else (1, 0)
+
+
+def _status(status: Any, reason: Any) -> tuple[str | None, str | None]:
+    """A PEP 792 marker as a page gives it; an unknown status is kept (a later spec may add one), bounded."""
+    if status is None:
+        return None, None
+    if not isinstance(status, str) or not status or len(status) > 40 or _CONTROL_RE.search(status):
+        raise IndexParseError("malformed project-status")
+    if reason is not None and not isinstance(reason, str):
+        raise IndexParseError("malformed project-status reason")
+    return status, _CONTROL_RE.sub(" ", reason[:MAX_STATUS_REASON]) if reason else None
 
 
 def _check_api_version(version: str) -> str:
@@ -165,6 +195,7 @@ class _AnchorCollector(HTMLParser):
         self.anchors: list[tuple[dict[str, str | None], str]] = []
         self.base: str | None = None
         self.api_version: str | None = None
+        self.meta: dict[str, str] = {}  # PEP 792's pypi:project-status and pypi:project-status-reason
         self._open: tuple[dict[str, str | None], list[str]] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -180,6 +211,8 @@ class _AnchorCollector(HTMLParser):
             self.base = attributes["href"]
         elif tag == "meta" and attributes.get("name") == "pypi:repository-version" and self.api_version is None:
             self.api_version = attributes.get("content") or ""
+        elif tag == "meta" and attributes.get("name") in ("pypi:project-status", "pypi:project-status-reason"):
+            self.meta.setdefault(str(attributes["name"]), attributes.get("content") or "")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "a":
@@ -242,10 +275,13 @@ def parse_project_html(data: bytes, name: str, *, max_files: int = DEFAULT_MAX_F
     collector = _collect(data, max_files)
     version = _check_api_version(collector.api_version) if collector.api_version is not None else "1.0"
     candidates = (_html_dist_file(attrs, text, collector.base) for attrs, text in collector.anchors)
+    status, reason = _status(collector.meta.get("pypi:project-status"), collector.meta.get("pypi:project-status-reason"))
     return ProjectPage(
         name=canonicalize_name(name),
         files=_unique_files(d for d in candidates if d is not None),
         api_version=version,
+        status=status,
+        status_reason=reason,
     )
 
 
@@ -337,11 +373,15 @@ def parse_project_json(data: bytes, name: str, *, max_files: int = DEFAULT_MAX_F
         raise IndexParseError(f"page lists more than {max_files} files or versions")
     if not all(isinstance(v, str) for v in versions):
         raise IndexParseError("'versions' holds a non-string")
+    marker = _typed(obj, "project-status", (dict,), {})
+    status, reason = _status(marker.get("status"), marker.get("reason"))
     return ProjectPage(
         name=canonicalize_name(name),
         files=_unique_files(_json_dist_file(entry) for entry in files),
         versions=tuple(versions),
         api_version=obj["meta"]["api-version"],
+        status=status,
+        status_reason=reason,
     )
 
 
@@ -399,12 +439,13 @@ def _html_link(dist: DistFile) -> str:
     return "".join(parts)
 
 
-def _html_document(title: str, api_version: str, links: Iterator[str]) -> bytes:
+def _html_document(title: str, api_version: str, links: Iterator[str], head: Iterable[tuple[str, str]] = ()) -> bytes:
     lines = [
         "<!DOCTYPE html>",
         "<html>",
         "  <head>",
         f'    <meta name="pypi:repository-version" content="{_attr(api_version)}">',
+        *(f'    <meta name="{_attr(name)}" content="{_attr(content)}">' for name, content in head),
         f"    <title>{_attr(title)}</title>",
         "  </head>",
         "  <body>",
@@ -423,7 +464,10 @@ def _json_document(obj: dict[str, Any]) -> bytes:
 
 def render_project_html(page: ProjectPage) -> bytes:
     """PEP 503 page with the PEP 592/629/658/714 attributes and a hash fragment per link."""
-    return _html_document(f"Links for {page.name}", page.api_version, (_html_link(f) for f in page.files))
+    head = [("pypi:project-status", page.status)] if page.status is not None else []
+    if page.status is not None and page.status_reason:
+        head.append(("pypi:project-status-reason", page.status_reason))
+    return _html_document(f"Links for {page.name}", page.api_version, (_html_link(f) for f in page.files), head)
 
 
 def _json_file(dist: DistFile) -> dict[str, Any]:
@@ -447,14 +491,15 @@ def _json_file(dist: DistFile) -> dict[str, Any]:
 
 def render_project_json(page: ProjectPage) -> bytes:
     """PEP 691 project page (PEP 700 fields where known), compact, keys sorted."""
-    return _json_document(
-        {
-            "meta": {"api-version": page.api_version},
-            "name": page.name,
-            "files": [_json_file(f) for f in page.files],
-            "versions": list(page.versions),
-        }
-    )
+    obj: dict[str, Any] = {
+        "meta": {"api-version": page.api_version},
+        "name": page.name,
+        "files": [_json_file(f) for f in page.files],
+        "versions": list(page.versions),
+    }
+    if page.status is not None:
+        obj["project-status"] = {"status": page.status, **({"reason": page.status_reason} if page.status_reason else {})}
+    return _json_document(obj)
 
 
 def render_project_list_html(plist: ProjectList) -> bytes:

@@ -59,6 +59,8 @@ class Option:
     parse: Callable[[Any], Any] = str
     repeat: bool = False
     metavar: str | None = None
+    # What --help says the default is, where it is not a value (what happens without the setting).
+    shown: str | None = None
 
     @property
     def flag(self) -> str:
@@ -72,9 +74,17 @@ class Option:
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option]) -> None:
     """Every option as a flag whose help names its variable and default (flags default to None: unset)."""
     for opt in options:
-        default = opt.default if opt.default not in (None, [], {}) else "none"
         parser.add_argument(opt.flag, action="append" if opt.repeat else "store", metavar=opt.metavar,
-                            help=f"{opt.help} [env {opt.env}; default: {default}]")
+                            help=f"{opt.help} [env {opt.env}; default: {shown_default(opt)}]")
+
+
+def shown_default(opt: Option) -> str:
+    """The default as ``--help`` shows it: what happens when the setting is not given."""
+    if opt.shown is not None:
+        return opt.shown
+    if isinstance(opt.default, bool):
+        return "yes" if opt.default else "no"
+    return "none" if opt.default in (None, [], {}) else str(opt.default)
 
 
 def load_config(text: str, label: str, known: Iterable[str]) -> dict[str, Any]:

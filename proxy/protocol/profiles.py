@@ -17,6 +17,13 @@ they are trusted through the signed page's sha256 (and its PEP 700
 publish of a project with thousands of files re-signs two page targets,
 not thousands of bins.
 
+Which layout a repository has is read from its verified top-level targets
+(:func:`detect_profile`): ``warehouse`` delegates straight to succinct
+``bins-N``; ``tufproxy`` and ``gateway`` delegate to ``bins``, whose paths
+say whether files are targets (a gateway's cover only ``simple/``).  A
+gateway initialised before its delegation said so looks like ``tufproxy``
+and needs ``--profile gateway``.
+
 ``warehouse`` (PyPI's PEP 458 draft: Warehouse with RSTUF, pypi/warehouse
 PR 15815): targets → succinct ``bins-N`` directly; one target per project,
 its **normalised name**, whose bytes are the HTML simple detail page
@@ -35,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
+from tuf.api.metadata import Targets
 
+from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     MIRROR_MANIFEST,
     MIRROR_STATE_DIR,
@@ -65,6 +74,8 @@ class Profile:
     served_name: Callable[[str, str], str]
     # The upstream publishes unknown projects on request (a ``tufproxy gateway``): see proxy/serving/edge.py.
     miss_protocol: bool = False
+    # The paths ``targets`` delegates to ``bins`` (tufproxy and gateway): what the layout signs, and tells it apart.
+    bin_paths: tuple[str, ...] = ()
 
     def page_source_format(self, wanted: PageFormat) -> PageFormat:
         """The signed rendering to verify when a client wants ``wanted``."""
@@ -94,9 +105,11 @@ TUFPROXY = Profile(
     files_are_targets=True,
     page_target=project_page_target,
     served_name=consistent_name,
+    bin_paths=("simple/*", "simple/*/*", "packages/*/*"),
 )
 
-GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True)
+GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True,
+                              bin_paths=("simple/*", "simple/*/*"))
 
 WAREHOUSE = Profile(
     name="warehouse",
@@ -120,6 +133,47 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown profile {name!r} (known: {', '.join(PROFILES)})") from None
+
+
+class LayoutError(ValueError):
+    """The signed metadata has no known layout, or not the one insisted on."""
+
+    reason = "layout-mismatch"
+    fault = Fault.OPERATOR
+
+
+def detect_profile(targets: Targets) -> tuple[Profile, ...]:
+    """The layouts whose delegations the verified top-level ``targets`` has, the likeliest first; () if none.
+
+    ``tufproxy``-shaped delegations may also be a gateway initialised before its delegation said so.
+    """
+    delegations = targets.delegations
+    if delegations is None:
+        return ()
+    if delegations.succinct_roles is not None:
+        return (WAREHOUSE,) if delegations.succinct_roles.name_prefix == WAREHOUSE.bin_prefix else ()
+    role = (delegations.roles or {}).get(TUFPROXY.bin_delegator)
+    paths = tuple(role.paths or ()) if role is not None else None
+    if paths == TUFPROXY.bin_paths:
+        return (TUFPROXY, GATEWAY)
+    return (GATEWAY,) if paths == GATEWAY.bin_paths else ()
+
+
+def choose_profile(detected: tuple[Profile, ...], insisted: Profile | None, source: str = "--profile") -> Profile:
+    """The layout to use: ``insisted`` (given by ``source``) if the metadata allows it, else the detected one.
+
+    Raises :class:`LayoutError` in one line naming both when they contradict, or when the metadata has no
+    known layout and none was given.
+    """
+    if insisted is not None and (not detected or insisted in detected):
+        return insisted
+    if not detected:
+        raise LayoutError("the signed targets delegations match no known layout (tufproxy, gateway, warehouse): "
+                          "give --profile")
+    if insisted is not None:
+        raise LayoutError(f"{source} {insisted.name} contradicts the signed metadata, whose targets delegations "
+                          f"are the {detected[0].name} layout's: drop {source} or give {source} {detected[0].name}")
+    return detected[0]
 
 
 def recorded_profile(directory: Path) -> str | None:

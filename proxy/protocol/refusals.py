@@ -46,6 +46,7 @@ BY_FAULT: dict[Fault, Row] = {
 
 # Reasons whose answer differs from their fault's: retryable 503s, and what a client may change.
 BY_REASON: dict[str, Row] = {
+    "gateway-refused": Row(502, Fault.UPSTREAM, "refused by the gateway", audit=True),
     "metadata-pending": Row(503, Fault.UPSTREAM, "trusted metadata is being refreshed, retry", audit=False),
     "expired": Row(503, Fault.REPOSITORY, "trusted metadata expired and cannot be refreshed", audit=True),
     "trust-error": Row(503, Fault.UPSTREAM, "no trusted metadata yet", audit=True),
@@ -57,11 +58,18 @@ BY_REASON: dict[str, Row] = {
     "bucket-denied": Row(503, Fault.OURS, "shared bucket unreachable, retry", audit=False),
     "busy": Row(503, Fault.OURS, "too many downloads in progress, retry", audit=False),
     "storage": Row(503, Fault.OURS, "storage error, retry", audit=False),
+    # The gateway's online key cannot sign (token removed, KMS unreachable); what is signed is still served.
+    "signing-unavailable": Row(503, Fault.OURS, "the signing key is unavailable, retry", audit=True),
     "audit-unwritable": Row(500, Fault.OURS, "audit log unwritable: refusing to serve", audit=False),
     "not-acceptable": Row(406, Fault.CLIENT, "none of the Accept types is served: try "
                                              "application/vnd.pypi.simple.v1+json or text/html", audit=False),
     "bad-path": Row(404, Fault.CLIENT, "not found", audit=False),
     "client-error": Row(404, Fault.CLIENT, "not found", audit=False),
+    # Access control (proxy.serving.guard): every one audited, for whoever watches for attacks.
+    "unauthenticated": Row(401, Fault.CLIENT, "authentication required", audit=True),
+    "forbidden": Row(403, Fault.CLIENT, "forbidden", audit=True),
+    "throttled": Row(429, Fault.CLIENT, "too many failed attempts", audit=True),
+    "bad-credentials": Row(400, Fault.CLIENT, "malformed credentials", audit=True),
 }
 
 UNEXPECTED = Row(500, Fault.OURS, "internal error", audit=False)

@@ -29,7 +29,7 @@ _UNNORMAL_PATH = re.compile(rb"//|/\.\.?(?:/|\Z)")
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*((?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?)[ \t]*")
 _HOST = re.compile(rb"[A-Za-z0-9.-]+(?::[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?")
 # Fields read here, and the ones aiohttp refuses to see twice (RFC 9110 singletons): never repeated.
-_SINGLE = frozenset((b"accept", b"if-none-match", b"x-request-id", b"host", b"connection", b"content-location",
+_SINGLE = frozenset((b"accept", b"if-none-match", b"x-request-id", b"authorization", b"host", b"connection", b"content-location",
                      b"content-range", b"content-type", b"etag", b"max-forwards", b"server", b"user-agent"))
 # Fields that frame a body or change what the connection does next: never simple.
 _NOT_SIMPLE = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade", b"http2-settings", b"te"))
@@ -43,6 +43,7 @@ class SimpleHead(NamedTuple):
     accept: str | None = None
     if_none_match: str | None = None
     request_id: str | None = None
+    authorization: str | None = None
 
 
 def recognise(data: bytes) -> SimpleHead | None:
@@ -81,6 +82,7 @@ def _recognise(data: bytes) -> SimpleHead | None:
         _text(kept.get(b"accept")),
         _text(kept.get(b"if-none-match")),
         _text(kept.get(b"x-request-id")),
+        _text(kept.get(b"authorization")),
     )
 
 

@@ -106,6 +106,10 @@ class TopLevelSet:
 
         try:
             return _guard("timestamp", data, lambda: self._set.update_timestamp(data), details)
+        except errors.BadSignature as e:
+            if _signed_by_none_of(data, set(self._set.root.roles[Timestamp.type].keyids)):
+                raise errors.BadSignature(f"timestamp: {WRONG_ROOT}", role="timestamp") from e
+            raise
         except tuf_exc.EqualVersionNumberError:
             # Same version as the local one: keep it, but it must still be final.
             if self._set.timestamp.is_expired(self.now):
@@ -182,6 +186,19 @@ def _swallow(load: Callable[[], object]) -> bool:
         return True
     except Exception:  # noqa: BLE001 (a local file that does not load is simply not used)
         return False
+
+
+# A timestamp no pinned key signed is far likelier a root for another repository than an attack: say so.
+WRONG_ROOT = "the upstream's timestamp is signed by none of the pinned root's keys: is --root this upstream's root?"
+
+
+def _signed_by_none_of(data: bytes, keyids: set[str]) -> bool:
+    """True when ``data`` is metadata whose signatures all name keys outside ``keyids``."""
+    try:
+        signatures = Metadata.from_bytes(data).signatures
+    except Exception:  # noqa: BLE001 (bytes too odd to tell: the refusal as it was says enough)
+        return False
+    return bool(signatures) and not keyids & set(signatures)
 
 
 def _guard(

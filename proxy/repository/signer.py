@@ -36,13 +36,13 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from securesystemslib.signer import Signer
+from securesystemslib.signer import Key, Signer
 from tuf.api.metadata import (
     DelegatedRole,
     Delegations,
@@ -55,9 +55,11 @@ from tuf.api.metadata import (
     Targets,
     Timestamp,
 )
+from tuf.api.serialization import DeserializationError
 from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
+from proxy.protocol.access import PRIVATE_CUSTOM
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     PageFormat,
@@ -71,13 +73,12 @@ from proxy.protocol.layout import (
 from proxy.protocol.model import file_digest
 from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
-from proxy.repository.keys import BINS, ONLINE, TARGETS, KeyStore, MissingKey
-from proxy.util.atomic import atomic_link, atomic_write
+from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
+from proxy.repository.keysource import KeyUnavailable
+from proxy.util.atomic import Batch, atomic_link, atomic_write
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
-# Paths *bins* is trusted for: the root list, project pages, files.
-BINS_PATHS = ["simple/*", "simple/*/*", "packages/*/*"]
 _SERIALIZER = JSONSerializer(compact=True)
 
 
@@ -170,6 +171,7 @@ class _Change:
         self.plain: dict[str, bytes | Path] = {}  # served path -> bytes or a local file, not a target
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
+        self.signed_elsewhere: set[str] = set()  # roles (and root) signed by the ceremony: published as they are
         self.root: Metadata[Root] = repo._load("root", repo.root_version())
         self.report = ChangeReport()
 
@@ -187,12 +189,14 @@ class _Change:
     def get_target(self, target_path: str) -> TargetFile | None:
         return self.role(self.bin_for(target_path)).signed.targets.get(target_path)
 
-    def put_target(self, target_path: str, data: bytes | Path) -> TargetFile:
+    def put_target(self, target_path: str, data: bytes | Path, custom: dict[str, Any] | None = None) -> TargetFile:
         algorithms = list(self.repo.profile.hash_algorithms)
         if isinstance(data, Path):
             info = TargetFile.from_file(target_path, str(data), algorithms)
         else:
             info = TargetFile.from_data(target_path, data, algorithms)
+        if custom:
+            info.unrecognized_fields["custom"] = custom
         name = self.bin_for(target_path)
         if self.role(name).signed.targets.get(target_path) == info:
             return info  # the same bytes are signed already: nothing to re-sign
@@ -231,13 +235,15 @@ class _Change:
         repo = self.repo
         staged: list[tuple[Path, bytes]] = []
         if self.root_dirty:
-            self._sign_root()
+            if "root" not in self.signed_elsewhere:
+                self._sign_root()
             root_file = repo.metadata_dir / metadata_filename("root", self.root.signed.version)
             staged.append((root_file, self.root.to_bytes(_SERIALIZER)))
         # Delegated roles first (bin-n, then bins, then targets), so snapshot lists their new versions.
         for name in sorted(self.dirty, key=lambda r: (not _is_bin(r), r != BINS_ROLE, r)):
             md = self.role(name)
-            self._sign(name, md)
+            if name not in self.signed_elsewhere:
+                self._sign(name, md)
             data = md.to_bytes(_SERIALIZER)
             staged.append((repo.metadata_dir / metadata_filename(name, md.signed.version), data))
             self.snapshot.signed.meta[f"{name}.json"] = MetaFile(version=md.signed.version)
@@ -249,21 +255,23 @@ class _Change:
         self._sign("timestamp", self.timestamp)
 
         plain_links: list[tuple[Path, Path]] = []
+        batch = Batch()
         for plain, content in self.plain.items():
-            _write(repo.public_dir / plain, content)
+            _write(batch, repo.public_dir / plain, content)
         for target_path, file_bytes in self.content.items():
             info = self.get_target(target_path)
             assert info is not None
             digests = list(info.hashes.values())
             first = repo.served_path(target_path, digests[0])
-            _write(first, file_bytes)
+            _write(batch, first, file_bytes)
             for digest in digests[1:]:
                 atomic_link(first, repo.served_path(target_path, digest))
+                batch.add(repo.served_path(target_path, digest))
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for metadata_file, signed in staged:
-            atomic_write(metadata_file, signed, durable=False)
-        # Everything the new timestamp reaches must be on disk before it is.
-        os.sync()
+            batch.write(metadata_file, signed)
+        # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
+        batch.flush()
         # The commit point: from here on clients see the new state.
         atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
@@ -292,11 +300,12 @@ class _Change:
         self.report.signed["root"] = md.signed.version
 
 
-def _write(dest: Path, data: bytes | Path) -> None:
+def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:
     if isinstance(data, Path):
         _copy_file(data, dest)
+        batch.add(dest)
     else:
-        atomic_write(dest, data, durable=False)
+        batch.write(dest, data)
 
 
 def _copy_file(source: Path, dest: Path) -> None:
@@ -346,11 +355,17 @@ class Repository:
         now: datetime | None = None,
         layout: str = "tufproxy",
         clock_versions: bool = False,
+        key_uris: KeyURIs | None = None,
     ) -> Repository:
         """Create keys and the first signed metadata (empty targets) in ``path``.
 
         ``layout`` is a :mod:`proxy.protocol.profiles` name: ``tufproxy`` or ``warehouse``.
+        A role ``key_uris`` names keeps its key where the URI says (a token, a
+        KMS): its public key goes into the metadata, no private key into ``path``.
         """
+        uris = key_uris or KeyURIs()
+        if uris.root:
+            root_keys = len(uris.root)
         path = Path(path)
         if bins < 2 or bins & (bins - 1) or bins > 2**16:
             raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
@@ -366,10 +381,17 @@ class Repository:
         repo = cls(path, settings)
         when = _now(now)
         repo.keys.create_dir()
-        roots = [repo.keys.generate_root() for _ in range(root_keys)]
-        targets_key = repo.keys.generate(TARGETS)
-        bins_key = repo.keys.generate(BINS)
-        online = repo.keys.generate(ONLINE)
+
+        # Keys by URI first: a token or KMS that cannot sign stops init before any key file is written.
+        named = {name: repo.keys.adopt(name, uri) for name, uri in
+                 ((ONLINE, uris.online), (TARGETS, uris.targets), (BINS, uris.bins)) if uri is not None}
+        roots = [repo.keys.adopt(ROOT, uri) for uri in uris.root]
+        if len({s.public_key.keyid for s in roots}) != len(roots):
+            raise RepositoryError("the same root key is given twice")
+        roots = roots or [repo.keys.generate_root() for _ in range(root_keys)]
+        targets_key = named.get(TARGETS) or repo.keys.generate(TARGETS)
+        bins_key = named.get(BINS) or repo.keys.generate(BINS)
+        online = named.get(ONLINE) or repo.keys.generate(ONLINE)
 
         root = Root(consistent_snapshot=True, expires=when + settings.expiry.root)
         for s in roots:
@@ -386,7 +408,8 @@ class Repository:
         if profile.bin_delegator == BINS_ROLE:
             targets.delegations = Delegations(
                 keys={bins_key.public_key.keyid: bins_key.public_key},
-                roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True, paths=BINS_PATHS)},
+                roles={BINS_ROLE: DelegatedRole(BINS_ROLE, [bins_key.public_key.keyid], 1, True,
+                                                paths=list(profile.bin_paths))},
             )
             bins_md = Targets(expires=when + settings.expiry.bins)
             bins_md.delegations = to_bins
@@ -397,16 +420,17 @@ class Repository:
         snapshot = Snapshot(expires=when + settings.expiry.snapshot)
         signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
         repo.metadata_dir.mkdir(parents=True, exist_ok=True)
+        batch = Batch()
         for name, md in files:
             for s in signers.get(name, [online]):
                 md.sign(s, append=True)
-            atomic_write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER), durable=False)
+            batch.write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER))
             if name != "root":
                 snapshot.meta[f"{name}.json"] = MetaFile(version=1)
         snap_md = Metadata(snapshot)
         snap_md.sign(online)
-        atomic_write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER), durable=False)
-        os.sync()
+        batch.write(repo.metadata_dir / metadata_filename("snapshot", 1), snap_md.to_bytes(_SERIALIZER))
+        batch.flush()
         ts = Metadata(Timestamp(expires=when + settings.expiry.timestamp, snapshot_meta=MetaFile(version=1)))
         ts.sign(online)
         atomic_write(repo.metadata_dir / "timestamp.json", ts.to_bytes(_SERIALIZER))
@@ -447,14 +471,34 @@ class Repository:
 
     # -- reading -------------------------------------------------------
     def _load(self, role: str, version: int | None = None) -> Metadata:
-        name = metadata_filename(role, None if role == "timestamp" else version)
+        return self._parse(metadata_filename(role, None if role == "timestamp" else version))
+
+    def _parse(self, name: str) -> Metadata:
+        path = self.metadata_dir / name
         try:
-            return Metadata.from_bytes((self.metadata_dir / name).read_bytes())
+            return Metadata.from_bytes(path.read_bytes())
         except FileNotFoundError:
             raise RepositoryError(f"metadata file {name} is missing from {self.metadata_dir}") from None
+        except DeserializationError as e:
+            raise RepositoryError(f"metadata file {path} is damaged ({e}): restore it from a backup") from None
+
+    def load_metadata(self, role: str, version: int | None = None) -> Metadata:
+        """A role's current metadata (``version`` for versioned names); RepositoryError naming a file
+        that is missing or damaged."""
+        return self._load(role, version)
+
+    def check(self) -> int:
+        """Parse every metadata file the current timestamp reaches; how many.  RepositoryError
+        names the first one missing or damaged."""
+        timestamp = self._load("timestamp")
+        snapshot = self._load("snapshot", timestamp.signed.snapshot_meta.version)
+        self._load("root", self.root_version())
+        for name, meta in snapshot.signed.meta.items():
+            self._load(name.removesuffix(".json"), meta.version)
+        return 3 + len(snapshot.signed.meta)
 
     def root_version(self) -> int:
-        return Metadata.from_bytes((self.metadata_dir / "root.json").read_bytes()).signed.version
+        return self._parse("root.json").signed.version
 
     def _signers_for(self, role: str, online: Signer | None = None) -> list[Signer]:
         if role in ("timestamp", "snapshot") or _is_bin(role):
@@ -480,21 +524,42 @@ class Repository:
             return index.parse_project_json(data, project)
         return index.parse_project_html(data, project)
 
-    def _write_page(self, change: _Change, page: index.ProjectPage) -> None:
+    def _write_page(self, change: _Change, page: index.ProjectPage, private: bool = False) -> None:
         for fmt in self.profile.signed_formats:
             render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
-            change.put_target(self.profile.page_target(page.name, fmt), render(page))
+            change.put_target(self.profile.page_target(page.name, fmt), render(page), PRIVATE_CUSTOM if private else None)
 
-    def _write_root_list(self, change: _Change, projects: Sequence[str]) -> None:
-        plist = index.ProjectList(projects=tuple(sorted(set(projects))))
-        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist))
-        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist))
+    def _write_root_list(self, change: _Change, projects: Iterable[str], private: Iterable[str] = ()) -> None:
+        """The root list names public projects only; the private ones are in its target's signed ``custom``
+        (so the signer and the gateway know what is published), which edges never serve."""
+        hidden = sorted(set(private))
+        plist = index.ProjectList(projects=tuple(sorted(set(projects) - set(hidden))))
+        custom = {"tufproxy": {"private_projects": hidden}} if hidden else None
+        change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist), custom)
+        change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist), custom)
 
     def _projects(self, change: _Change) -> list[str]:
+        """Every published project, public and private."""
+        return [*self._public_projects(change), *self._private_projects(change)]
+
+    def _public_projects(self, change: _Change) -> list[str]:
         if not self.profile.root_list_signed:
             return []
         data = change.target_bytes(root_page_target(PageFormat.JSON))
         return list(index.parse_project_list_json(data).projects) if data else []
+
+    def _private_projects(self, change: _Change) -> list[str]:
+        if not self.profile.root_list_signed:
+            return []
+        info = change.get_target(root_page_target(PageFormat.JSON))
+        custom = info.unrecognized_fields.get("custom") if info is not None else None
+        mark = custom.get("tufproxy") if isinstance(custom, dict) else None
+        names = mark.get("private_projects") if isinstance(mark, dict) else None
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def private_projects(self) -> list[str]:
+        """The published projects marked private (the gateway's view of what it signed)."""
+        return self._private_projects(_Change(self, _now(None)))
 
     def _put_file(self, change: _Change, target_path: str, data: bytes | Path) -> tuple[int, str]:
         """A distribution or .metadata file: a target, or (warehouse) a plain file; (length, sha256)."""
@@ -575,7 +640,8 @@ class Repository:
             return None
         return self._current_page(change, project)
 
-    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None) -> ChangeReport:
+    def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
+                      private: Callable[[str], bool] | None = None) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
         For a layout whose files are not targets (the gateway's): the page's
@@ -588,23 +654,28 @@ class Repository:
         with self._locked():
             change = _Change(self, when)
             known = set(self._projects(change))
+            hidden = set(self._private_projects(change))
+            hidden_before = set(hidden)
             for project, page in pages.items():
                 if page is None:
                     for fmt in self.profile.signed_formats:
                         change.delete_target(self.profile.page_target(project, fmt))
+                    hidden.discard(project)
                     if project in known:
                         known.discard(project)
                         change.report.removed.append(project)
                     continue
                 if page.name != project:
                     raise RepositoryError(f"page for {page.name!r} given as {project!r}")
-                self._write_page(change, page)
+                is_private = private is not None and private(project)
+                (hidden.add if is_private else hidden.discard)(project)
+                self._write_page(change, page, is_private)
                 signed = self.profile.page_target(project, self.profile.signed_formats[0]) in change.content
                 # "added": the page is signed anew (a new project or a changed page); "unchanged": the same bytes.
                 (change.report.added if signed else change.report.unchanged).append(project)
                 known.add(project)
-            if self.profile.root_list_signed and known != set(self._projects(change)):
-                self._write_root_list(change, sorted(known))
+            if self.profile.root_list_signed and (known != set(self._projects(change)) or hidden != hidden_before):
+                self._write_root_list(change, known, hidden)
             if not change.dirty:
                 return change.report
             report = change.commit()
@@ -613,6 +684,13 @@ class Repository:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.public_dir / self.plain_name(self.profile.page_target(project, fmt)))
             return report
+
+    def publish_target(self, target_path: str, data: bytes, now: datetime | None = None) -> ChangeReport:
+        """Sign ``data`` as the target ``target_path`` (one snapshot and timestamp; nothing if it is signed already)."""
+        with self._locked():
+            change = _Change(self, _now(now))
+            change.put_target(target_path, data)
+            return change.commit() if change.dirty else change.report
 
     def remove(
         self, filename: str, *, delete: bool = False, reason: str | None = None, now: datetime | None = None
@@ -660,7 +738,7 @@ class Repository:
                 if due(role, change.role(role), forced=False):
                     try:
                         self.keys.load(role)
-                    except MissingKey:
+                    except (MissingKey, KeyUnavailable):  # kept offline (a file moved away, a token unplugged)
                         continue
                     change.dirty.add(role)
             for name in _bin_names(change):
@@ -705,6 +783,42 @@ class Repository:
             if new_keys is not None:
                 for keyid in old_root_keyids:
                     self.keys.retire_root(keyid)
+            return report
+
+    def publish_signed(self, root: Metadata[Root], offline: Mapping[str, Metadata], keys: Mapping[str, tuple[str, Key]],
+                       now: datetime | None = None) -> ChangeReport:
+        """Publish what the root ceremony signed (:mod:`proxy.repository.ceremony`): root N+1, new targets/bins
+        versions as they are, then snapshot and timestamp, and every bin-n again when the online key changed.
+
+        ``keys`` are the roles whose key changed to a URI (role -> URI, public key), recorded under the lock:
+        the new online key signs this change and every later one.
+        """
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            if root.signed.version != change.root.signed.version + 1:
+                raise RepositoryError(f"the draft is root v{root.signed.version}; the repository is at root "
+                                      f"v{change.root.signed.version}: draft again")
+            for name, md in offline.items():
+                current = change.role(name).signed.version
+                if md.signed.version <= current:
+                    raise RepositoryError(f"the draft's {name} v{md.signed.version} is not newer than v{current}: draft again")
+            # Only the online key must sign here and now; a new targets or bins key is offline, only recorded.
+            signers = {role: self.keys.open(uri, public) for role, (uri, public) in keys.items() if role == ONLINE}
+            change.root, change.root_dirty = root, True
+            change.signed_elsewhere = {"root", *offline}
+            for name, md in offline.items():
+                change._roles[name] = md
+                change.dirty.add(name)
+            if ONLINE in signers:
+                change.online = signers[ONLINE]
+                change.dirty.update(_bin_names(change))
+            report = change.commit()
+            report.signed["root"] = root.signed.version
+            for name, md in offline.items():
+                report.signed[name] = md.signed.version
+            for role, (uri, public) in keys.items():
+                self.keys.record(role, uri, public)
             return report
 
     def _rotate_online(self, change: _Change) -> None:

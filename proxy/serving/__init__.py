@@ -5,4 +5,5 @@ The resolver decides (no aiohttp), the server sends, :mod:`~proxy.serving.serve`
 gateway's miss protocol, :mod:`~proxy.serving.config` its settings.
 """
 
-__all__ = ["config", "connections", "edge", "hotpath", "refusals", "resolver", "serve", "server", "streaming", "workers"]
+__all__ = ["access", "config", "connections", "edge", "guard", "hotpath", "passwords", "refusals", "resolver", "serve", "server",
+           "streaming", "workers"]

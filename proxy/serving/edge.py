@@ -1,6 +1,6 @@
 """The edge's half of the miss protocol: ask the gateway to publish, then trust what it signed.
 
-``tufproxy serve --profile gateway`` calls :meth:`MissProtocol.on_miss`
+``tufproxy serve`` in front of a gateway calls :meth:`MissProtocol.on_miss`
 when no signed page lists a project.  It POSTs
 ``/_tufproxy/publish/<project>`` to the gateway (one worker at a time per
 project, through a cross-process lock file in the cache directory; a worker that
@@ -9,7 +9,10 @@ trusted metadata until it trusts at least the timestamp version the
 gateway named, and says True so the resolver looks again.  A 404 from
 the gateway is :class:`UnknownTarget` carrying the gateway's reason
 (``denied by policy``, ``claimed private``, ``no index lists it``), which
-the edge's 404 repeats for pip to show.  The whole exchange has a
+the edge's 404 repeats for pip to show; any other refusal is
+:class:`GatewayRefused`, whose 502 carries the gateway's reason slug and
+one-line fix (``foreign-origin: the index links files on …; start the
+gateway with --files-origin …``).  The whole exchange has a
 deadline well under pip's 15 s read timeout; past it the request is a
 503 with Retry-After (:class:`MetadataPending`).
 
@@ -23,20 +26,31 @@ import asyncio
 import json
 import logging
 import re
+import ssl
 from typing import Protocol
 
 import aiohttp
 
-from proxy.protocol.errors import MetadataPending, UnknownTarget, UpstreamUnreachable
+from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
+from proxy.transport.credentials import OriginAuth
 from proxy.util.locks import FetchLocks
+from proxy.util.logs import request_id
 
 log = logging.getLogger(__name__)
 
 DEADLINE = 8.0
 RETRY_AFTER = 2
-MAX_DETAIL = 200
+MAX_DETAIL = 240
 MAX_BODY = 4096
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+class GatewayRefused(TrustError):
+    """The gateway refused to publish a project, for a reason of its own: relayed as ``SLUG: DETAIL``."""
+
+    reason = "gateway-refused"
+    fault = Fault.UPSTREAM
 
 
 class _Refreshable(Protocol):
@@ -46,8 +60,11 @@ class _Refreshable(Protocol):
 class MissProtocol:
     """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
 
-    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE) -> None:
+    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE,
+                 auth: OriginAuth | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.gateway_url = gateway_url
+        self.auth = auth
+        self.ssl_context = ssl_context
         self.trust = trust
         self.locks = locks
         self.deadline = deadline
@@ -70,11 +87,19 @@ class MissProtocol:
         url = f"{self.gateway_url}_tufproxy/publish/{project}"
         try:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
-            async with aiohttp.ClientSession() as session, session.post(url) as response:
-                if response.status == 404:
-                    body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
-                    raise UnknownTarget(f"simple/{project}/", detail=_detail(body))
+            # The edge's request id goes along, so the gateway's log lines and audit records name it too.
+            rid = request_id.get()
+            headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
+            async with aiohttp.ClientSession(connector=connector) as session, \
+                    session.post(url, headers=headers, allow_redirects=False) as response:
                 if response.status != 200:
+                    body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
+                    slug, detail = _refusal(body)
+                    if response.status == 404:
+                        raise UnknownTarget(f"simple/{project}/", detail=f"gateway: {detail}" if detail else None)
+                    if slug and detail:
+                        raise GatewayRefused(f"{slug}: {detail}", target=f"simple/{project}/")
                     raise UpstreamUnreachable(f"publish {project}", [RuntimeError(f"gateway answered HTTP {response.status}")])
                 answer = await response.json(content_type=None)
         except (aiohttp.ClientError, ValueError) as e:
@@ -85,10 +110,13 @@ class MissProtocol:
         return version
 
 
-def _detail(body: bytes) -> str | None:
-    """The gateway's reason in a 404 answer, printable and bounded (it reaches pip's output), or None."""
+def _refusal(body: bytes) -> tuple[str | None, str | None]:
+    """The gateway's reason slug and detail in a refusal's JSON, printable and bounded (they reach pip's output)."""
     try:
-        detail = json.loads(body).get("detail")
+        answer = json.loads(body)
+        slug, detail = answer.get("reason"), answer.get("detail")
     except (ValueError, AttributeError):
-        return None
-    return f"gateway: {_UNPRINTABLE.sub('?', detail)[:MAX_DETAIL]}" if isinstance(detail, str) and detail else None
+        return None, None
+    slug = slug if isinstance(slug, str) and _SLUG.fullmatch(slug) else None
+    detail = _UNPRINTABLE.sub("?", detail)[:MAX_DETAIL] if isinstance(detail, str) and detail else None
+    return slug, detail

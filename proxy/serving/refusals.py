@@ -94,6 +94,10 @@ class Refusals:
         )
         asker.audited = True
 
+    def refresh_refused(self, error: BaseException) -> None:
+        """A refresh cycle refused metadata: that update is aborted and the live state kept (audited, counted)."""
+        self.record(Asker(request_id="refresh", client=None, path="(metadata refresh)"), error, None)
+
     def trusted_versions(self) -> dict[str, int]:
         status = self.trust.status()
         return {role: info["version"] for role, info in status.get("roles", {}).items()}

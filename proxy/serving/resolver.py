@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from proxy.protocol import index
+from proxy.protocol.access import marked_private, not_listed
 from proxy.protocol.errors import (
     BadPath,
     ClientMistake,
@@ -123,6 +124,8 @@ class Ask(Asker):
     whole: bool = False
     if_none_match: str | None = None
     route: str = "other"
+    # Whether the client may read a private project (by name); None: it may not.
+    private_ok: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,7 @@ class Resolver:
             return None
         route, media, target_path = plan
         target = self.trust.remembered(target_path)
-        if target is None:
+        if target is None or marked_private(target.custom):
             return None
         answer = self._kept(target, media, if_none_match)
         return None if answer is None else (route, answer)
@@ -373,11 +376,17 @@ class Resolver:
         path = self.profile.page_target(project, fmt)
         ask.target = path
         try:
-            return await self.trust.get_target(path)
+            target = await self.trust.get_target(path)
         except UnknownTarget:
             if self.on_miss is None or await self.on_miss(project) is False:
                 raise
-        return await self.trust.get_target(path)
+            target = await self.trust.get_target(path)
+        if marked_private(target.custom) and not (ask.private_ok is not None and ask.private_ok(project)):
+            # Exactly what a project no index lists gets: a client that may not read it cannot tell.
+            if self.on_miss is None:
+                raise UnknownTarget(path)
+            raise UnknownTarget(f"simple/{project}/", detail=f"gateway: {not_listed(project)}")
+        return target
 
     async def _page_bytes(self, ask: Ask, target: VerifiedTarget) -> bytes:
         """A page's verified bytes: from the page cache (re-hashed at first use here), or fetched."""

@@ -15,19 +15,24 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from proxy.protocol.errors import CommandError, ExpiredMetadata, StoreError, TrustError
+from proxy.protocol.access import Rules
+from proxy.protocol.errors import CommandError, ExpiredMetadata, RepositoryError, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
+from proxy.protocol.profiles import LayoutError, Profile, detect_profile
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
+from proxy.serving.guard import Guard
+from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.resolver import ProxySettings, Resolver
 from proxy.serving.server import Proxy
 from proxy.storage.audit import AuditLog
@@ -36,8 +41,10 @@ from proxy.storage.store import BlobStore
 from proxy.storage.tiered import SharedTier
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
 from proxy.transport.local import LocalFetcher
+from proxy.transport.tls import ServerTLS, TLSConfigError, client_context, server_tls
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
+from proxy.trust.detect import candidate_paths, open_detected
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.slots import catch_up
@@ -53,6 +60,8 @@ DRAIN_SECONDS = 25.0
 MAX_METADATA_SLOTS = 64
 _SLOT_LOCK_WAIT = 30.0
 BACKLOG = 1024
+# While failing closed (no usable trusted state) the background refresher retries at least this often.
+FAILING_CLOSED_BACKOFF = 4.0
 
 
 @dataclass
@@ -64,9 +73,13 @@ class Running:
     port: int
     refresher: asyncio.Task[None]
     metadata_fetcher: Fetcher
+    tls_reload: asyncio.Task[None] | None = None
+    layout: str = ""  # which layout, and how it was decided, for the start-up line
 
     async def stop(self) -> None:
         self.refresher.cancel()
+        if self.tls_reload is not None:
+            self.tls_reload.cancel()
         await self.runner.cleanup()
         await self.proxy.resolver.fetcher.close()
         await self.metadata_fetcher.close()
@@ -92,17 +105,42 @@ def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True)
     return sock
 
 
-def _fetchers_and_mirrors(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[Mirror]]:
-    """Fetchers for metadata and for files, apart: file downloads cannot starve a refresh."""
+def _fetchers(config: ServeConfig) -> tuple[Fetcher, Fetcher, list[str]]:
+    """Fetchers for metadata and for files, apart (file downloads cannot starve a refresh), and the mirrors' bases."""
     if config.repository is not None:
         local = LocalFetcher(config.repository)
-        base = local.base_url()
-        return local, local, [Mirror(config.metadata_url(base), base)]
-    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout)
+        return local, local, [local.base_url()]
+    tls = _client_tls(config)
+    metadata = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
+                              auth=config.upstream_auth, ssl_context=tls)
     # No total timeout for files: Pace abandons slow bodies, however big the file.
     files = AiohttpFetcher(connect_timeout=config.connect_timeout, read_timeout=config.read_timeout,
-                           total_timeout=None, per_host=config.mirror_downloads)
-    return metadata, files, [Mirror(config.metadata_url(u), u) for u in config.upstream]
+                           total_timeout=None, per_host=config.mirror_downloads, auth=config.upstream_auth,
+                           ssl_context=tls)
+    return metadata, files, list(config.upstream)
+
+
+def _client_tls(config: ServeConfig) -> ssl.SSLContext | None:
+    """The context upstream HTTPS is verified with: a private CA, a client certificate; None: the default."""
+    if config.ca_bundle is None and config.client_cert is None:
+        return None
+    try:
+        return client_context(config.ca_bundle, config.client_cert, config.client_key)
+    except TLSConfigError as e:
+        raise CommandError(str(e)) from None
+
+
+def _access(config: ServeConfig) -> tuple[Guard | None, ServerTLS | None]:
+    """The guard (None without --auth-file and read rules) and the listener's TLS (None: plain HTTP)."""
+    try:
+        tls = server_tls(config.tls_cert, config.tls_key)
+        if config.auth_file is None and not config.read_rule:
+            return None, tls
+        passwords = Passwords(config.auth_file, config.auth_groups) if config.auth_file is not None else None
+    except (AuthFileError, TLSConfigError) as e:
+        raise CommandError(str(e)) from None
+    read = Rules(config.read_rule, anonymous_private=config.allow_anonymous_private)
+    return Guard(passwords, read), tls
 
 
 def _expiry_override(until: datetime | None, audit: AuditLog) -> ExpiryOverride | None:
@@ -196,6 +234,7 @@ async def start(config: ServeConfig, sock: socket.socket | None = None) -> Runni
 
 
 async def _start(config: ServeConfig, sock: socket.socket | None, opened: contextlib.AsyncExitStack) -> Running:
+    guard, tls = _access(config)  # a bad htpasswd, rule or certificate is the one error line, at once
     host, port = config.listen
     if sock is None:
         # Bound first, so a busy port is the one error line at once, not after an initial refresh that
@@ -218,30 +257,37 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     opened.callback(audit.close)
     metrics = Metrics()
     bucket = await _open_bucket(config, metrics)
-    fetcher, file_fetcher, mirrors = _fetchers_and_mirrors(config)
+    fetcher, file_fetcher, bases = _fetchers(config)
     opened.push_async_callback(fetcher.close)
     if file_fetcher is not fetcher:
         opened.push_async_callback(file_fetcher.close)
-    layout = config.layout
-    trust = await _trusted_client(
-        config,
-        fetcher,
-        mirrors,
-        TrustConfig(
-            refresh_interval=config.refresh_interval,
-            miss_wait=config.miss_wait,
-            served_name=layout.served_name,
-            expiry_override=_expiry_override(config.allow_expired_until, audit),
-        ),
-    )
-    opened.callback(trust.close)
+    trust_config = TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
+                               expiry_override=_expiry_override(config.allow_expired_until, audit))
+
+    async def open_at(path: str, profile: Profile) -> TrustedClient:
+        mirrors = [Mirror(config.metadata_url(base, path), base) for base in bases]
+        return await _trusted_client(config, fetcher, mirrors, replace(trust_config, served_name=profile.served_name))
+
     try:
-        await trust.refresh()
-    except TrustError as e:
+        detected = await open_detected(open_at, candidate_paths(config.metadata_path, config.layout), config.layout,
+                                       "--profile" if config.repository is None else "--profile (or the sync's record)")
+    except LayoutError as e:
+        raise CommandError(str(e)) from None
+    trust, layout = detected.client, detected.profile
+    opened.callback(trust.close)
+    if detected.error is not None:
         # Keep starting: requests will retry the refresh and fail closed until it works.
-        log.warning("initial metadata refresh failed: %s", e)
+        log.warning("initial metadata refresh failed: %s", detected.error)
+    log.info("%s", detected.describe())
+    if config.gateway_url is not None and not layout.miss_protocol:
+        raise CommandError(f"--gateway-url is for a gateway's edge, and this upstream has the {layout.name} layout")
     gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
-    on_miss = MissProtocol(gateway, trust, FetchLocks(store.root / "locks")).on_miss if layout.miss_protocol and gateway else None
+    on_miss = (
+        MissProtocol(gateway, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
+                     ssl_context=_client_tls(config)).on_miss
+        if layout.miss_protocol and gateway
+        else None
+    )
     settings = ProxySettings(
         max_file_size=config.max_file_size,
         upstream_freshness=max(3 * config.refresh_interval, 30.0),
@@ -265,18 +311,25 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             on_miss=on_miss,
             page_fetcher=page_fetcher,
             shared=shared,
-        )
+        ),
+        guard,
+        config.allow_anonymous_private,
     )
+    trust.on_refused = proxy.resolver.refusals.refresh_refused
+    if isinstance(detected.error, RepositoryError):  # refused while the layout was read: audited like any other
+        trust.on_refused(detected.error)
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     opened.push_async_callback(runner.cleanup)
     try:
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, ssl_context=tls.context if tls is not None else None).start()
     except OSError as e:
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
     actual = runner.addresses[0][1]
-    refresher = asyncio.create_task(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics))
-    return Running(runner, proxy, actual, refresher, fetcher)
+    watch = [] if detected.verified or config.layout is not None else [_confirm_layout(trust, layout, proxy)]
+    refresher = asyncio.create_task(_gather(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics), *watch))
+    tls_task = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
+    return Running(runner, proxy, actual, refresher, fetcher, tls_task, detected.describe())
 
 
 async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:
@@ -309,15 +362,39 @@ def _bucket_tier(
     )
 
 
+async def _gather(*jobs: Coroutine[Any, Any, None]) -> None:
+    await asyncio.gather(*jobs)
+
+
+async def _confirm_layout(trust: TrustedClient, assumed: Profile, proxy: Proxy, every: float = 1.0) -> None:
+    """With the layout assumed at start-up (nothing verified yet), check it once metadata verifies: a wrong guess
+    is logged and reported by /readyz until a restart detects the right one."""
+    while True:  # the trust core has no event for "verified": polled, once a second, until it has
+        targets = trust.verified_targets
+        if targets is not None:
+            break
+        await asyncio.sleep(every)
+    found = detect_profile(targets)
+    if found and assumed not in found:
+        proxy.layout_problem = (f"the signed metadata has the {found[0].name} layout, not the {assumed.name} layout "
+                                f"assumed at start-up (the upstream did not answer then): restart tufproxy serve, "
+                                f"or give --profile {found[0].name}")
+        log.error("%s", proxy.layout_problem)
+    else:
+        log.info("layout %s confirmed by the signed metadata", assumed.name)
+
+
 async def _keep_fresh(trust: TrustedClient, interval: float, metrics: Metrics) -> None:
     """Refresh in the background, so requests find fresh metadata instead of waiting for it.
 
     Nothing a refresh raises ends this loop: a failure is logged and counted, and
-    retried after 1 s, doubling up to ``interval``, until a refresh succeeds.
+    retried after 1 s, doubling up to ``interval`` (up to ``FAILING_CLOSED_BACKOFF``
+    while there is no usable trusted state), until a refresh succeeds.
     """
     failures = 0
     while True:
-        await asyncio.sleep(interval if failures == 0 else min(interval, 2.0 ** (failures - 1)))
+        cap = min(interval, FAILING_CLOSED_BACKOFF) if trust.failing_closed else interval
+        await asyncio.sleep(interval if failures == 0 else min(cap, 2.0 ** (failures - 1)))
         try:
             await trust.refresh(force=failures > 0)
             failures = 0

@@ -24,10 +24,13 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.protocol.access import project_of
 from proxy.protocol.errors import StoreError
 from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
+from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
 from proxy.serving.connections import BoundedRunner, ClientBounds
+from proxy.serving.guard import ANONYMOUS_USER, Guard, User
 from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
     UPSTREAM_FAILURES,
@@ -40,7 +43,7 @@ from proxy.serving.resolver import (
     Resolver,
     Streamed,
 )
-from proxy.serving.streaming import first_bytes, send_download
+from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -57,14 +60,23 @@ _FILE_HEADERS = {
 class Proxy:
     """The aiohttp application over a :class:`~proxy.serving.resolver.Resolver`."""
 
-    def __init__(self, resolver: Resolver) -> None:
+    def __init__(self, resolver: Resolver, guard: Guard | None = None, allow_anonymous_private: bool = False) -> None:
         self.resolver = resolver
+        # Access control (None: everyone is anonymous; private projects are then served to nobody unless
+        # the operator allowed anonymous access to them).
+        self.guard = guard
+        self.allow_anonymous_private = allow_anonymous_private
+        self._said_unguarded = False
+        self.access = AccessMiddleware(guard, _resource, resolver.audit, refusals_counter(resolver.metrics.registry)) \
+            if guard is not None else None
         self.trust = resolver.trust
         self.store = resolver.store
         self.metrics = resolver.metrics
         self.settings = resolver.settings
         self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
         self._evictions_reported = 0
+        # Set when the layout assumed at start-up turns out not to be the signed metadata's: /readyz says so.
+        self.layout_problem: str | None = None
 
     def runner(self, **kwargs: Any) -> web.AppRunner:
         """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout),
@@ -75,6 +87,12 @@ class Proxy:
         """The hot path's answer: a page request the resolver has ready, counted as the middleware
         counts every request; None: aiohttp takes it."""
         start = time.monotonic()
+        if self.guard is not None:
+            # Only what is certain at once: a user proved lately (or anonymous) whom the rules allow. Anything
+            # else (a password to check, a refusal to audit) is aiohttp's; private pages are never ready().
+            user = self.guard.remembered(head.authorization)
+            if user is None or self.guard.authorize(user, project_of(head.path)) is not None:
+                return None
         ready = self.resolver.ready(head.path, head.accept, head.if_none_match)
         if ready is None:
             return None
@@ -89,7 +107,8 @@ class Proxy:
         return data
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware])
+        middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
@@ -122,7 +141,8 @@ class Proxy:
         headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
                   accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
-                  whole=request.method == "HEAD" or _asks_whole_file(headers))
+                  whole=request.method == "HEAD" or _asks_whole_file(headers),
+                  private_ok=self._private_ok(request.get("user", ANONYMOUS_USER)))
         decision = await self.resolver.resolve(ask)
         request["route"] = ask.route
         if isinstance(decision, Refused):
@@ -134,8 +154,26 @@ class Proxy:
         if isinstance(decision, NotModified):
             return web.Response(status=304, headers=decision.headers)
         if isinstance(decision, CachedFile):
+            if not ask.whole and over_tls(request):
+                try:
+                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, _FILE_HEADERS)
+                finally:
+                    decision.release()
             return _PinnedFileResponse(decision, self.clients)
         return await self._stream(request, ask, decision)
+
+    def _private_ok(self, user: User) -> Callable[[str], bool]:
+        if self.guard is None:
+            return self._unguarded_private
+        return lambda project: self.guard.may_read_private(user, project)  # type: ignore[union-attr]
+
+    def _unguarded_private(self, project: str) -> bool:
+        """Without --auth-file nobody is authenticated: private projects go to nobody (said once, for the operator)."""
+        if not self.allow_anonymous_private and not self._said_unguarded:
+            self._said_unguarded = True
+            log.warning("the gateway marks some projects private and this edge has no --auth-file: it serves them "
+                        "to nobody (README, 'Access control')")
+        return self.allow_anonymous_private
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
         return _answer(self.resolver.refusals.answer(ask, error))
@@ -186,10 +224,13 @@ class Proxy:
         problems = []
         if not status["ready"]:
             problems.append("no unexpired trusted metadata")
+        if self.layout_problem is not None:
+            problems.append(self.layout_problem)
         last = status.get("last_refresh")
         if last is None or time.time() - last > self.settings.upstream_freshness:
             problems.append(f"no successful metadata refresh in {self.settings.upstream_freshness:.0f}s"
-                            + (f" (last error: {status['last_error']})" if status.get("last_error") else ""))
+                            + (f" (last error: {status['last_error']}: {status.get('last_error_message')})"
+                               if status.get("last_error") else ""))
         try:
             await asyncio.to_thread(self.store.probe_writable)
         except StoreError as e:
@@ -207,6 +248,15 @@ class Proxy:
             "last_refresh": last,
         }
         return web.json_response(body, status=200 if not problems else 503)
+
+
+_OPEN = frozenset(("/healthz", "/readyz", "/metrics"))
+
+
+def _resource(request: web.Request) -> Resource | None:
+    """What a request asks of access control: nothing for health and metrics (they name no project)."""
+    path = request.rel_url.path
+    return None if path in _OPEN else Resource(project_of(path))
 
 
 def _asks_whole_file(headers: Any) -> bool:

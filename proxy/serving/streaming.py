@@ -20,6 +20,7 @@ import socket
 import struct
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from aiohttp import web
 
@@ -122,14 +123,48 @@ async def _send_range(request: web.Request, response: web.StreamResponse, fd: in
     transport = request.transport
     if transport is None or transport.is_closing():  # the client left: as aiohttp's own writes say it
         raise ConnectionResetError("connection lost")
-    if response.content_length is not None:
+    # Over TLS the bytes must pass through the SSL object: asyncio's sendfile then raises RuntimeError
+    # (with fallback=False), not SendfileNotAvailableError, so TLS never tries it.
+    if response.content_length is not None and transport.get_extra_info("ssl_object") is None:
         with open(fd, "rb", buffering=0, closefd=False) as file:
-            with contextlib.suppress(NotImplementedError, asyncio.SendfileNotAvailableError):  # uvloop, TLS
+            with contextlib.suppress(NotImplementedError, asyncio.SendfileNotAvailableError):  # uvloop
                 return await asyncio.get_running_loop().sendfile(transport, file, offset, count, fallback=False)
     data = await asyncio.to_thread(os.pread, fd, min(count, SEND_CHUNK), offset)
     if data:
         await response.write(data)
     return len(data)
+
+
+def over_tls(request: web.Request) -> bool:
+    """Whether the request came over TLS (no sendfile then: the bytes pass through the SSL object)."""
+    transport = request.transport
+    return transport is not None and transport.get_extra_info("ssl_object") is not None
+
+
+async def send_file_over_tls(request: web.Request, path: Path, size: int, headers: Mapping[str, str]) -> web.StreamResponse:
+    """A whole file over TLS, read in :data:`SEND_CHUNK` pieces off the loop and written through the SSL transport.
+
+    Over TLS, aiohttp's FileResponse takes asyncio's sendfile fallback (256 KiB reads, a drain after
+    each), much slower than this loop (``bench/results/auth.md`` has both), and that fallback raises
+    AttributeError when a client leaves mid-file. Range, conditional and HEAD requests still get FileResponse.
+    """
+    response = web.StreamResponse(headers={**headers, "Accept-Ranges": "bytes"})
+    response.content_length = size
+    await response.prepare(request)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        offset = 0
+        while offset < size:
+            data = await asyncio.to_thread(os.pread, fd, min(SEND_CHUNK, size - offset), offset)
+            if not data:  # shorter than it was when the answer began: the client must see a cut transfer
+                reset(request)
+                return response
+            await response.write(data)
+            offset += len(data)
+    finally:
+        os.close(fd)
+    await response.write_eof()
+    return response
 
 
 def reset(request: web.Request) -> None:

@@ -117,6 +117,7 @@ class Started:
 
     sync: Callable[[], None]
     stop: Callable[[], Awaitable[None]]
+    note: str = ""  # for the line that says the workers serve (the edge's layout)
 
 
 class WorkerApp(Protocol):
@@ -124,6 +125,11 @@ class WorkerApp(Protocol):
 
     @property
     def listen(self) -> tuple[str, int]: ...
+
+    @property
+    def scheme(self) -> str:
+        """http, or https when the listener has a certificate."""
+        ...
 
     @property
     def state_dir(self) -> Path:
@@ -152,12 +158,16 @@ class ServeApp:
         return self.config.listen
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.config.tls_cert else "http"
+
+    @property
     def state_dir(self) -> Path:
         return self.config.cache_dir
 
     async def start(self, sock: socket.socket) -> Started:
         running = await start(self.config, sock)
-        return Started(running.proxy.update_gauges, running.stop)
+        return Started(running.proxy.update_gauges, running.stop, running.layout)
 
 
 async def _worker_main(app: WorkerApp, sock: socket.socket, ready_fd: int, alive_fd: int) -> int:
@@ -170,7 +180,9 @@ async def _worker_main(app: WorkerApp, sock: socket.socket, ready_fd: int, alive
     # Any worker may answer a scrape, which sums every worker's files: keep this one's current.
     sync = running.sync
     sync()
-    os.write(ready_fd, f"{os.getpid()}\n".encode())
+    note = " ".join(running.note.split())
+    line = f"{os.getpid()}\t{note}" if note else str(os.getpid())
+    os.write(ready_fd, line.encode()[:_PIPE_BUF - 1] + b"\n")
     os.close(ready_fd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -225,6 +237,7 @@ class Supervisor:
             raise WorkersError(f"cache dir {self.app.state_dir} is not usable: {e}") from e
         self._wake_r, self._wake_w = os.pipe()
         self._ready_r, self._ready_w = os.pipe()
+        self._note = ""
         self._alive_r, self._alive_w = os.pipe()
         for fd in (self._wake_r, self._wake_w, self._ready_r):
             os.set_blocking(fd, False)
@@ -275,13 +288,16 @@ class Supervisor:
                 self._deadline = float("inf")
 
     def _read_reports(self) -> None:
-        """Workers' lines on the readiness pipe: ``PID`` (ready) or ``PID REASON`` (could not start)."""
+        """Workers' lines on the readiness pipe: ``PID`` or ``PID<TAB>NOTE`` (ready) or ``PID REASON`` (could not
+        start)."""
         with contextlib.suppress(BlockingIOError):
             self._ready_buf += os.read(self._ready_r, 4096)
         *lines, self._ready_buf = self._ready_buf.split(b"\n")
         for line in lines:
-            pid, _, reason = line.decode(errors="replace").partition(" ")
+            head, _, note = line.decode(errors="replace").partition("\t")
+            pid, _, reason = head.partition(" ")
             if not reason:
+                self._note = self._note or note
                 self._ready(int(pid))
             elif not self._serving:
                 if self._start_error is None:
@@ -299,8 +315,9 @@ class Supervisor:
         if not self._serving and all(w.ready for w in self._workers.values()) and len(self._workers) == self.count:
             self._serving = True
             mode = "SO_REUSEPORT" if self.reuse_port else "one shared socket"
-            print(f"{self.app.name} on http://{self.app.listen[0]}:{self.port}/simple/ "
-                  f"({self.count} workers, {mode})", flush=True)
+            note = f"; {self._note}" if self._note else ""
+            print(f"{self.app.name} on {self.app.scheme}://{self.app.listen[0]}:{self.port}/simple/ "
+                  f"({self.count} workers, {mode}{note})", flush=True)
 
     def _reap(self) -> None:
         while self._workers:

@@ -17,10 +17,11 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy.protocol.errors import CommandError, Fault
+from proxy.util.logs import request_id
 
 
 class AuditWriteError(OSError):
@@ -57,6 +58,8 @@ class AuditLog:
 
     def _write(self, record: dict[str, Any]) -> None:
         record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), **record}
+        if "request_id" not in record and request_id.get() != "-":
+            record["request_id"] = request_id.get()  # the request being served (a gateway's: the edge's id)
         if record.get("upstream_url"):
             record["upstream_url"] = redact_url(str(record["upstream_url"]))
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
@@ -74,6 +77,10 @@ class AuditLog:
     def override(self, **fields: Any) -> None:
         """Record a lookup that succeeded only because an operator excused expired metadata."""
         self._write({"event": "expired-override", **fields})
+
+    def published_root(self, **fields: Any) -> None:
+        """Record a root ceremony's outcome: the versions published, who signed, which keys changed."""
+        self._write({"event": "root-published", **fields})
 
     def accepted(self, **fields: Any) -> None:
         """Record an artifact served after verification (only when enabled)."""
@@ -115,8 +122,10 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
             overrides += 1
             continue
         by_reason[str(record.get("reason"))] += 1
-        by_target[str(record.get("target"))] += 1
-        by_client[str(record.get("client"))] += 1
+        # A gateway's records name no client (it serves edges), some name no target: counted only where named.
+        for counter, key in ((by_target, "target"), (by_client, "client")):
+            if record.get(key) is not None:
+                counter[str(record[key])] += 1
     return {
         "refused": sum(by_reason.values()),
         "accepted": accepted,
@@ -130,13 +139,48 @@ def summarize(lines: Iterable[str]) -> dict[str, Any]:
     }
 
 
+class _Words(argparse.ArgumentParser):
+    """A parser of what follows ``tufproxy audit``: its usage errors are one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CommandError(f"{self.prog}: {message}")
+
+
+def _words_parser(who_got: bool) -> argparse.ArgumentParser:
+    p = _Words(prog="tufproxy audit who-got" if who_got else "tufproxy audit", add_help=False)
+    p.add_argument("logs", nargs="+" if who_got else 1)
+    p.add_argument("--json", action="store_true")
+    if who_got:
+        p.add_argument("--advisory")
+        p.add_argument("--file")
+        p.add_argument("--project")
+        p.add_argument("--since")
+    return p
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
+    who_got = bool(args.words) and args.words[0] == "who-got"
+    # Options may come before LOG or among LOGs: the words after "audit" are parsed here, intermixed.
+    words = _words_parser(who_got).parse_intermixed_args(args.words[1:] if who_got else args.words)
+    as_json = args.json or words.json
+    if who_got:
+        from proxy.storage import whogot  # only this subcommand needs advisories' parsing
+
+        given = [q for q in (words.advisory, words.file, words.project) if q is not None]
+        if len(given) != 1:
+            raise CommandError("who-got: give exactly one of --advisory ID, --file FILENAME, --project NAME==VERSION")
+        query = whogot.Query(words.advisory, words.file,
+                             whogot.parse_requirement(words.project) if words.project else None,
+                             whogot.parse_since(words.since) if words.since else None)
+        print(whogot.report(whogot.who_got([Path(w) for w in words.logs], query), as_json))
+        return 0
+    log = words.logs[0]
     try:
-        with (sys.stdin if args.log == "-" else open(args.log, errors="replace")) as f:
+        with (sys.stdin if log == "-" else open(log, errors="replace")) as f:
             summary = summarize(f)
     except OSError as e:
-        raise CommandError(f"cannot read the audit log {args.log}: {e.strerror or e}") from e
-    if args.json:
+        raise CommandError(f"cannot read the audit log {log}: {e.strerror or e}") from e
+    if as_json:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"{summary['refused']} refused, {summary['accepted']} accepted, "
@@ -150,13 +194,25 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+WHO_GOT_HELP = """\
+tufproxy audit who-got (--advisory ID | --file FILENAME | --project NAME==VERSION) [--since TIME] [--json] LOG...
+  lists each client, edge (the log it was read from) and time that received a file. Edges' logs
+  need 'tufproxy serve --audit-accepted yes'. --advisory ID (or one of its aliases) names the files
+  the gateway blocked under it: give the gateway's audit log among the LOGs. --since takes an
+  ISO 8601 time (2025-01-31T00:00:00Z).
+"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``tufproxy audit``."""
+    """Add ``tufproxy audit`` (and ``tufproxy audit who-got``)."""
     p = subparsers.add_parser(
         "audit",
+        usage="tufproxy audit [-h] [--json] LOG | who-got ... LOG...",
         description="Read an audit log (JSON lines written by 'tufproxy serve') and print what was refused. "
         "Other log lines mixed into the file are skipped.",
+        epilog=WHO_GOT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("log", metavar="LOG", help="audit log file, or - for standard input")
+    p.add_argument("words", nargs=argparse.REMAINDER, metavar="LOG", help="audit log file, or - for standard input")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_audit)

@@ -6,4 +6,4 @@ The fetcher seam and its HTTP implementation (:mod:`~proxy.transport.upstream`),
 failover loop over mirrors with the one reading of what a mirror's answer means (:mod:`~proxy.transport.failover`).
 """
 
-__all__ = ["awsprofile", "bucket", "failover", "indexhttp", "local", "upstream"]
+__all__ = ["awsprofile", "bucket", "credentials", "failover", "indexhttp", "local", "tls", "upstream"]

@@ -16,18 +16,17 @@ the indexes' own origins and the ``files_origins`` only.
 from __future__ import annotations
 
 import asyncio
-import netrc
-import os
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin
 
 import aiohttp
 
 from proxy.protocol.errors import Fault
+from proxy.transport.credentials import OriginAuth, origin
 from proxy.transport.upstream import (
     AiohttpFetcher,
     ByteStream,
@@ -47,45 +46,15 @@ class RedirectRefused(DownloadError):
     fault = Fault.REPOSITORY
 
 
-def origin(url: str) -> str:
-    """``scheme://host[:port]`` of a URL, lower-cased, without credentials."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    port = f":{parts.port}" if parts.port and parts.port != default else ""
-    return f"{parts.scheme.lower()}://{host}{port}"
-
-
-def strip_credentials(url: str) -> tuple[str, aiohttp.BasicAuth | None]:
-    """The URL without ``user:password@``, and those credentials if it had them."""
-    parts = urlsplit(url)
-    if parts.username is None:
-        return url, None
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc)), aiohttp.BasicAuth(parts.username, parts.password or "")
-
-
-def _netrc_auth(host: str) -> aiohttp.BasicAuth | None:
-    path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
-    try:
-        found = netrc.netrc(path).authenticators(host)
-    except (OSError, netrc.NetrcParseError):
-        return None
-    if not found:
-        return None
-    login, _, password = found
-    return aiohttp.BasicAuth(login or "", password or "")
-
-
 @dataclass(frozen=True)
 class Response:
-    """A 200 answer: where it finally came from, its type, its bounded body."""
+    """A 200 answer: where it finally came from, its type, its bounded body (or a 304 to a conditional GET)."""
 
     url: str
     content_type: str
     body: ByteStream
+    status: int = 200
+    validators: Mapping[str, str] = field(default_factory=dict)  # ETag and Last-Modified, for the next conditional GET
 
 
 class IndexHTTP(AiohttpFetcher):
@@ -93,17 +62,11 @@ class IndexHTTP(AiohttpFetcher):
 
     def __init__(self, index_urls: Iterable[str], *, files_origins: Iterable[str] = (), ca_bundle: Path | None = None,
                  max_redirects: int = 5, connect_timeout: float = 10.0, read_timeout: float = 30.0) -> None:
-        super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout)
+        auth = OriginAuth()
+        super().__init__(connect_timeout=connect_timeout, read_timeout=read_timeout, auth=auth)
         self.max_redirects = max_redirects
         self._ssl = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
-        self._auth: dict[str, aiohttp.BasicAuth] = {}
-        self.index_urls: list[str] = []
-        for url in index_urls:
-            clean, auth = strip_credentials(url)
-            auth = auth or _netrc_auth(urlsplit(clean).hostname or "")
-            if auth is not None:
-                self._auth[origin(clean)] = auth
-            self.index_urls.append(clean)
+        self.index_urls = auth.add_all(index_urls)
         self.files_origins = tuple(files_origins)
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -126,18 +89,24 @@ class IndexHTTP(AiohttpFetcher):
 
     @asynccontextmanager
     async def get(self, url: str, max_length: int, allowed: Iterable[str], accept: str | None = None,
-                  total: float | None = 600.0) -> AsyncIterator[Response]:
-        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds."""
+                  total: float | None = 600.0, conditional: Mapping[str, str] | None = None) -> AsyncIterator[Response]:
+        """GET ``url`` (a URL without credentials) following redirects into ``allowed`` origins only, within ``total`` seconds.
+
+        With ``conditional`` (the ``validators`` of an earlier answer), a 304 is answered with status 304 and no body.
+        """
         allowed_origins = {origin(a) for a in allowed}
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
-        headers = {"Accept": accept} if accept else {}
+        accepting = {"Accept": accept} if accept else {}
+        for name, header in (("ETag", "If-None-Match"), ("Last-Modified", "If-Modified-Since")):
+            if conditional and conditional.get(name):
+                accepting[header] = conditional[name]
         for _ in range(self.max_redirects + 1):
             if origin(url) not in allowed_origins:
                 raise RedirectRefused(url, "redirected to an origin that is not allowed")
             try:
                 async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                     response = await self._get_session().get(
-                        url, allow_redirects=False, timeout=timeout, headers=headers, auth=self._auth.get(origin(url)))
+                        url, allow_redirects=False, timeout=timeout, headers=accepting | self._credentials(url))
             except (TimeoutError, aiohttp.ServerTimeoutError) as e:
                 raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e
             except (aiohttp.ClientError, OSError, ValueError) as e:
@@ -146,13 +115,23 @@ class IndexHTTP(AiohttpFetcher):
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     url = urljoin(url, response.headers["Location"])
                     continue
+                validators = {k: response.headers[k] for k in ("ETag", "Last-Modified") if k in response.headers}
+                if response.status == 304 and conditional:
+                    yield Response(url, "", ByteStream(_nothing(), 0), 304, validators or dict(conditional))
+                    return
                 if response.status != 200:
                     raise DownloadHTTPError(url, response.status)
                 if response.content_length is not None and response.content_length > max_length:
                     raise DownloadLengthError(url, max_length, response.content_length)
                 yield Response(url, response.headers.get("Content-Type", ""),
-                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length))
+                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length),
+                               validators=validators)
                 return
             finally:
                 response.release()
         raise RedirectRefused(url, f"more than {self.max_redirects} redirects")
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing

@@ -13,6 +13,7 @@ Nothing here verifies content: that is the trust core's job.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -20,6 +21,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import aiohttp
 
 from proxy.protocol.errors import Fault
+from proxy.transport.credentials import OriginAuth
 
 # A read waits for at least this much (or the body's end): the unit the read timeout applies to.
 CHUNK_SIZE = 64 * 1024
@@ -110,8 +112,13 @@ class AiohttpFetcher(Fetcher):
         read_timeout: float = 30.0,
         total_timeout: float | None = 600.0,
         per_host: int = 0,
+        auth: OriginAuth | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._session = session
+        # Credentials by origin (sent to their own origin only) and the TLS context (private CA, client cert).
+        self.auth = auth
+        self.ssl_context = ssl_context
         self._owns_session = session is None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -122,10 +129,15 @@ class AiohttpFetcher(Fetcher):
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=self.per_host),
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=self.per_host, ssl=self.ssl_context if self.ssl_context is not None else True),
                                                   read_bufsize=READ_BUFFER)
             self._owns_session = True
         return self._session
+
+    def _credentials(self, url: str) -> dict[str, str]:
+        """The ``Authorization`` header for ``url``'s origin, if we hold its credentials (only to that origin)."""
+        return self.auth.headers(url) if self.auth else {}
 
     async def close(self) -> None:
         if self._owns_session and self._session is not None:
@@ -147,7 +159,7 @@ class AiohttpFetcher(Fetcher):
             async with asyncio.timeout(self.connect_timeout + self.read_timeout):
                 response = await self._get_session().get(
                     url, allow_redirects=False, timeout=timeout,
-                    headers={"Range": f"bytes={start}-"} if start else None,
+                    headers=({"Range": f"bytes={start}-"} if start else {}) | self._credentials(url),
                 )
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise DownloadTimeout(url, f"timed out ({type(e).__name__})") from e

@@ -11,9 +11,17 @@ bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
   update leaves the live state as it was.
 * The timestamp is checked at most every ``refresh_interval`` seconds, one
   cycle in flight however many requests wait on it (single-flight).  A
-  cycle that failed because no mirror answered keeps the previous state
-  serving until it expires; one refused for verification (every mirror
-  lied) fails lookups closed, naming the refusal, until a cycle succeeds.
+  cycle that failed, because no mirror answered or because every mirror's
+  answer was refused (a replayed timestamp, a bad signature, garbage), is
+  an aborted update (spec 5.3-5.6): the previous state keeps serving until
+  it expires, and the refusal goes to ``on_refused`` (audit, metric).  A
+  lookup that finds no target while the last cycle was refused answers
+  with that refusal, not "not found".
+* Failing closed (no usable state, or the target a lookup needs missing
+  after a refused cycle): a lookup starts a re-check itself, at most one
+  cycle in flight and at most one new cycle a second, and waits for it at
+  most ``miss_wait``, so the first request after the mirrors turn honest
+  is answered from fresh metadata.
 * Every lookup checks the earliest expiry of every role it used against
   the wall clock (fail closed: a long-lived set never notices expiry).
   A found target is remembered, with that expiry, for as long as the
@@ -46,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
-from tuf.api.metadata import MetaFile, Root, Snapshot, Timestamp
+from tuf.api.metadata import MetaFile, Root, Snapshot, Targets, Timestamp
 
 from proxy.protocol import errors
 from proxy.protocol.model import (
@@ -161,6 +169,8 @@ class TrustedClient:
         self._last_attempt: float | None = None  # monotonic
         self._last_success: float | None = None  # wall clock
         self._last_error: errors.TrustError | None = None
+        # Told of every refused cycle (an aborted update): the server audits and counts it.
+        self.on_refused: Callable[[errors.RepositoryError], None] | None = None
 
     # -- setup ---------------------------------------------------------
     @staticmethod
@@ -221,6 +231,11 @@ class TrustedClient:
         """Version of the timestamp lookups are answered from (None before the first verified state)."""
         return None if self._state is None else self._state.timestamp.version
 
+    @property
+    def verified_targets(self) -> Targets | None:
+        """The top-level targets lookups are answered from (its delegations tell the layout); None before any."""
+        return None if self._state is None else self._state.targets.signed
+
     def _start_refresh(self) -> asyncio.Task[None]:
         """The cycle in flight, or a new one."""
         task = self._refresh_task
@@ -269,6 +284,8 @@ class TrustedClient:
         except errors.TrustError as e:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
+            if isinstance(e, errors.RepositoryError) and self.on_refused is not None:
+                self.on_refused(e)
             raise
         except Exception as e:
             # Not the repository's doing (writing the metadata dir failed, a bug): typed, so it
@@ -300,6 +317,12 @@ class TrustedClient:
         """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
         top = TopLevelSet(self._root_bytes, self._expiry_clock())
         rotated = await self._update_root(top)
+        if rotated and self._state is not None and _keys_rotated(self._state.root, top.root):
+            # Spec 5.3.11: the live state was verified under keys the new root no longer trusts (a leaked
+            # online key rotated away); it must not keep serving if the rest of this update is refused.
+            logger.warning("root v%d rotated the keys the live metadata was verified with: it serves no more",
+                           top.root.version)
+            self._state = None
 
         local_ts = self._local.get("timestamp")
         if local_ts is not None:
@@ -416,11 +439,38 @@ class TrustedClient:
         except TimeoutError:
             raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
 
+    @property
+    def failing_closed(self) -> bool:
+        """No usable trusted state: none, or the live one has expired."""
+        return self._state is None or self._state.earliest[0] <= self._expiry_clock()
+
+    async def _recheck(self, target_path: str) -> None:
+        """While failing closed: join the cycle in flight, or start one at most a second after the
+        last began; wait for it at most ``miss_wait`` in all (MetadataPending past that)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.miss_wait
+        task = self._refresh_task
+        if task is None or task.done():
+            seen = self._last_attempt
+            pause = 0.0 if seen is None else seen + _RETRY_FLOOR - time.monotonic()
+            if pause > 0:
+                if pause >= self.config.miss_wait:
+                    raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER)
+                await asyncio.sleep(pause)
+            task = self._refresh_task
+            if self._last_attempt != seen and task is not None and task.done():
+                return  # another request's re-check ran meanwhile: its outcome is in _state/_last_error
+        try:
+            # Shielded: a caller giving up must not cancel everyone's refresh.
+            await asyncio.wait_for(asyncio.shield(self._start_refresh()), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise errors.MetadataPending(target_path, _PENDING_RETRY_AFTER) from None
+
     def _current_now(self) -> _State | None:
         """The state to answer from when that needs no wait and no refusal (a cycle that is due
         is started in the background); None: ask :meth:`_current`."""
         state = self._state
-        if state is None or isinstance(self._last_error, errors.RepositoryError):
+        if state is None:
             return None
         if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
             if state.earliest[0] <= self._expiry_clock():
@@ -433,23 +483,32 @@ class TrustedClient:
     async def _current(self, target_path: str) -> _State:
         if (state := self._current_now()) is not None:
             return state
-        if self._due() or (self._refresh_task is not None and not self._refresh_task.done()):
-            try:
-                await self._wait_for_refresh(target_path)
-            except (errors.UpstreamUnreachable, errors.RefreshFailed):
-                if self._state is None:
-                    raise
-                # Not a lie: keep serving the previous state; lookups still check its expiry.
-            except errors.RepositoryError:
-                pass  # raised below, for this and every lookup until a cycle succeeds
-        if isinstance(self._last_error, errors.RepositoryError):
-            # The mirrors served metadata the keys do not vouch for (rollback, bad
-            # signature, freeze...): fail closed and say why, rather than keep
-            # answering as if nothing happened.
+        try:
+            await self._recheck(target_path)
+        except (errors.UpstreamUnreachable, errors.RefreshFailed):
+            if self._state is None:
+                raise
+            # Not a lie: keep serving the previous state; lookups still check its expiry.
+        except errors.RepositoryError:
+            pass  # the update was aborted; what the live state can still answer is decided below
+        if self.failing_closed and isinstance(self._last_error, errors.RepositoryError):
+            # Nothing valid to answer from and the mirrors served metadata the keys do not
+            # vouch for (rollback, bad signature, freeze...): fail closed and say why.
             raise self._last_error
         if self._state is None:
             raise self._last_error or errors.UpstreamUnreachable("timestamp.json", [])
         return self._state
+
+    async def _missing(self, target_path: str, error: errors.UnknownTarget) -> VerifiedTarget:
+        """No trusted role lists ``target_path``.  After a refused cycle the update that may list it was
+        aborted: re-check (failing closed for this target) and answer its refusal rather than not-found."""
+        if not isinstance(self._last_error, errors.RepositoryError):
+            raise error
+        with contextlib.suppress(errors.TrustError):
+            await self._recheck(target_path)
+        if isinstance(self._last_error, errors.RepositoryError):
+            raise self._last_error
+        return await self._lookup(await self._current(target_path), target_path)
 
     async def get_target(self, target_path: str) -> VerifiedTarget:
         """The signed description of ``target_path`` (refreshing first if due).
@@ -463,16 +522,19 @@ class TrustedClient:
             return found
         try:
             return await self._lookup(state, target_path)
-        except errors.UnknownTarget:
+        except errors.UnknownTarget as e:
             # Answered from the live state while a cycle runs in the background: a
             # target published since may be in the new one, so wait for it, once and
             # at most miss_wait (MetadataPending then).  Not found only from fresh metadata.
             task = self._refresh_task
             if task is None or task.done():
-                raise
+                return await self._missing(target_path, e)
             with contextlib.suppress(errors.RepositoryError, errors.UpstreamUnreachable, errors.RefreshFailed):
                 await self._wait_for_refresh(target_path)  # _current says what a failure means
-            return await self._lookup(await self._current(target_path), target_path)
+            try:
+                return await self._lookup(await self._current(target_path), target_path)
+            except errors.UnknownTarget as again:
+                return await self._missing(target_path, again)
 
     def remembered(self, target_path: str) -> VerifiedTarget | None:
         """What :meth:`get_target` would answer when it can answer at once: a lookup remembered
@@ -601,6 +663,7 @@ class TrustedClient:
             "roles": roles,
             "last_refresh": self._last_success,
             "last_error": None if self._last_error is None else self._last_error.reason,
+            "last_error_message": None if self._last_error is None else str(self._last_error)[:300],
             "cached_roles": len(self._roles),
         }
 
@@ -613,3 +676,12 @@ def _state_of(top: TopLevelSet, targets_bytes: bytes) -> _State:
 def _is_hash_bin(delegator: VerifiedRole) -> bool:
     """True for roles reached through a hash-bin delegation (kept in memory only)."""
     return delegator.index is not None and delegator.index.hashed
+
+
+def _keys_rotated(before: Root, after: Root) -> bool:
+    """Whether ``after`` trusts other keys (or thresholds) than ``before`` for timestamp, snapshot or targets."""
+    def signers(root: Root, role: str) -> tuple[int, frozenset[tuple[str, str]]]:
+        r = root.roles[role]
+        return r.threshold, frozenset((k, root.keys[k].keyval.get("public", "")) for k in r.keyids)
+
+    return any(signers(before, role) != signers(after, role) for role in ("timestamp", "snapshot", "targets"))

@@ -24,7 +24,7 @@ def fsync_dir(directory: Path) -> None:
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically (and durably, unless the caller
-    batches many files and calls :func:`os.sync` once before its commit point)."""
+    batches many files in a :class:`Batch` and flushes it once before its commit point)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -54,3 +54,36 @@ def atomic_link(source: Path, path: Path) -> None:
         os.unlink(tmp)
     os.link(source, tmp)
     os.replace(tmp, path)
+
+
+class Batch:
+    """Files written atomically but not yet durably, made durable together before a commit point.
+
+    A signer writes many files (pages, bins, snapshot) that the next
+    timestamp will reach; each must be on disk before the timestamp is.
+    Flushing only these files and their directories costs what they wrote,
+    where ``os.sync()`` would flush every dirty page of the machine.
+    """
+
+    def __init__(self) -> None:
+        self._paths: list[Path] = []
+
+    def write(self, path: Path, data: bytes, mode: int = 0o644) -> None:
+        atomic_write(path, data, mode, durable=False)
+        self._paths.append(path)
+
+    def add(self, path: Path) -> None:
+        """A file written (or linked) by other means, to be flushed with the batch."""
+        self._paths.append(path)
+
+    def flush(self) -> None:
+        """fsync every file of the batch, then every directory a rename of it went into."""
+        for path in dict.fromkeys(self._paths):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for directory in dict.fromkeys(p.parent for p in self._paths):
+            fsync_dir(directory)
+        self._paths.clear()

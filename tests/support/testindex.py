@@ -47,14 +47,16 @@ class TestIndex:
 
     def __init__(self, mode: str = "negotiate", separate_files_host: bool = False, *,
                  ssl_context: ssl.SSLContext | None = None, basic_auth: str | None = None,
-                 files_via_index: bool = False) -> None:
+                 files_via_index: bool = False, root_page: bool = False) -> None:
         self.mode = mode
+        self.root_page = root_page  # serve /simple/ (the project list): off, so no start-up check reads pages
         self.ssl_context = ssl_context
         self.basic_auth = basic_auth  # the whole Authorization header value the index's origin requires
         self.files_via_index = files_via_index
         self.authorization: list[tuple[str, str, str | None]] = []
         self.projects: dict[str, list[IndexFile]] = {}
         self.raw_pages: dict[str, bytes] = {}
+        self.status: dict[str, tuple[str, str | None]] = {}  # project -> PEP 792 status and reason its page carries
         self.raw_types: dict[str, str] = {}  # project -> Content-Type of its raw page (default HTML)
         self.redirects: dict[str, str] = {}  # project -> Location its page redirects to
         self.stall: dict[str, threading.Event] = {}  # project -> event: its page's body waits for it
@@ -104,7 +106,7 @@ class TestIndex:
                 yanked=f.yanked, core_metadata={"sha256": hashlib.sha256(f.core).hexdigest()} if f.core else False,
                 size=len(f.data), upload_time=f.upload_time))
         versions = tuple(dict.fromkeys(f.path.name.split("-")[1].removesuffix(".tar.gz") for f in self.projects.get(project, [])))
-        return index.ProjectPage(name=project, files=tuple(files), versions=versions)
+        return index.ProjectPage(name=project, files=tuple(files), versions=versions).with_status(*self.status.get(project, (None, None)))
 
     # -- HTTP -----------------------------------------------------------
     async def _page(self, request: web.Request) -> web.Response:
@@ -129,6 +131,10 @@ class TestIndex:
         if media is index.MediaType.JSON_V1:
             return web.Response(body=index.render_project_json(page), headers={"Content-Type": media.value})
         return web.Response(body=index.render_project_html(page), headers={"Content-Type": "text/html"})
+
+    async def _root(self, request: web.Request) -> web.Response:
+        listed = index.ProjectList(tuple(sorted(self.projects)))
+        return web.Response(body=index.render_project_list_html(listed), headers={"Content-Type": "text/html"})
 
     async def _file(self, request: web.Request) -> web.Response:
         self.requests.append(request.path)
@@ -183,6 +189,8 @@ class TestIndex:
         app = web.Application(middlewares=[guard])
         if pages:
             app.router.add_get("/simple/{project}/", self._page)
+            if self.root_page:
+                app.router.add_get("/simple/", self._root)
             if self.files_via_index and not files:
                 app.router.add_get("/files/{project}/{name}", self._to_files_host)
         if files:

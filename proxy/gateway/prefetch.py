@@ -1,0 +1,177 @@
+"""Dependency prefetch: publish what a new project needs before pip asks for it.
+
+pip and uv resolve one project after another, so every dependency of a
+cold install costs the client a whole miss (edge -> gateway -> index ->
+signing -> edge refresh) in series.  When the gateway publishes a project
+for a miss, it reads the newest release's Requires-Dist (its PEP 658/714
+metadata file, or the wheel's own METADATA where the index serves none)
+and publishes those dependencies too, through :meth:`Gateway.ensure` like
+any request: the same policy, pins and checks, so a prefetch never
+publishes what a request could not.  Extras and markers are read broadly
+(every name counts): prefetching one page too many costs a page,
+prefetching one too few costs a round trip.
+
+Bounded: ``depth`` levels below the requested project, at most ``budget``
+projects per miss (a hostile index whose metadata names 10,000 projects
+costs at most that many pages), metadata and wheels of bounded size, a few
+at a time.  Prefetches are signed in the batch after the request's own,
+never holding the request back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import zipfile
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from email.parser import BytesHeaderParser
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from proxy.protocol import index
+from proxy.transport.upstream import DownloadError
+
+log = logging.getLogger(__name__)
+
+MAX_METADATA = 2 * 2**20  # a METADATA file larger than this is not read
+MAX_WHEEL = 16 * 2**20  # the fallback reads a whole wheel: only small ones
+CONCURRENCY = 4
+
+
+def requirements(metadata: bytes, limit: int) -> list[str]:
+    """The distinct project names a METADATA file requires, in order, at most ``limit``; extras and markers ignored."""
+    names: list[str] = []
+    message = BytesHeaderParser().parsebytes(metadata)
+    for line in message.get_all("Requires-Dist") or ():
+        try:
+            name = canonicalize_name(Requirement(str(line)).name)
+        except InvalidRequirement:
+            continue
+        if name not in names:
+            names.append(name)
+            if len(names) >= limit:
+                break
+    return names
+
+
+def newest_file(page: index.ProjectPage) -> index.DistFile | None:
+    """The newest release's file to read dependencies from: a wheel with core metadata, else any wheel."""
+    wheels: list[tuple[Version, bool, index.DistFile]] = []
+    for dist in page.files:
+        if not dist.filename.endswith(".whl") or dist.yanked:
+            continue
+        try:
+            version = parse_wheel_filename(dist.filename)[1]
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        if not version.is_prerelease:
+            wheels.append((version, bool(dist.core_metadata), dist))
+    if not wheels:
+        return None
+    return max(wheels, key=lambda w: (w[0], w[1]))[2]
+
+
+def _sha256_ok(data: bytes, hashes: object) -> bool:
+    expected = hashes.get("sha256") if isinstance(hashes, dict) else None
+    return expected is None or hashlib.sha256(data).hexdigest() == expected
+
+
+@dataclass
+class Budget:
+    """What one miss may still prefetch."""
+
+    left: int
+    seen: set[str] = field(default_factory=set)
+
+
+Fetch = Callable[[str, int], Awaitable[bytes]]  # url, max length -> body
+Ensure = Callable[[str, int, Budget], Awaitable[None]]  # project, depth left, budget
+
+
+class Prefetcher:
+    """Reads a published page's dependencies and asks ``ensure`` for each; see the module docstring."""
+
+    def __init__(self, fetch: Fetch, ensure: Ensure, depth: int, budget: int,
+                 count: Callable[[str], None] = lambda outcome: None) -> None:
+        self.fetch, self.ensure = fetch, ensure
+        self.depth, self.budget = depth, budget
+        self._count = count
+        self._slots = asyncio.Semaphore(CONCURRENCY)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def new_budget(self) -> Budget:
+        return Budget(self.budget)
+
+    def schedule(self, page: index.ProjectPage, depth: int, budget: Budget) -> None:
+        """Prefetch ``page``'s dependencies in the background (``depth`` levels more)."""
+        if depth <= 0 or budget.left <= 0:
+            return
+        task = asyncio.create_task(self._run(page, depth, budget))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, page: index.ProjectPage, depth: int, budget: Budget) -> None:
+        try:
+            async with self._slots:
+                names = await self.dependencies(page, budget.left)
+            wanted = [n for n in names if n not in budget.seen and n != page.name][: budget.left]
+            budget.seen.update(wanted)
+            budget.left -= len(wanted)
+            await asyncio.gather(*(self.ensure(name, depth - 1, budget) for name in wanted))
+        except Exception as e:  # noqa: BLE001 - a prefetch is a guess: it never fails a request or the gateway
+            self._count("failed")
+            log.debug("prefetch for %s: %s", page.name, e)
+
+    async def dependencies(self, page: index.ProjectPage, limit: int) -> list[str]:
+        """What the newest release of ``page`` requires (empty when there is nothing to read)."""
+        dist = newest_file(page)
+        if dist is None:
+            return []
+        try:
+            if dist.core_metadata:
+                data = await self.fetch(dist.url + ".metadata", MAX_METADATA)
+                if not _sha256_ok(data, dist.core_metadata):
+                    self._count("bad-metadata")
+                    return []
+            elif dist.size is None or dist.size <= MAX_WHEEL:
+                found = _wheel_metadata(await self.fetch(dist.url, MAX_WHEEL), dist)
+                if found is None:
+                    return []
+                data = found
+            else:
+                return []
+        except DownloadError as e:
+            self._count("unreachable")
+            log.debug("prefetch: %s", e)
+            return []
+        return requirements(data, limit)
+
+    async def drain(self) -> None:
+        """Wait for the prefetches in flight (for tests and shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _wheel_metadata(data: bytes, dist: index.DistFile) -> bytes | None:
+    """A wheel's own METADATA, once its bytes match the page's sha256."""
+    if not _sha256_ok(data, dist.hashes):
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names: Iterable[str] = (n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            info = z.getinfo(next(iter(names)))
+            if info.file_size > MAX_METADATA:
+                return None
+            return z.read(info)
+    except (zipfile.BadZipFile, StopIteration, KeyError, OSError):
+        return None

@@ -1,0 +1,61 @@
+"""``tufproxy doctor`` on a healthy chain (a real gateway and edge on 127.0.0.1) and on broken ones: a root that
+is not the gateway's, an edge pinned to another root, an edge that is not there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
+from tests.support.gatewayproc import GatewayProcess, gateway_init
+from tests.support.net import free_port
+from tests.support.proxyproc import ProxyProcess
+from tests.support.testindex import TestIndex
+from tests.test_cli_errors import tufproxy
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
+    with TestIndex() as index:
+        index.add(build_wheel(tmp_path / "dists", "app", "1.0"))
+        gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
+            yield gw
+
+
+def _lines(out: str) -> dict[str, str]:
+    """check name -> its line."""
+    return {line.split(":", 1)[0][9:]: line for line in out.splitlines() if line[:8].strip() in
+            ("ok", "warning", "problem")}
+
+
+def test_a_healthy_chain_and_three_broken_ones(gateway: GatewayProcess, tmp_path: Path) -> None:
+    other_root = Repository.init(tmp_path / "other", bins=4).metadata_dir / "1.root.json"
+    with ProxyProcess(tmp_path / "edge", "--upstream", gateway.base, "--root", str(gateway.root), "--workers",
+                      "1") as edge:
+        done = tufproxy(["doctor", "--gateway", gateway.base, "--edge", edge.base, "--root", str(gateway.root)],
+                        tmp_path)
+        assert done.returncode == 0, done.stdout
+        checks = _lines(done.stdout)
+        for name in ("gateway reachable", "gateway ready", "gateway clock", "timestamp", "root", "edge reachable",
+                     "edge ready", "edge clock", "edge serves"):
+            assert checks[name].startswith("ok "), done.stdout
+        assert f"pip:  pip config set global.index-url {edge.url}" in done.stdout
+        assert done.stdout.splitlines()[-1] == "0 problem(s), 0 warning(s)"
+        # A root that is not the gateway's: named, with what to pin instead.
+        done = tufproxy(["doctor", "--gateway", gateway.base, "--root", str(other_root)], tmp_path)
+        assert done.returncode == 1
+        assert _lines(done.stdout)["root"].startswith("problem  root: --root is not the gateway's 1.root.json: pin")
+    # An edge pinned to another root: its /readyz says so, and doctor repeats it.
+    with ProxyProcess(tmp_path / "wrong", "--upstream", gateway.base, "--root", str(other_root), "--workers",
+                      "1") as wrong:
+        done = tufproxy(["doctor", "--edge", wrong.base], tmp_path)
+        assert done.returncode == 1
+        assert "is --root this upstream's root?" in _lines(done.stdout)["edge ready"], done.stdout
+    # Nothing there.
+    done = tufproxy(["doctor", "--edge", f"http://127.0.0.1:{free_port()}/"], tmp_path)
+    assert done.returncode == 1 and _lines(done.stdout)["edge reachable"].startswith("problem "), done.stdout
+    assert "1 problem(s)" in done.stdout

@@ -1,0 +1,104 @@
+"""Dependency prefetch and the adaptive batch window at the gateway (issue 33).
+
+Real gateway processes over a local index whose wheels carry real
+Requires-Dist: a miss publishes the project at once and its dependencies
+behind it, within the depth and count bounds, through the same policy as a
+request; a hostile index cannot make it fetch without bound.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.repository.sample import build_wheel
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import wait_for
+from tests.support.testindex import TestIndex
+
+# a -> b -> c -> d, and a -> e[extra] on a marker that is false here: prefetch reads names broadly.
+CHAIN = (("a", ["b>=1"]), ("b", ["c"]), ("c", ["d"]), ("d", []), ("e", []))
+
+
+@pytest.fixture
+def test_index(tmp_path: Path) -> Iterator[TestIndex]:
+    index = TestIndex(separate_files_host=True)
+    dists = tmp_path / "dists"
+    for name, requires in CHAIN:
+        extra = ['e[fast] ; python_version < "3"'] if name == "a" else []
+        index.add(build_wheel(dists, f"pf-{name}", "1.0", requires=[f"pf-{r}" for r in requires] + [
+            f"pf-{x}" for x in extra]))
+    index.add(build_wheel(dists, "pf-denied-user", "1.0", requires=["pf-forbidden", "pf-b"]))
+    index.add(build_wheel(dists, "pf-forbidden", "1.0"))
+    with index:
+        yield index
+
+
+def _gateway(tmp_path: Path, index: TestIndex, *args: str) -> GatewayProcess:
+    gateway_init(tmp_path / "gw")
+    return GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url, *args)
+
+
+def _published(gw: GatewayProcess, project: str) -> bool:
+    """Whether the signed root list names ``project`` (read from disk: asking the gateway would publish it)."""
+    listed = gw.directory / "public" / "simple" / "index.json"
+    return listed.exists() and project in {p["name"] for p in json.loads(listed.read_bytes())["projects"]}
+
+
+def _pages_asked(index: TestIndex) -> set[str]:
+    return {p.split("/")[-2] for p in index.requests if p.startswith("/simple/")}
+
+
+def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Path, test_index: TestIndex) -> None:
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "2") as gw:
+        assert gw.publish("pf-a")[0] == 200
+        wait_for(lambda: all(_published(gw, p) for p in ("pf-b", "pf-c", "pf-e")), "the prefetched pages", timeout=30)
+        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="published"}') >= 3, "count", timeout=10)
+        # Depth 2 below pf-a: pf-c's own dependencies are not read, pf-d never asked of the index.
+        assert "pf-d" not in _pages_asked(test_index) and not _published(gw, "pf-d")
+        assert not any(p.endswith("pf_c-1.0-py3-none-any.whl.metadata") for p in test_index.requests)
+
+
+def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw:
+        assert gw.publish("pf-a")[0] == 200
+        assert gw.publish("pf-d")[0] == 200  # a later miss: the first one's prefetch would have run by now
+        assert _pages_asked(test_index) == {"pf-a", "pf-d"} and not _published(gw, "pf-b")
+        assert not [p for p in test_index.requests if p.endswith(".metadata")]
+
+
+def test_a_prefetch_publishes_nothing_a_request_could_not(tmp_path: Path, test_index: TestIndex) -> None:
+    with _gateway(tmp_path, test_index, "--deny-project", "pf-forbidden") as gw:
+        assert gw.publish("pf-denied-user")[0] == 200
+        wait_for(lambda: _published(gw, "pf-b"), "the allowed dependency", timeout=30)
+        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="refused"}') >= 1, "refusal", timeout=10)
+        assert not _published(gw, "pf-forbidden") and "pf-forbidden" not in _pages_asked(test_index)
+        assert any(r.get("reason") == "deny-project" for r in gw.audit())
+
+
+def test_a_hostile_index_naming_10000_dependencies_costs_at_most_the_budget(tmp_path: Path) -> None:
+    with TestIndex(separate_files_host=True) as index:
+        names = [f"pf-junk-{i}" for i in range(10_000)]
+        index.add(build_wheel(tmp_path / "dists", "pf-hostile", "1.0", requires=names))
+        for name in names[:50]:  # some exist, so each costs a real publish
+            index.add(build_wheel(tmp_path / "dists", name, "1.0", requires=names[:100]))
+        with _gateway(tmp_path, index, "--prefetch-max", "5", "--prefetch-depth", "3") as gw:
+            assert gw.publish("pf-hostile")[0] == 200
+            wait_for(lambda: len(_pages_asked(index)) >= 6, "the prefetches", timeout=30)
+            settled = metric(gw.base, "tufproxy_gateway_prefetches_total")
+            assert gw.publish("pf-junk-49")[0] == 200  # a later request's own budget: 5 more at most
+            wait_for(lambda: len(_pages_asked(index)) >= 7, "the second miss", timeout=30)
+        # The first miss asked its 5, the second miss its own page and at most 5 more.
+        assert len(_pages_asked(index)) <= 1 + 5 + 1 + 5, sorted(_pages_asked(index))
+        assert settled <= 5
+
+
+def test_a_lone_miss_is_signed_without_waiting_for_the_window(tmp_path: Path, test_index: TestIndex) -> None:
+    with _gateway(tmp_path, test_index, "--batch-window", "20", "--prefetch-depth", "0") as gw:
+        started = time.monotonic()
+        assert gw.publish("pf-d")[0] == 200
+        assert time.monotonic() - started < 10  # the window (20 s) is for pages still being fetched, not lone misses

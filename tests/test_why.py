@@ -1,0 +1,42 @@
+"""``tufproxy why``: a real gateway with a cooldown and a deny rule explains what pip would only call
+"no matching distribution"."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from proxy.repository.sample import build_wheel
+from tests.support.clients import install
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
+from tests.support.testindex import TestIndex
+from tests.test_cli_errors import tufproxy
+
+
+def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    fresh = (now - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old = (now - timedelta(days=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with TestIndex() as index:
+        index.add(build_wheel(tmp_path / "d", "lib", "1.0"), upload_time=old)
+        index.add(build_wheel(tmp_path / "d", "lib", "2.0"), upload_time=fresh)
+        index.add(build_wheel(tmp_path / "d", "evil", "1.0"), upload_time=old)
+        gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--min-release-age", "30d",
+                            "--deny-project", "evil") as gw:
+            # pip sees no 2.0 and says only that.
+            with edge_for(tmp_path, gw) as edge:
+                r = install("pip", edge.url, tmp_path / "t", "lib>=2")
+                assert r.returncode != 0 and "(from versions: 1.0)" in r.stderr, r.stderr
+            done = tufproxy(["why", "lib>=2", "--gateway", gw.base], tmp_path)
+            assert done.returncode == 1, done.stdout + done.stderr
+            [line] = done.stdout.splitlines()
+            assert line.startswith(f"hidden  lib-2.0-py3-none-any.whl: by min-release-age, uploaded {fresh[:10]}")
+            assert "(files uploaded after " in line
+            done = tufproxy(["why", "lib", "--gateway", gw.base], tmp_path)
+            assert done.returncode == 0 and "offered 1 file(s) of lib: 1.0" in done.stdout, done.stdout
+            done = tufproxy(["why", "evil", "--gateway", gw.base], tmp_path)
+            assert done.returncode == 1 and "evil: not offered: evil: denied by policy (deny-project 'evil')" \
+                in done.stdout, done.stdout
+            done = tufproxy(["why", "nothing-here", "--gateway", gw.base], tmp_path)
+            assert done.returncode == 1 and "nothing-here: not offered: " in done.stdout, done.stdout
