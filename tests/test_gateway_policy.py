@@ -440,10 +440,10 @@ def test_describe_and_json_round_trip() -> None:
     assert resolve_policy(None, {}, data, "policy.json") == policy
 
 
-def test_readme_example_configuration_is_a_valid_policy() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_gateway_guides_example_configuration_is_a_valid_policy() -> None:
+    readme = (Path(__file__).parent.parent / "docs" / "guides" / "gateway.md").read_text()
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.S) if "private_project" in b]
     values = tomllib.loads(block)
-    policy = resolve_policy(None, {}, {k: v for k, v in values.items() if k in POLICY_KEYS}, "README.md")
+    policy = resolve_policy(None, {}, {k: v for k, v in values.items() if k in POLICY_KEYS}, "gateway.md")
     assert policy.min_release_age == 7 * DAY and policy.private_project == ("acme-*",)
     assert len(values["index_url"]) == 2  # the claim needs the organisation's own index first

@@ -92,7 +92,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-# The layers (README "Architecture"): a module imports only from its own rank or below.
+# The layers (docs/concepts/architecture.md): a module imports only from its own rank or below.
 RANKS = {
     "proxy.util": 0,
     "proxy.protocol": 1,

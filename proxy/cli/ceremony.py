@@ -17,7 +17,7 @@ from proxy.storage.audit import AuditLog
 from proxy.util.atomic import atomic_write
 
 CEREMONY_HELP = """\
-The ceremony (README, "Key custody"): on the gateway host
+The ceremony (docs/guides/keys.md): on the gateway host
   tufproxy gateway root draft DIR --online-key URI -o next-root.json
 each key holder, on their own machine, with only tufproxy, the draft and their key:
   tufproxy gateway root sign next-root.json --key URI

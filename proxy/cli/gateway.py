@@ -653,7 +653,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bins",
         type=int,
         default=DEFAULT_BINS,
-        help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; README says why)",
+        help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; the docs' gateway guide says why)",
     )
     add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")

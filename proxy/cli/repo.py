@@ -191,7 +191,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--layout", choices=sorted(PROFILES), default="tufproxy",
                    help="tufproxy (default: pages, files and .metadata are targets) or warehouse "
-                   "(PyPI's PEP 458 draft: one target per project page, blake2b-256; see README)")
+                   "(PyPI's PEP 458 draft: one target per project page, blake2b-256; see the docs: guides/warehouse.md)")
     p.add_argument("--bins", type=int, default=16384, help="number of hash bins, a power of two (default: 16384, PEP 458)")
     add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")

@@ -12,8 +12,8 @@ Routes:
   the index and checked against its pin (:mod:`proxy.gateway.files`).
 * ``GET /_tufproxy/why/<project>``: what a publish would offer and what the
   policy hides, by rule (``tufproxy why``).
-* ``POST /_tufproxy/publish/<project>``: the miss protocol (README, design
-  notes): 200 ``{"project", "timestamp_version"}`` once a timestamp carrying
+* ``POST /_tufproxy/publish/<project>``: the miss protocol (docs/concepts/gateway-design.md):
+  200 ``{"project", "timestamp_version"}`` once a timestamp carrying
   the project is written; 404 ``{"project", "reason"}`` when no index lists
   it; 502 when the index's answer was refused or unreachable.
 * ``/healthz``, ``/readyz``, ``/metrics``.

@@ -13,7 +13,7 @@ its refresh).  Under ``--workers N`` only the worker holding the
 :class:`~proxy.util.locks.Leadership` lock does this (another takes over if it
 dies); it first takes up what the other workers signed.  Its "most
 recently used" is what its own requests touched: workers share no touches
-(README's gateway design notes say so); that changes the order only, and
+(docs/concepts/gateway-design.md says so); that changes the order only, and
 every due page is still refreshed at the rate bound.
 """
 

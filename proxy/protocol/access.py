@@ -110,7 +110,7 @@ def project_of(path: str) -> str | None:
 
 
 # How the gateway marks a private project in signed metadata: the TUF ``custom`` field of its page
-# targets, signed by the same key that signs the page's hashes (README, "Access control" says why).
+# targets, signed by the same key that signs the page's hashes (docs/guides/access-control.md says why).
 PRIVATE_CUSTOM = {"tufproxy": {"private": True}}
 
 

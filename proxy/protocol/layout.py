@@ -6,7 +6,7 @@ vouches for it, and the file name a consistent-snapshot repository serves
 it under.  The signer (``proxy.repository``) and the proxy both use it, so
 the two can never disagree.
 
-Target paths (PEP 458 leaves the exact strings open; see README "Layout"):
+Target paths (PEP 458 leaves the exact strings open; see docs/guides/repository.md, "Layout"):
 
 =================================  ==========================================
 ``simple/index.html``              root project list, PEP 503 HTML

@@ -172,7 +172,7 @@ class Proxy:
         if not self.allow_anonymous_private and not self._said_unguarded:
             self._said_unguarded = True
             log.warning("the gateway marks some projects private and this edge has no --auth-file: it serves them "
-                        "to nobody (README, 'Access control')")
+                        "to nobody (see the access control guide)")
         return self.allow_anonymous_private
 
     def _refused(self, ask: Ask, error: BaseException) -> web.Response:
