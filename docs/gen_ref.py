@@ -61,7 +61,8 @@ def metrics_page() -> str:
     return "\n".join(out)
 
 
-def _error_classes() -> Iterator[type[BaseException]]:
+def error_classes() -> Iterator[type[BaseException]]:
+    """Every exception class defined in a module of ``proxy`` (each must declare a fault and a reason)."""
     import importlib
 
     for info in pkgutil.walk_packages(proxy.__path__, "proxy."):
@@ -80,7 +81,7 @@ def refusals_page() -> str:
            "`tufproxy_refusals_total{kind}` is the fault). Generated from `proxy/protocol/refusals.py`.", "",
            "| reason | fault | HTTP status | audited | raised as |", "|---|---|---|---|---|"]
     rows = set()
-    for cls in _error_classes():
+    for cls in error_classes():
         r = refusals.row(cls.__new__(cls))
         rows.add((cls.reason, r.kind, r.status, "yes" if r.audit else "no", f"`{cls.__module__}.{cls.__qualname__}`"))
     out += [f"| `{a}` | {b} | {c} | {d} | {e} |" for a, b, c, d, e in sorted(rows)]

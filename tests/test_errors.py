@@ -8,13 +8,11 @@ rather than turning into an "internal error" in production.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
+import sys
+from pathlib import Path
 
 import pytest
 
-import proxy
 from proxy.gateway.listing import IndexUnreachable, PageRefused
 from proxy.gateway.service import NotListed
 from proxy.protocol import refusals
@@ -42,20 +40,10 @@ from proxy.trust.fetch import MissingUpstream
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.pagefiles import ForeignLink
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+import gen_ref
 
-def _error_classes() -> list[type[BaseException]]:
-    found = []
-    for info in pkgutil.walk_packages(proxy.__path__, "proxy."):
-        if info.name == "proxy.__main__":
-            continue
-        module = importlib.import_module(info.name)
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, BaseException) and cls.__module__ == module.__name__:
-                found.append(cls)
-    return found
-
-
-ERRORS = _error_classes()
+ERRORS = list(gen_ref.error_classes())
 
 
 def test_the_walk_finds_the_error_classes() -> None:
