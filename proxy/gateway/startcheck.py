@@ -56,5 +56,5 @@ async def files_origin_problem(client: IndexClient) -> str | None:
                 if listing is not None and listing.page.files:
                     return None
     except (TimeoutError, DownloadError) as e:
-        log.info("start-up check of the index's file links skipped: %s", e)
+        log.debug("start-up check of the index's file links skipped: %s", e)
     return None
