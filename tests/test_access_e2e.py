@@ -105,6 +105,7 @@ def test_a_gateway_over_a_password_protected_index_without_auth_file_refuses_to_
     assert INDEX_PASSWORD not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_the_gateway_serves_anonymous_clients_nothing_but_health(world: dict) -> None:  # type: ignore[type-arg]
     gw = world["gw"]
     for path in ("simple/", "simple/secretpkg/", "metadata/timestamp.json", "metadata/1.root.json", "metrics",

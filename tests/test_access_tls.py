@@ -41,6 +41,7 @@ def served_serial(port: int, ca: Path) -> int:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
 
 
+@pytest.mark.slow
 def test_private_ca_mtls_between_edge_and_gateway_and_rotation(tmp_path: Path) -> None:
     ca = CA(tmp_path / "pki")
     pki = tmp_path / "pki"

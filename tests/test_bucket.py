@@ -162,6 +162,7 @@ def test_a_file_neither_the_bucket_nor_any_upstream_has_is_a_typed_404(world: Wo
     assert headers.get("X-Tufproxy-Reason") == "missing-upstream", (headers, body)
 
 
+@pytest.mark.slow
 def test_tampered_file_and_page_objects_are_refused_evicted_refetched_and_audited_alike(
         world: World, seaweed: Seaweed, tmp_path: Path) -> None:
     import obstore
@@ -277,6 +278,7 @@ def test_a_waiting_replica_fetches_for_itself_after_the_wait(world: World, seawe
             slow.stop()  # the replicas' downloads end now, so they stop without draining them
 
 
+@pytest.mark.slow
 def test_bucket_down_gives_503s_then_recovers_without_restart(world: World, seaweed: Seaweed,
                                                               tmp_path: Path) -> None:
     warm_path, warm = target_of(world, "lib-1.0-py3-none-any.whl")
@@ -505,6 +507,7 @@ def test_refused_credentials_end_start_up_with_one_line_and_are_never_printed(
     assert wrong not in r.stderr + r.stdout and ACCESS_KEY not in r.stderr + r.stdout
 
 
+@pytest.mark.slow
 def test_a_restore_without_its_high_water_mark_is_detected_from_the_bucket(seaweed: Seaweed, tmp_path: Path) -> None:
     """Issue 27, item 4: a backup restored on a new host (no run/ left) is older than the bucket's timestamp."""
     import shutil

@@ -117,6 +117,7 @@ def valid_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo.metadata_dir / "1.root.json"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,argv,says", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_invocation_is_one_line_and_exit_2(name: str, argv: list[str], says: str, tmp_path: Path,
                                                  busy_port: int, valid_root: Path) -> None:
@@ -155,6 +156,7 @@ def _demo_until_ready(cwd: Path) -> tuple[list[str], subprocess.CompletedProcess
     return out + rest.splitlines(), subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
 
 
+@pytest.mark.slow
 def test_demo_reruns_in_place(tmp_path: Path) -> None:
     first, done = _demo_until_ready(tmp_path)
     assert done.returncode == 0 and "Ctrl-C stops both." in first, (first, done.stderr)
@@ -166,6 +168,7 @@ def test_demo_reruns_in_place(tmp_path: Path) -> None:
     assert done.stderr == ""
 
 
+@pytest.mark.slow
 def test_every_command_logs_in_one_format(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     # serve: the server's own warning about an unpinned root.
     with ProxyProcess(tmp_path / "cache", "--repository", str(sample_repo.repo.public_dir), "--workers", "1") as proxy:

@@ -43,6 +43,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 async def test_idle_and_slow_clients_are_closed_while_requests_keep_their_latency(tmp_path: Path, repo: Repository) -> None:
     with FaultyUpstream(repo.public_dir) as up, \
             ProxyProcess(tmp_path / "cache", "--upstream", up.url, "--root", str(tmp_path / "root.json"),
@@ -84,6 +85,7 @@ async def test_idle_and_slow_clients_are_closed_while_requests_keep_their_latenc
             sock.close()
 
 
+@pytest.mark.slow
 async def test_busy_file_downloads_do_not_starve_a_metadata_refresh(tmp_path: Path, repo: Repository) -> None:
     with FaultyUpstream(repo.public_dir) as up, \
             ProxyProcess(tmp_path / "cache", "--upstream", up.url, "--root", str(tmp_path / "root.json"),
@@ -108,6 +110,7 @@ async def test_busy_file_downloads_do_not_starve_a_metadata_refresh(tmp_path: Pa
         assert all(d.status == 200 for d in done)
 
 
+@pytest.mark.slow
 async def test_a_dripping_mirror_holds_nothing_hostage_once_honest_again(tmp_path: Path, repo: Repository) -> None:
     wheel = "/packages/base/base-2.0-py3-none-any.whl"
     data = (repo.public_dir / wheel.lstrip("/")).read_bytes()

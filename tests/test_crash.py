@@ -295,6 +295,7 @@ def test_read_only_cache_dir_is_a_clear_error_at_startup(small_repo, tmp_path: P
     assert "cache dir" in err and "Read-only" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 async def test_corrupted_blobs_are_evicted_and_refetched_never_served(small_repo, tmp_path: Path) -> None:
     repo, root, upstream, _ = small_repo
     cache = tmp_path / "cache"

@@ -32,6 +32,7 @@ def _lines(out: str) -> dict[str, str]:
             ("ok", "warning", "problem")}
 
 
+@pytest.mark.slow
 def test_a_healthy_chain_and_three_broken_ones(gateway: GatewayProcess, tmp_path: Path) -> None:
     other_root = Repository.init(tmp_path / "other", bins=4).metadata_dir / "1.root.json"
     with ProxyProcess(tmp_path / "edge", "--upstream", gateway.base, "--root", str(gateway.root), "--workers",

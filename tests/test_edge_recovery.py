@@ -68,6 +68,7 @@ def bad_signature(timestamp: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", ["rollback", "bad-signature", "garbage"])
 def test_a_rejected_timestamp_aborts_the_update_and_the_edge_keeps_serving(
         tmp_path: Path, world: tuple[GatewayProcess, Relay], lie: str) -> None:
@@ -102,6 +103,7 @@ def test_a_rejected_timestamp_aborts_the_update_and_the_edge_keeps_serving(
     assert "Traceback" not in edge.log()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", ["bad-signature", "garbage"])
 def test_the_first_request_after_the_path_turns_honest_is_served(
         tmp_path: Path, world: tuple[GatewayProcess, Relay], lie: str) -> None:

@@ -124,6 +124,7 @@ def blob_names(cache_dir: Path) -> set[str]:
     return {p.name for p in (cache_dir / "blobs").rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault,status", FILE_FAULTS, ids=[fault_id(f, s) for f, s in FILE_FAULTS])
 async def test_file_fault(world: World, proxies: tuple[ProxyProcess, ProxyProcess], fault: Fault, status: int) -> None:
     single, dual = proxies
@@ -182,6 +183,7 @@ META_FAULTS = [
 META_LIES = {Fault.ENDLESS: "length-mismatch", Fault.OVERSIZED: "length-mismatch", Fault.GARBAGE: "bad-metadata"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault,status", META_FAULTS, ids=[fault_id(f, s) for f, s in META_FAULTS])
 async def test_timestamp_fault_on_a_cold_start(world: World, tmp_path: Path, fault: Fault, status: int) -> None:
     world.bad.inject(r"/metadata/timestamp\.json", fault, status=status, location=f"{world.foreign.url}metadata/timestamp.json")
@@ -209,6 +211,7 @@ async def test_timestamp_fault_on_a_cold_start(world: World, tmp_path: Path, fau
     assert world.foreign.requests == []
 
 
+@pytest.mark.slow
 async def test_connection_refused(world: World, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}/"
     lone = ProxyProcess(tmp_path / "cache", "--upstream", dead, "--root", str(world.root), *TIMEOUT_FLAGS)
@@ -227,6 +230,7 @@ async def test_connection_refused(world: World, tmp_path: Path) -> None:
     assert served.status == 200 and served.body == (world.repo.public_dir / HOT.lstrip("/")).read_bytes()
 
 
+@pytest.mark.slow
 async def test_metadata_outage_or_a_lie_keeps_serving_the_verified_state(world: World, tmp_path: Path) -> None:
     """Unreachable upstream, or one answering garbage for timestamp.json: the update is aborted and the
     last verified (still valid) state keeps serving; the lie is counted and audited (issue 27, item 6)."""

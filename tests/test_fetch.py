@@ -135,6 +135,7 @@ async def test_every_mirror_404_is_not_found_and_a_mix_is_unreachable(mirrors, f
     assert info.value.target == PATH and info.value.role is None
 
 
+@pytest.mark.slow
 async def test_a_dripping_mirror_is_abandoned_for_the_next_within_seconds(mirrors, fetcher) -> None:
     # A byte per 5 ms resets any per-chunk timeout; the rate over the body is what catches it.
     mirrors[0].inject(f"/{PATH}", Fault.DRIP, interval=0.005)

@@ -55,6 +55,7 @@ def gateway(tmp_path: Path, test_index: TestIndex) -> Iterator[GatewayProcess]:
         yield gw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_chain_installs_through_edge_and_gateway_on_first_try(tmp_path: Path, gateway: GatewayProcess, client: str) -> None:
     """Nothing is published yet: the edge's misses ask the gateway (the miss protocol), pip and uv never retry."""
@@ -71,6 +72,7 @@ def gateway_index(ledger: list[dict]) -> str:  # type: ignore[type-arg]
     return next(e["index"] for e in ledger if e["kind"] == "project")
 
 
+@pytest.mark.slow
 def test_publish_answers_404_and_page_is_signed_with_fields(
     tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
 ) -> None:
@@ -90,6 +92,7 @@ def test_publish_answers_404_and_page_is_signed_with_fields(
     assert [f["requires-python"] for f in page["files"]] == [">=4"]
 
 
+@pytest.mark.slow
 def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index: TestIndex) -> None:
     for i in range(50):
         test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))
@@ -108,6 +111,7 @@ def test_concurrent_cold_projects_cost_few_signatures(tmp_path: Path, test_index
         assert {p["name"] for p in root["projects"]} >= {f"proj{i}" for i in range(50)}
 
 
+@pytest.mark.slow
 def test_changed_file_is_refused_and_pinned_one_still_installs(
     tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
 ) -> None:
@@ -126,6 +130,7 @@ def test_changed_file_is_refused_and_pinned_one_still_installs(
     assert b"evil" not in (tmp_path / "t2" / "base" / "__init__.py").read_bytes()
 
 
+@pytest.mark.slow
 def test_file_differing_from_its_pin_is_a_502_and_never_published(
     tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex
 ) -> None:
@@ -146,6 +151,7 @@ def test_file_differing_from_its_pin_is_a_502_and_never_published(
     assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1
 
 
+@pytest.mark.slow
 def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     for project in CHAIN:
         assert gateway.publish(project)[0] == 200
@@ -165,6 +171,7 @@ def test_new_release_and_yank_propagate_within_ttl(tmp_path: Path, gateway: Gate
         assert yanked["filename"] == "lib-1.0-py3-none-any.whl" and yanked["yanked"] == "bad"
 
 
+@pytest.mark.slow
 def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: GatewayProcess,
                                                 test_index: TestIndex) -> None:
     for project in CHAIN:
@@ -203,6 +210,7 @@ def test_revoked_file_is_gone_after_one_publish(tmp_path: Path, gateway: Gateway
     assert [f["filename"] for f in page["files"]] == ["base-2.0.tar.gz"]
 
 
+@pytest.mark.slow
 def test_page_linking_to_disallowed_origin_is_refused(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     test_index.raw_pages["intruder"] = (
         b'<html><body><a href="http://10.0.0.1/x/intruder-1.0-py3-none-any.whl#sha256=' + b"a" * 64 + b'">'
@@ -215,6 +223,7 @@ def test_page_linking_to_disallowed_origin_is_refused(tmp_path: Path, gateway: G
     assert gateway.publish("lib")[0] == 200  # the gateway keeps serving
 
 
+@pytest.mark.slow
 def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> None:
     _gateway_init(tmp_path / "gw")
     secret = "s3cr3t-pass"
@@ -232,6 +241,7 @@ def test_credentials_never_reach_logs(tmp_path: Path, test_index: TestIndex) -> 
         assert secret not in text
 
 
+@pytest.mark.slow
 def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, test_index: TestIndex) -> None:
     import shutil
 
@@ -253,6 +263,7 @@ def test_restore_from_older_backup_keeps_versions_increasing(tmp_path: Path, tes
     assert repo.status()["roles"]["snapshot"]["version"] > 1  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: GatewayProcess) -> None:
     """proxy.serving.edge against the real gateway, with the edge's real trust core and store."""
     import asyncio
@@ -351,6 +362,7 @@ def test_kill_9_loop_never_shows_an_edge_a_rollback(tmp_path: Path, test_index: 
     assert trusted == sorted(trusted) and trusted[-1] > trusted[0]
 
 
+@pytest.mark.slow
 def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> None:
     import gzip
 
@@ -378,6 +390,7 @@ def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> Non
         assert install("pip", edge.url, tmp_path / "t", "app").returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", [False, True], ids=["intact", "tampered-tail"])
 def test_cold_file_streams_before_the_index_finishes(
     tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex, tamper: bool
@@ -411,6 +424,7 @@ def test_cold_file_streams_before_the_index_finishes(
     conn.close()
 
 
+@pytest.mark.slow
 def test_joined_clients_stream_one_cold_fetch(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     """A second request for a file in flight streams the same body before the index finishes; one index fetch."""
     import http.client
@@ -463,6 +477,7 @@ def test_cold_big_wheel_through_edge_and_gateway_beats_pips_timeout(
     assert (tmp_path / "t" / "slowbig" / "data.bin").stat().st_size > 8 * 2**20
 
 
+@pytest.mark.slow
 def test_html_only_index_installs(tmp_path: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex(mode="html") as index:
@@ -515,6 +530,7 @@ def test_timestamp_is_resigned_before_it_expires_without_changes(tmp_path: Path,
         assert urllib.request.urlopen(f"{gw.base}readyz", timeout=10).status == 200
 
 
+@pytest.mark.slow
 def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
     _gateway_init(tmp_path / "gw")
     with GatewayProcess(
@@ -535,6 +551,7 @@ def test_unreachable_index_never_unpublishes(tmp_path: Path, test_index: TestInd
         assert gw.publish("lib")[0] == 200  # still published, still answered
 
 
+@pytest.mark.slow
 def test_absent_projects_are_remembered_briefly(tmp_path: Path, gateway: GatewayProcess, test_index: TestIndex) -> None:
     for _ in range(5):
         assert gateway.publish("not-there")[0] == 404
@@ -586,6 +603,7 @@ def _bad_input(case: str, index: TestIndex) -> None:
         index.stall[case] = threading.Event()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, status, reason",
     [
@@ -656,6 +674,7 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+@pytest.mark.slow
 def test_tls_index_needs_its_ca_bundle(tmp_path: Path) -> None:
     import ssl
 
@@ -676,6 +695,7 @@ def test_tls_index_needs_its_ca_bundle(tmp_path: Path) -> None:
             assert body == index.file("lib-1.0-py3-none-any.whl").data
 
 
+@pytest.mark.slow
 def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -701,6 +721,7 @@ def test_netrc_authenticates_and_never_follows_a_redirect_to_another_origin(
     assert files and files == [None] * len(files)
 
 
+@pytest.mark.slow
 def test_file_removed_at_the_index_leaves_the_signed_page_within_the_ttl(gateway: GatewayProcess, test_index: TestIndex) -> None:
     assert gateway.publish("base")[0] == 200
     page = gateway.directory / "public" / "simple" / "base" / "index.json"
@@ -713,6 +734,7 @@ def test_file_removed_at_the_index_leaves_the_signed_page_within_the_ttl(gateway
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_three_projects_changing_together_cost_one_signature(tmp_path: Path, test_index: TestIndex) -> None:
     """Three pages found changed by one refresh are signed in one batch: one snapshot and timestamp, not three."""
     projects = ("app", "lib", "base")
@@ -733,6 +755,7 @@ def test_three_projects_changing_together_cost_one_signature(tmp_path: Path, tes
         assert _metric(gw.base, "tufproxy_gateway_publishes_total") == 1
 
 
+@pytest.mark.slow
 def test_refresh_rate_bounds_page_fetches(tmp_path: Path, test_index: TestIndex) -> None:
     for i in range(12):
         test_index.add(build_wheel(tmp_path / "many", f"rated{i}", "1.0"))

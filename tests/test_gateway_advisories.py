@@ -45,6 +45,7 @@ def write(path: Path, record: dict) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_import_files_dirs_and_zips_with_malformed_records(tmp_path: Path) -> None:
     gateway_init(tmp_path / "gw")
     single = write(tmp_path / "one" / "MAL-2024-1.json", mal())
@@ -109,6 +110,7 @@ def _installed(target: Path, project: str) -> str | None:
     return found[0] if found else None
 
 
+@pytest.mark.slow
 def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: Path, evil_index: TestIndex) -> None:
     bad = "evil_pkg-2.0-py3-none-any.whl"
     with _gateway(tmp_path, evil_index) as gw, edge_for(tmp_path, gw) as edge:
@@ -140,6 +142,7 @@ def test_import_blocks_at_the_edge_within_seconds_and_withdrawn_lifts(tmp_path: 
     print(f"import -> edge blocks in {blocked_after:.2f}s, withdrawn -> edge offers in {lifted_after:.2f}s (goal {FAST}s)")
 
 
+@pytest.mark.slow
 def test_vulnerable_threshold_allow_and_policy_display(tmp_path: Path, evil_index: TestIndex) -> None:
     gateway_init(tmp_path / "gw")
     write(tmp_path / "recs" / "PYSEC-2024-7.json", pysec(events=({"introduced": "0"}, {"fixed": "2.0"})))  # critical, 1.0
@@ -182,6 +185,7 @@ def test_a_200_mb_zip_imports_in_bounded_memory(tmp_path: Path) -> None:
     assert sum(i.file_size for i in zipfile.ZipFile(tmp_path / "all.zip").infolist()) > 200_000_000
 
 
+@pytest.mark.slow
 def test_hash_blocks_a_file_whatever_its_version_says(tmp_path: Path, evil_index: TestIndex) -> None:
     gateway_init(tmp_path / "gw")
     wheel = evil_index.file("evil_pkg-1.0-py3-none-any.whl")
@@ -193,6 +197,7 @@ def test_hash_blocks_a_file_whatever_its_version_says(tmp_path: Path, evil_index
         assert _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}
 
 
+@pytest.mark.slow
 def test_a_block_does_not_wait_for_an_unreachable_index(tmp_path: Path, evil_index: TestIndex) -> None:
     with _gateway(tmp_path, evil_index) as gw, edge_for(tmp_path, gw) as edge:
         assert len(_edge_offers(edge.url, "evil-pkg")) == 2
@@ -240,6 +245,7 @@ class Feed:
         self.body, self.etag = buf.getvalue(), f'"{hashlib.sha256(buf.getvalue()).hexdigest()[:16]}"'
 
 
+@pytest.mark.slow
 def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestIndex) -> None:
     feed = Feed()
     feed.publish(mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
@@ -258,6 +264,7 @@ def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestI
         feed.server.shutdown()
 
 
+@pytest.mark.slow
 def test_who_got_a_blocked_file_across_two_edges(tmp_path: Path, evil_index: TestIndex) -> None:
     bad = "evil_pkg-2.0-py3-none-any.whl"
     logs = [tmp_path / "edge-a.audit", tmp_path / "edge-b.audit"]
@@ -290,6 +297,7 @@ def test_who_got_a_blocked_file_across_two_edges(tmp_path: Path, evil_index: Tes
     assert tufproxy("audit", str(logs[0])).returncode == 0  # the summary still works
 
 
+@pytest.mark.slow
 def test_the_advisory_set_crosses_the_air_gap_and_verify_reports_what_it_blocks(tmp_path: Path, evil_index: TestIndex) -> None:
     gateway_init(tmp_path / "gw")
     write(tmp_path / "recs" / "MAL-2024-9.json", mal(ident="MAL-2024-9", name="evil-pkg", versions=("2.0",)))
@@ -313,6 +321,7 @@ def test_the_advisory_set_crosses_the_air_gap_and_verify_reports_what_it_blocks(
     assert not report["sound"] and report["blocked"] == []
 
 
+@pytest.mark.slow
 def test_a_corrupt_store_is_one_line_and_loses_nothing(tmp_path: Path) -> None:
     gateway_init(tmp_path / "gw")
     store = tmp_path / "gw" / "gateway" / "advisories.json"
@@ -324,6 +333,7 @@ def test_a_corrupt_store_is_one_line_and_loses_nothing(tmp_path: Path) -> None:
     assert store.read_text() == "{broken"
 
 
+@pytest.mark.slow
 def test_an_import_blocks_under_workers_too(tmp_path: Path, evil_index: TestIndex) -> None:
     """Every worker reloads the store; the worker that leads republishes."""
     bad = "evil_pkg-2.0-py3-none-any.whl"

@@ -66,6 +66,7 @@ def junk_name(rng: random.Random) -> str:
     return "".join(rng.choices(string.ascii_letters + "~@", k=6000))
 
 
+@pytest.mark.slow
 def test_junk_and_absent_names_do_not_grow_memory(gateway: GatewayProcess) -> None:
     rng = random.Random(27)
     assert gateway.publish("real")[0] == 200

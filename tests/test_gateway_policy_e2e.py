@@ -77,6 +77,7 @@ def _gateway(tmp_path: Path, *indexes: TestIndex, args: tuple[str, ...] = COOLDO
     return gw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_cooldown_exemption_and_missing_upload_time(tmp_path: Path, test_index: TestIndex, client: str) -> None:
     with _gateway(tmp_path, test_index) as gw, edge_for(tmp_path, gw) as edge:
@@ -96,6 +97,7 @@ def test_cooldown_exemption_and_missing_upload_time(tmp_path: Path, test_index: 
         assert metric(gw.base, 'tufproxy_gateway_policy_hidden_files{rule="missing-upload-time"}') >= 1
 
 
+@pytest.mark.slow
 def test_missing_upload_time_include(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, args=(*COOLDOWN, "--missing-upload-time", "include")) as gw, \
             edge_for(tmp_path, gw) as edge:
@@ -104,6 +106,7 @@ def test_missing_upload_time_include(tmp_path: Path, test_index: TestIndex) -> N
         assert _installed(tmp_path / "t", "nodate") == "1.1"
 
 
+@pytest.mark.slow
 def test_denied_project_fails_with_its_reason(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index) as gw, edge_for(tmp_path, gw) as edge:
         status, answer = gw.publish("EVIL")
@@ -118,6 +121,7 @@ def test_denied_project_fails_with_its_reason(tmp_path: Path, test_index: TestIn
         assert not (gw.directory / "public" / "simple" / "evil").exists()
 
 
+@pytest.mark.slow
 def test_allow_list_blocks_everything_else(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, args=("--allow-project", "cool")) as gw:
         assert gw.publish("cool")[0] == 200
@@ -126,6 +130,7 @@ def test_allow_list_blocks_everything_else(tmp_path: Path, test_index: TestIndex
         assert any(a.get("reason") == "allow-project" for a in gw.audit())
 
 
+@pytest.mark.slow
 def test_deny_rule_added_later_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
     page = tmp_path / "gw" / "public" / "simple" / "fresh" / "index.json"
     with _gateway(tmp_path, test_index, args=()) as gw:
@@ -148,6 +153,7 @@ def two_indexes(tmp_path: Path) -> Iterator[tuple[TestIndex, TestIndex]]:
         yield first, second
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_first_index_wins_and_private_names_never_fall_through(tmp_path: Path, two_indexes: tuple[TestIndex, TestIndex],
                                                                 client: str) -> None:
@@ -163,6 +169,7 @@ def test_first_index_wins_and_private_names_never_fall_through(tmp_path: Path, t
         assert any(a.get("reason") == "private-project" for a in gw.audit())
 
 
+@pytest.mark.slow
 def test_policy_change_and_restart_rerenders_with_versions_rising(tmp_path: Path, test_index: TestIndex) -> None:
     timestamp = tmp_path / "gw" / "public" / "metadata" / "timestamp.json"
     page = tmp_path / "gw" / "public" / "simple" / "cool" / "index.json"
@@ -189,6 +196,7 @@ def test_policy_change_and_restart_rerenders_with_versions_rising(tmp_path: Path
     assert "rollback" not in edge.log()
 
 
+@pytest.mark.slow
 def test_policy_is_printed_and_kept(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, args=(*COOLDOWN, "--private-project", "acme-*")) as gw:
         assert gw.publish("cool")[0] == 200
@@ -204,6 +212,7 @@ def test_policy_is_printed_and_kept(tmp_path: Path, test_index: TestIndex) -> No
     assert "private-project (first index only): acme-*" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "config", "message"),
     [

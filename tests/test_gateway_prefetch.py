@@ -53,6 +53,7 @@ def _pages_asked(index: TestIndex) -> set[str]:
     return {p.split("/")[-2] for p in index.requests if p.startswith("/simple/")}
 
 
+@pytest.mark.slow
 def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--prefetch-depth", "2") as gw:
         assert gw.publish("pf-a")[0] == 200
@@ -63,6 +64,7 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
         assert not any(p.endswith("pf_c-1.0-py3-none-any.whl.metadata") for p in test_index.requests)
 
 
+@pytest.mark.slow
 def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw:
         assert gw.publish("pf-a")[0] == 200
@@ -71,6 +73,7 @@ def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
         assert not [p for p in test_index.requests if p.endswith(".metadata")]
 
 
+@pytest.mark.slow
 def test_a_prefetch_publishes_nothing_a_request_could_not(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--deny-project", "pf-forbidden") as gw:
         assert gw.publish("pf-denied-user")[0] == 200
@@ -80,6 +83,7 @@ def test_a_prefetch_publishes_nothing_a_request_could_not(tmp_path: Path, test_i
         assert any(r.get("reason") == "deny-project" for r in gw.audit())
 
 
+@pytest.mark.slow
 def test_a_hostile_index_naming_10000_dependencies_costs_at_most_the_budget(tmp_path: Path) -> None:
     with TestIndex(separate_files_host=True) as index:
         names = [f"pf-junk-{i}" for i in range(10_000)]
@@ -97,6 +101,7 @@ def test_a_hostile_index_naming_10000_dependencies_costs_at_most_the_budget(tmp_
         assert settled <= 5
 
 
+@pytest.mark.slow
 def test_a_lone_miss_is_signed_without_waiting_for_the_window(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--batch-window", "20", "--prefetch-depth", "0") as gw:
         started = time.monotonic()

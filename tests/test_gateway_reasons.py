@@ -31,6 +31,7 @@ def test_index(tmp_path: Path) -> Iterator[TestIndex]:
         yield index
 
 
+@pytest.mark.slow
 def test_a_missing_files_origin_is_said_at_start_up_and_reaches_pip_and_uv(tmp_path: Path,
                                                                            test_index: TestIndex) -> None:
     files = test_index.files_url
@@ -56,6 +57,7 @@ def test_a_missing_files_origin_is_said_at_start_up_and_reaches_pip_and_uv(tmp_p
     assert any(a.get("reason") == "gateway-refused" and fix in a.get("message", "") for a in audited), edge.log()
 
 
+@pytest.mark.slow
 def test_a_gateway_started_right_says_nothing_at_start_up_and_logs_only_what_a_refresh_changed(
         tmp_path: Path, test_index: TestIndex) -> None:
     gateway_init(tmp_path / "gw")

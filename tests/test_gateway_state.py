@@ -65,6 +65,7 @@ def gw_dir(tmp_path: Path, fresh_gateway: Path) -> Path:
     return tmp_path / "gw"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, damage", [("timestamp.json", b""), ("timestamp.json", b"junk\n"),
                                           ("root.json", b'{"signed": 7}'), ("1.bin-3.json", b"junk\n")])
 def test_a_damaged_metadata_file_at_start_up_is_named_in_one_line(tmp_path: Path, gw_dir: Path, name: str,
@@ -98,6 +99,7 @@ def refreshed(index: TestIndex, project: str, times: int = 2) -> None:
     wait_for(lambda: index.requests.count(path) >= start + times, f"{times} refreshes of {project}", timeout=20)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["yes", "no", "all"])
 def test_cooldown_counts_from_first_sight_not_the_index_claim(tmp_path: Path, gw_dir: Path, mode: str) -> None:
     dists = tmp_path / "dists"
@@ -143,6 +145,7 @@ def swap(index: TestIndex, filename: str, dists: Path) -> None:
     index.file(filename).data = other.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "junk"])
 def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
         tmp_path: Path, gw_dir: Path, damage: str) -> None:
@@ -178,6 +181,7 @@ def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
         assert any("rebuilt them from the signed pages" in w for w in warnings), log
 
 
+@pytest.mark.slow
 def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Path, gw_dir: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex() as index:
@@ -199,6 +203,7 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
 
 # -- item 4: a restore from an older backup under running edges ------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["at-start-up", "while-serving"])
 def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: Path, gw_dir: Path, when: str) -> None:
     dists = tmp_path / "dists"
@@ -241,6 +246,7 @@ def test_a_restore_from_backup_under_running_edges_keeps_them_serving(tmp_path: 
 
 # -- item 3: a revocation after the ledger was truncated or replaced -------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "replaced"])
 def test_a_revocation_after_the_ledger_was_truncated_is_applied_and_confirmed(
         tmp_path: Path, gw_dir: Path, damage: str) -> None:
@@ -267,6 +273,7 @@ def test_a_revocation_after_the_ledger_was_truncated_is_applied_and_confirmed(
     assert "reading all of it again" in log
 
 
+@pytest.mark.slow
 def test_revoke_says_so_when_the_running_gateway_does_not_apply_it(tmp_path: Path, gw_dir: Path) -> None:
     """A gateway that never publishes without the file: the command waits, then says it was not applied."""
     dists = tmp_path / "dists"

@@ -60,6 +60,7 @@ def _edge_page(edge_url: str, project: str, accept: str) -> bytes:
         return r.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_archived_and_deprecated_pass_through_and_quarantined_is_never_published(tmp_path: Path, status_index: TestIndex,
                                                                                 client: str) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proxy.repository.sample import build_wheel
 from tests.support.clients import clean_env, install
 from tests.support.net import free_port
@@ -20,6 +22,7 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.slow
 def test_gateway_up_initialises_serves_and_stops(tmp_path: Path) -> None:
     with TestIndex(separate_files_host=True) as index:
         for name, version, requires in (("up-app", "1.0", ["up-lib"]), ("up-lib", "1.0", [])):
@@ -50,6 +53,7 @@ def test_gateway_up_initialises_serves_and_stops(tmp_path: Path) -> None:
         assert not _port_open(edge) and not _port_open(gateway)
 
 
+@pytest.mark.slow
 def test_gateway_up_names_a_child_that_cannot_start(tmp_path: Path) -> None:
     busy = free_port()
     import socket

@@ -55,6 +55,7 @@ def _workers(gw: GatewayProcess) -> list[int]:
     return [int(pid) for pid in children]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_chain_installs_through_edge_and_two_gateway_workers(tmp_path: Path, test_index: TestIndex, client: str) -> None:
     """First try, nothing published yet; files fetched on demand land in --cache-dir, not in DIR/public."""
@@ -68,6 +69,7 @@ def test_chain_installs_through_edge_and_two_gateway_workers(tmp_path: Path, tes
     assert not (gw.directory / "public" / "packages").exists()
 
 
+@pytest.mark.slow
 def test_concurrent_cold_projects_over_two_workers_cost_few_signatures(tmp_path: Path, test_index: TestIndex) -> None:
     for i in range(50):
         test_index.add(build_wheel(tmp_path / "many", f"proj{i}", "1.0"))

@@ -201,6 +201,7 @@ segments = st.one_of(
 request_paths = st.lists(segments, max_size=6).map(lambda parts: "/" + "/".join(parts)) | st.text(max_size=60)
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(request_paths)
 def test_router_accepts_only_safe_targets(path: str) -> None:

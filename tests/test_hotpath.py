@@ -103,6 +103,7 @@ def comparable(response: Response) -> tuple[int, list[tuple[str, str]], bytes]:
     return status, sorted((k, "-" if k in ("Date", "X-Request-Id") else v) for k, v in headers), body
 
 
+@pytest.mark.slow
 def test_a_warm_page_is_answered_hot_with_the_bytes_aiohttp_sends(proxy: ProxyProcess) -> None:
     hot, cold = Conn(proxy), Conn(proxy, cold=True)
     first = cold.ask(head(Accept=JSON))  # renders the page and keeps it ready
@@ -133,6 +134,7 @@ def test_a_warm_page_is_answered_hot_with_the_bytes_aiohttp_sends(proxy: ProxyPr
     assert count is not None and float(count[1]) == 2  # one cold, one hot
 
 
+@pytest.mark.slow
 def test_keep_alive_files_and_connection_close(proxy: ProxyProcess, sample_repo: SampleRepo) -> None:
     conn = Conn(proxy)
     assert conn.ask(head(Accept=JSON))[0] == 200
@@ -149,6 +151,7 @@ def test_keep_alive_files_and_connection_close(proxy: ProxyProcess, sample_repo:
     assert hot_answers(proxy) - before == 51
 
 
+@pytest.mark.slow
 def test_pipelined_and_split_requests_are_answered_in_order(proxy: ProxyProcess) -> None:
     Conn(proxy).ask(head(Accept=JSON))
     Conn(proxy).ask(head(Accept="text/html"))
@@ -186,6 +189,7 @@ def test_pipelined_and_split_requests_are_answered_in_order(proxy: ProxyProcess)
     (b"GET /simple/lib/ HTTP/1.1\r\nHost: x\r\nAccept: image/png\r\n\r\n", 406),
     (b"GET /simple/lib/ HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", 200),
 ], ids=lambda v: v if isinstance(v, int) else repr(v[:60]))
+@pytest.mark.slow
 def test_odd_requests_get_aiohttps_answer(proxy: ProxyProcess, data: bytes, status: int) -> None:
     Conn(proxy).ask(head(Accept="text/html"))
     Conn(proxy).ask(head())
@@ -196,6 +200,7 @@ def test_odd_requests_get_aiohttps_answer(proxy: ProxyProcess, data: bytes, stat
     assert hot_answers(proxy) == before
 
 
+@pytest.mark.slow
 def test_expect_continue_gets_aiohttps_interim_answer(proxy: ProxyProcess) -> None:
     Conn(proxy).ask(head())
     before = hot_answers(proxy)
@@ -206,6 +211,7 @@ def test_expect_continue_gets_aiohttps_interim_answer(proxy: ProxyProcess) -> No
     assert hot_answers(proxy) == before
 
 
+@pytest.mark.slow
 def test_hot_answers_keep_a_connection_alive_and_idle_ones_still_close(
         tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     """Each hot answer restarts the idle clocks (aiohttp's keep-alive, the idle sweeper), as aiohttp's answers do."""

@@ -520,6 +520,7 @@ class _TagCollector(HTMLParser):
         self.attributes.update(name for name, _value in attrs)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(unique_pages(dist_files(for_html=True)))
 def test_html_round_trip_with_hostile_text(page: ProjectPage) -> None:
@@ -548,6 +549,7 @@ def test_html_round_trip_with_hostile_text(page: ProjectPage) -> None:
     assert collector.tags.count("a") == len(page.files)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(unique_pages(dist_files(for_html=False), versions=st.lists(st.text(max_size=10), max_size=4).map(tuple)))
 def test_json_round_trip(page: ProjectPage) -> None:

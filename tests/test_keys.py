@@ -130,6 +130,7 @@ def test_init_with_every_key_in_tokens_writes_no_private_key(tmp_path: Path, hsm
     assert len(root["signatures"]) == 2
 
 
+@pytest.mark.slow
 @needs_softhsm
 def test_pip_through_an_edge_in_front_of_a_token_signed_gateway(tmp_path: Path, hsm: SoftHSM, test_index: TestIndex,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,6 +162,7 @@ def _serve_fails(gw_dir: Path) -> str:
     return one_line_error(r)
 
 
+@pytest.mark.slow
 @needs_softhsm
 def test_every_start_up_failure_is_one_line_naming_the_uri(tmp_path: Path, hsm: SoftHSM,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,6 +199,7 @@ def test_every_start_up_failure_is_one_line_naming_the_uri(tmp_path: Path, hsm: 
     assert "unsupported key type" in _serve_fails(gw)
 
 
+@pytest.mark.slow
 @needs_softhsm
 def test_token_removed_while_running(tmp_path: Path, hsm: SoftHSM, test_index: TestIndex,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,6 +280,7 @@ def test_a_gateway_without_its_online_key_file_does_not_start(tmp_path: Path) ->
     assert "no private key for 'online'" in _serve_fails(gw)
 
 
+@pytest.mark.slow
 @needs_softhsm
 def test_a_wrong_pin_at_run_time_is_not_tried_again(tmp_path: Path, hsm: SoftHSM, test_index: TestIndex) -> None:
     """Each wrong PIN counts towards locking a real token: the gateway stops asking until it is restarted."""

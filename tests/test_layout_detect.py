@@ -32,6 +32,7 @@ def _installed(target: Path) -> set[str]:
     return {d.name.split("-")[0] for d in target.glob("*.dist-info")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tufproxy", "warehouse"], indirect=True)
 def test_the_edge_detects_a_signed_repositorys_layout(layout: str, sample_repo: SampleRepo, upstream: Upstream,
                                                       tmp_path: Path) -> None:
@@ -46,6 +47,7 @@ def test_the_edge_detects_a_signed_repositorys_layout(layout: str, sample_repo: 
     assert _installed(tmp_path / "t") == {"app", "lib", "base"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout,insisted", [("tufproxy", "warehouse"), ("warehouse", "tufproxy")], indirect=["layout"])
 def test_a_profile_the_metadata_contradicts_is_one_line_naming_both(layout: str, insisted: str,
                                                                     sample_repo: SampleRepo, upstream: Upstream,
@@ -71,6 +73,7 @@ def gateway(tmp_path: Path) -> Iterator[GatewayProcess]:
             yield gw
 
 
+@pytest.mark.slow
 def test_an_edge_and_a_mirror_find_a_gateway_without_a_flag(gateway: GatewayProcess, tmp_path: Path) -> None:
     with ProxyProcess(tmp_path / "edge", "--upstream", gateway.base, "--root", str(gateway.root), "--workers",
                       "1") as edge:
@@ -92,6 +95,7 @@ def test_an_edge_and_a_mirror_find_a_gateway_without_a_flag(gateway: GatewayProc
         "delegations are the gateway layout's" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_the_command_line_client_fetches_a_warehouse_target_under_its_served_name(tmp_path: Path) -> None:
     repo = Repository.init(tmp_path / "repo", bins=4, layout="warehouse")
     repo.add([build_wheel(tmp_path / "dists", "lib", "1.0")])
@@ -106,6 +110,7 @@ def test_the_command_line_client_fetches_a_warehouse_target_under_its_served_nam
     assert b"lib-1.0-py3-none-any.whl" in (tmp_path / "got/lib").read_bytes()
 
 
+@pytest.mark.slow
 def test_an_edge_started_before_its_gateway_says_the_assumed_layout_was_wrong(tmp_path: Path) -> None:
     with TestIndex() as index:
         index.add(build_wheel(tmp_path / "dists", "app", "1.0"))
@@ -123,6 +128,7 @@ def test_an_edge_started_before_its_gateway_says_the_assumed_layout_was_wrong(tm
                 assert ready.value.code == 503 and problem in ready.value.read().decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
 def test_a_restarted_edge_finds_its_metadata_where_it_is_not_where_it_trusted_before(
         layout: str, sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:

@@ -107,6 +107,7 @@ async def test_herd_of_200_on_one_cold_50mb_file_is_one_upstream_fetch(world: Wo
     assert_cache_clean(proxy.cache_dir, world.repo)
 
 
+@pytest.mark.slow
 async def test_mixed_load_hot_and_cold_pages_and_files(world: World, proxy: ProxyProcess) -> None:
     signed = all_targets(world.repo)
     files = {file_path(w): w.read_bytes() for w in world.wheels}
@@ -156,6 +157,7 @@ async def test_mixed_load_hot_and_cold_pages_and_files(world: World, proxy: Prox
     assert_cache_clean(proxy.cache_dir, world.repo)
 
 
+@pytest.mark.slow
 async def test_hot_hits_during_a_stalled_metadata_refresh(world: World, proxy: ProxyProcess) -> None:
     """A refresh stuck on timestamp.json does not hold hot hits up: the live state answers (stale-while-refresh)."""
     hot = world.wheels[0]

@@ -63,6 +63,7 @@ def upstream_files(up: Upstream) -> list[str]:
     return [p for p in up.requests if not p.startswith("/metadata/")]
 
 
+@pytest.mark.slow
 def test_sync_writes_a_verified_tree_that_serves_offline(
     sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,6 +96,7 @@ def test_sync_writes_a_verified_tree_that_serves_offline(
             "app-1.0.dist-info", "lib-1.1.dist-info", "base-2.0.dist-info"}
 
 
+@pytest.mark.slow
 def test_a_tampered_file_is_refused_not_written_and_audited(
     sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -126,6 +128,7 @@ def test_expired_upstream_metadata_is_refused(sample_repo: SampleRepo, upstream:
     assert not upstream_files(upstream)
 
 
+@pytest.mark.slow
 def test_a_killed_sync_resumes_without_refetching(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     dest = tmp_path / "mirror"
     reached, release = threading.Event(), threading.Event()
@@ -158,6 +161,7 @@ def test_a_killed_sync_resumes_without_refetching(sample_repo: SampleRepo, upstr
     assert verify(dest, root) == 0
 
 
+@pytest.mark.slow
 def test_second_sync_fetches_only_what_changed(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "mirror"
@@ -180,6 +184,7 @@ def test_second_sync_fetches_only_what_changed(sample_repo: SampleRepo, upstream
     assert verify(dest, sample_repo.repo.metadata_dir / "1.root.json") == 0
 
 
+@pytest.mark.slow
 def test_verify_finds_corrupt_missing_and_extra_files(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "mirror"
@@ -208,6 +213,7 @@ def test_verify_finds_corrupt_missing_and_extra_files(sample_repo: SampleRepo, u
     assert verify(dest, root) == 0
 
 
+@pytest.mark.slow
 def test_verify_refuses_a_tree_whose_metadata_was_swapped(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "mirror"
@@ -219,6 +225,7 @@ def test_verify_refuses_a_tree_whose_metadata_was_swapped(sample_repo: SampleRep
     assert "metadata refused: bad-signature" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_twenty_projects_progress_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = Repository.init(tmp_path / "repo", bins=16)
     repo.add([build_wheel(tmp_path / "dists", f"proj-{i:02d}", "1.0") for i in range(20)])
@@ -243,6 +250,7 @@ def test_terminal_progress_line_shows_rate_and_eta() -> None:
     assert "\r\x1b[K" in stream.getvalue() and "\n" not in stream.getvalue()  # redrawn in place, no log lines
 
 
+@pytest.mark.slow
 def test_expired_tree_needs_an_explicit_logged_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An upstream-signed tree whose daily metadata expired in transit: refused unless the operator says until when."""
     past = datetime.now(UTC) - timedelta(days=10)

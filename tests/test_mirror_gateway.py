@@ -86,6 +86,7 @@ def served(dest: Path) -> set[str]:
     return {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and STATE_DIR not in p.parts}
 
 
+@pytest.mark.slow
 def test_sync_publishes_a_chain_the_gateway_never_saw_and_verifies(setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:
     assert setup.code == 0, setup.out
     assert setup.published_before == 0

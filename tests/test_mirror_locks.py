@@ -47,6 +47,7 @@ def _sha256(sample_repo: SampleRepo, filename: str) -> str:
     return hashlib.sha256(next(d for d in sample_repo.dists if d.name == filename).read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_pip_lock_and_uv_hashes_sync_exactly_the_locked_files(sample_repo: SampleRepo, upstream: Upstream,
                                                               proxy: ProxyProcess, tmp_path: Path) -> None:
     r = pip("lock", "--index-url", proxy.url, "--only-binary", ":all:", "-o", str(tmp_path / "pylock.toml"), "app")
@@ -86,6 +87,7 @@ def _uv_lock(sample_repo: SampleRepo, wrong: str | None = None, unsigned: bool =
     return text
 
 
+@pytest.mark.slow
 def test_uv_lock_syncs_and_a_wrong_hash_or_an_unsigned_file_fails_naming_it(sample_repo: SampleRepo,
                                                                               upstream: Upstream,
                                                                               tmp_path: Path) -> None:
@@ -105,6 +107,7 @@ def test_uv_lock_syncs_and_a_wrong_hash_or_an_unsigned_file_fails_naming_it(samp
     assert "nothing published" in out
 
 
+@pytest.mark.slow
 def test_requirements_with_a_hash_that_is_not_the_signed_one_fail(sample_repo: SampleRepo, upstream: Upstream,
                                                                    tmp_path: Path) -> None:
     good = _sha256(sample_repo, "lib-1.1-py3-none-any.whl")

@@ -71,6 +71,7 @@ def site_state(site: Repository) -> bytes:
     return (site.metadata_dir / "timestamp.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_same_size_edit_between_two_syncs_is_refused_and_never_signed(
     sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -102,6 +103,7 @@ def test_a_same_size_edit_between_two_syncs_is_refused_and_never_signed(
     assert signed.read_bytes() == (sample_repo.repo.public_dir / "packages/lib" / WHEEL).read_bytes()
 
 
+@pytest.mark.slow
 def test_an_edit_after_verification_within_one_sync_is_caught_at_signing_time(
     sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,6 +132,7 @@ def test_an_edit_after_verification_within_one_sync_is_caught_at_signing_time(
     assert_never_served(dest, root, tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_keep_going_never_signs_a_refused_file_from_an_older_copy(
     sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

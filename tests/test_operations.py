@@ -11,6 +11,7 @@ import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tuf.api.metadata import Metadata
 
@@ -57,6 +58,7 @@ def start(tmp_path: Path, sample: SampleRepo, upstream: Upstream) -> ProxyProces
                         "--root", str(root), "--audit-log", str(tmp_path / "audit.log")).start()
 
 
+@pytest.mark.slow
 def test_metrics_and_audit_record_after_real_traffic(tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     upstream.override(r"/packages/lib/[0-9a-f]{64}\.lib-1\.0-py3-none-any\.whl", _flip)
     with start(tmp_path, sample_repo, upstream) as proxy:
@@ -108,6 +110,7 @@ def test_metrics_and_audit_record_after_real_traffic(tmp_path: Path, sample_repo
     assert json.loads(summary)["by_reason"] == {"hash-mismatch": 1}
 
 
+@pytest.mark.slow
 def test_readyz_says_what_is_wrong_when_metadata_is_expired(tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     upstream.replace("/metadata/timestamp.json", signed_timestamp(sample_repo.repo, expires_delta=-timedelta(days=3)))
     with start(tmp_path, sample_repo, upstream) as proxy:
@@ -117,6 +120,7 @@ def test_readyz_says_what_is_wrong_when_metadata_is_expired(tmp_path: Path, samp
     assert any("unexpired" in p for p in report["problems"]) and any("expired" in p for p in report["problems"])
 
 
+@pytest.mark.slow
 def test_audit_write_failure_fails_the_request_closed(tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     upstream.override(r"/packages/lib/[0-9a-f]{64}\.lib-1\.0-py3-none-any\.whl", _flip)
     # /dev/full opens fine and fails every write with ENOSPC.

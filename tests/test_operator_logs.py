@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import SampleRepo
@@ -35,6 +37,7 @@ def _readyz(base: str) -> tuple[int, dict]:  # type: ignore[type-arg]
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.slow
 def test_a_wrong_root_is_named_as_the_likely_cause(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     other = Repository.init(tmp_path / "other", bins=4)  # a root for another repository
     with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(other.metadata_dir / "1.root.json"),
@@ -44,6 +47,7 @@ def test_a_wrong_root_is_named_as_the_likely_cause(sample_repo: SampleRepo, upst
         assert WRONG_ROOT in edge.log()
 
 
+@pytest.mark.slow
 def test_gateway_records_logs_and_a_second_gateway(tmp_path: Path) -> None:
     dists = tmp_path / "dists"
     with TestIndex(separate_files_host=True) as index:

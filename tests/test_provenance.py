@@ -260,6 +260,7 @@ def provenance_cli(gw_dir: Path, *args: str) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(tmp_path: Path,
                                                                                  prov_index: ProvenanceIndex) -> None:
     gw_dir = tmp_path / "gw"
@@ -306,6 +307,7 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
         assert 'tufproxy_gateway_refusals_total{reason="provenance-missing"} 1.0' in metrics
 
 
+@pytest.mark.slow
 def test_edges_serve_their_verified_copy_of_the_provenance(tmp_path: Path) -> None:
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
@@ -334,6 +336,7 @@ def _get(url: str) -> tuple[int, bytes, str]:
         return e.code, e.read(), e.headers.get("X-Tufproxy-Reason", "")
 
 
+@pytest.mark.slow
 def test_compromise_drill_an_edge_that_verifies_provenance_refuses_what_the_online_key_signs(tmp_path: Path) -> None:
     """An attacker holding the gateway's online key signs a swapped file, and a file without provenance,
     for a pinned project; an edge with --verify-provenance yes refuses both and audits them."""
@@ -371,6 +374,7 @@ def test_compromise_drill_an_edge_that_verifies_provenance_refuses_what_the_onli
     assert refused[rules.RULE_MISSING]["expected"] == REAL_PUBLISHER
 
 
+@pytest.mark.slow
 def test_mirror_sync_carries_provenance_and_verify_checks_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from proxy.cli import main
 
@@ -391,6 +395,7 @@ def test_mirror_sync_carries_provenance_and_verify_checks_it(tmp_path: Path, cap
     assert f"corrupt simple/pypi-attestations/{REAL}.provenance" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_publisher_changed_then_accept(tmp_path: Path) -> None:
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
@@ -421,6 +426,7 @@ def test_publisher_changed_then_accept(tmp_path: Path) -> None:
             assert signed_files(tmp_path / "gw", "gitlab-oidc-project") == [GITLAB]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "plain", "badjson"), [("off", True, True), ("verify", True, False),
                                                           ("require", False, False)])
 def test_modes(tmp_path: Path, mode: str, plain: bool, badjson: bool) -> None:
@@ -436,6 +442,7 @@ def test_modes(tmp_path: Path, mode: str, plain: bool, badjson: bool) -> None:
         assert bool(pinned) is (mode == "require")  # verify and off pin nothing
 
 
+@pytest.mark.slow
 def test_settings_refuse_bad_values_in_one_line(tmp_path: Path) -> None:
     gateway_init(tmp_path / "gw")
     for args in (["--provenance", "maybe"], ["--trusted-publisher", "x=svn:a"], ["--sigstore-trust-root", "/nonexistent"],

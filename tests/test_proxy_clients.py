@@ -52,6 +52,7 @@ def installed(target: Path) -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_dependency_chain_installs_through_the_proxy(
     client: str, proxy: ProxyProcess, upstream: Upstream, sample_repo: SampleRepo, tmp_path: Path
@@ -65,6 +66,7 @@ def test_dependency_chain_installs_through_the_proxy(
     assert upstream.count(rf"/packages/[^/]+/{hashed}[^/]+\.whl") == 3
 
 
+@pytest.mark.slow
 def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(
     proxy: ProxyProcess, upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -93,6 +95,7 @@ def test_pip_uses_pep658_metadata_and_skips_requires_python_misfits(
     ]
 
 
+@pytest.mark.slow
 def test_html_and_json_clients_get_the_same_files(proxy: ProxyProcess, tmp_path: Path) -> None:
     # pip's --find-links asks for text/html; --index-url asks for PEP 691 JSON first.
     links = [a for p in ("app", "lib", "base") for a in ("--find-links", f"{proxy.url}{p}/")]
@@ -103,6 +106,7 @@ def test_html_and_json_clients_get_the_same_files(proxy: ProxyProcess, tmp_path:
     assert sorted(p.name for p in (tmp_path / "html").iterdir()) == sorted(p.name for p in (tmp_path / "json").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", CLIENTS)
 def test_yanked_file_is_skipped_unless_pinned(client: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     sample_repo.repo.remove("lib-1.1-py3-none-any.whl", reason="broken")
@@ -150,6 +154,7 @@ def _page_with_extra_version(data: bytes | None) -> Reply:
 ATTACKS = ["tampered-wheel", "page-extra-version", "expired-timestamp", "swapped-file", "oversized-file"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_attacks_make_pip_fail_and_the_proxy_names_the_reason(
     attack: str, tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
@@ -204,6 +209,7 @@ def test_attacks_make_pip_fail_and_the_proxy_names_the_reason(
     assert any(any(e in rec["reason"] for e in expect.split("|")) for rec in refused), refused
 
 
+@pytest.mark.slow
 def test_a_replayed_snapshot_is_refused_and_pip_gets_only_the_still_valid_state(
     tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
 ) -> None:

@@ -48,6 +48,7 @@ def request(proxy: ProxyProcess, path: str, method: str = "GET", **headers: str)
     ("application/vnd.pypi.simple.v1+json;q=0.2, text/html;q=0.9", "text/html"),
     ("*/*", "text/html"),
 ])
+@pytest.mark.slow
 def test_content_negotiation(proxy: ProxyProcess, accept: str, ctype: str) -> None:
     status, headers, body = request(proxy, "/simple/lib/", Accept=accept)
     assert status == 200 and headers["content-type"].startswith(ctype)
@@ -60,6 +61,7 @@ def test_content_negotiation(proxy: ProxyProcess, accept: str, ctype: str) -> No
         assert b'href="../../packages/lib/lib-1.1-py3-none-any.whl#sha256=' in body
 
 
+@pytest.mark.slow
 def test_a_page_revalidates_with_its_etag_on_either_event_loop(
         tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
     """ETag and If-None-Match over HTTP, on uvloop when installed (``--uvloop yes``; the other tests run the default)."""
@@ -76,10 +78,12 @@ def test_a_page_revalidates_with_its_etag_on_either_event_loop(
         assert status == 200 and json_headers["etag"] != headers["etag"]
 
 
+@pytest.mark.slow
 def test_nothing_acceptable_is_406(proxy: ProxyProcess) -> None:
     assert request(proxy, "/simple/lib/", Accept="application/json")[0] == 406
 
 
+@pytest.mark.slow
 def test_root_list_in_both_formats(proxy: ProxyProcess) -> None:
     status, _, body = request(proxy, "/simple/", Accept="application/vnd.pypi.simple.v1+json")
     assert status == 200 and [p["name"] for p in json.loads(body)["projects"]] == ["app", "base", "future-only", "lib"]
@@ -87,17 +91,20 @@ def test_root_list_in_both_formats(proxy: ProxyProcess) -> None:
     assert (status == 200 and b'href="lib/"' in body) or b"lib" in body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,location", [("/simple/Future_Only/", "../future-only/"), ("/simple/lib", "lib/")])
 def test_non_normalised_names_redirect(proxy: ProxyProcess, path: str, location: str) -> None:
     status, headers, _ = request(proxy, path)
     assert status == 301 and headers["location"] == location
 
 
+@pytest.mark.slow
 def test_unknown_project_is_404_with_a_reason(proxy: ProxyProcess) -> None:
     status, _, body = request(proxy, "/simple/no-such-project/")
     assert status == 404 and b"no trusted metadata lists" in body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["yes", "no"])
 def test_a_warm_file_larger_than_the_socket_buffers_arrives_whole_on_either_loop(
         tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream, loop: str) -> None:
@@ -127,6 +134,7 @@ def test_a_warm_file_larger_than_the_socket_buffers_arrives_whole_on_either_loop
             assert resp.status in (200, 206) and resp.getheader("ETag") and got == want
 
 
+@pytest.mark.slow
 def test_file_head_range_and_conditional_requests(proxy: ProxyProcess, sample_repo: SampleRepo) -> None:
     data = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
     status, headers, body = request(proxy, WHEEL)
@@ -155,6 +163,7 @@ def test_file_head_range_and_conditional_requests(proxy: ProxyProcess, sample_re
     "//etc/passwd",
     "/packages/BASE/base-2.0-py3-none-any.whl",
 ])
+@pytest.mark.slow
 def test_hostile_paths_are_4xx_and_touch_nothing_outside(proxy: ProxyProcess, upstream: Upstream, path: str) -> None:
     before = len(upstream.requests)
     status, _, body = request(proxy, path)
@@ -164,6 +173,7 @@ def test_hostile_paths_are_4xx_and_touch_nothing_outside(proxy: ProxyProcess, up
     assert all("/metadata/" in p for p in upstream.requests[before:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
 def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root_list(
     tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
@@ -183,6 +193,7 @@ def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root
     assert upstream.count(r"/simple/.*json") == 0
 
 
+@pytest.mark.slow
 def test_malformed_requests_are_refused_without_flooding_the_log(proxy: ProxyProcess) -> None:
     for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
@@ -193,6 +204,7 @@ def test_malformed_requests_are_refused_without_flooding_the_log(proxy: ProxyPro
     assert "bad request from a client" in log and "Traceback" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
 def test_a_signed_page_linking_files_to_a_foreign_host_is_refused_not_followed(
     tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream

@@ -57,6 +57,7 @@ def test_init_keeps_private_keys_private_and_out_of_the_served_tree(cli_repo: Pa
     assert root.roles["timestamp"].keyids == root.roles["snapshot"].keyids
 
 
+@pytest.mark.slow
 def test_add_status_refresh_remove(cli_repo: Path, tmp_path: Path) -> None:
     whl = build_wheel(tmp_path / "d", "Demo.Pkg", "1.0")
     sdist = build_sdist(tmp_path / "d", "Demo.Pkg", "1.0")

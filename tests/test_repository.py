@@ -34,6 +34,7 @@ def expected_targets(dists: list[Path]) -> set[str]:
     return paths
 
 
+@pytest.mark.slow
 def test_reference_client_accepts_every_target(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     updater = reference_updater(tmp_path / "client", upstream.url, sample_repo.root_bytes)
     updater.refresh()

@@ -198,6 +198,7 @@ def test_rotation_drill_edges_refuse_the_leaked_online_key(tmp_path: Path, hsm: 
             assert signed_by(f"{path.url}metadata/timestamp.json") == [new_online]
 
 
+@pytest.mark.slow
 def test_ceremony_adds_and_removes_root_keys_with_file_keys_and_a_public_key_file(tmp_path: Path) -> None:
     """No token needed: root keys as files, a new holder known to the draft only by a PEM public key file."""
     gw = tmp_path / "gw"

@@ -81,6 +81,7 @@ def test_unusable_cache_dir_is_a_clear_error_and_exit_2(tmp_path: Path, sample_r
     assert "cache dir" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_prints_a_pip_line_that_works(tmp_path: Path) -> None:
     port = free_port()
     demo = subprocess.Popen(

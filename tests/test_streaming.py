@@ -100,6 +100,7 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
     assert any(r["reason"] == "hash-mismatch" and r["upstream_url"].endswith(big.wheel.name) for r in _refusals(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_mirror_killed_mid_file_is_continued_by_the_next(tmp_path: Path) -> None:
     signed = _signed(tmp_path, 6 * 2**20)
     with FaultyUpstream(signed.repo.public_dir) as dying, FaultyUpstream(signed.repo.public_dir) as good:
@@ -126,6 +127,7 @@ def test_a_tampered_second_mirror_after_a_failover_is_refused(tmp_path: Path) ->
     assert_cache_clean(tmp_path / "cache", signed.repo)
 
 
+@pytest.mark.slow
 def test_clients_joining_one_cold_fetch_get_identical_verified_bytes(tmp_path: Path) -> None:
     signed = _signed(tmp_path, 8 * 2**20)
     with FaultyUpstream(signed.repo.public_dir, rate=8 * 2**20) as slow, _proxy(tmp_path, signed, slow) as p:
@@ -256,6 +258,7 @@ def test_a_tampered_file_resets_clients_on_both_workers_and_is_never_published(t
     assert {r["reason"] for r in _refusals(tmp_path)} == {"hash-mismatch"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", [False, True], ids=["streaming", "verify-before-send"])
 def test_pip_with_a_short_timeout_gets_a_file_slower_than_it(tmp_path: Path, strict: bool) -> None:
     # 6 MiB at 2 MiB/s: 3 s to arrive, pip allows 2 s of silence.

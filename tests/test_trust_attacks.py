@@ -221,6 +221,7 @@ def _clock(monkeypatch: pytest.MonkeyPatch, delta: timedelta) -> None:
     monkeypatch.setattr(trust_client, "_utcnow", lambda: datetime.now(UTC) + delta)
 
 
+@pytest.mark.slow
 async def test_freeze_attack_fails_closed(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     client = env.client(refresh_interval=0.0)
     await client.get_target(WHEEL)
@@ -380,6 +381,7 @@ async def test_single_flight_refresh_and_bin_load(env: Env) -> None:
     assert env.up.count(r"/metadata/timestamp\.json") == 1
 
 
+@pytest.mark.slow
 async def test_refresh_sees_new_publications(env: Env, tmp_path: Path) -> None:
     client = env.client(refresh_interval=0.0)
     with pytest.raises(UnknownTarget):
@@ -430,6 +432,7 @@ async def test_mirrors_in_order(env: Env, sample_repo: SampleRepo, tmp_path: Pat
             client.close()
 
 
+@pytest.mark.slow
 async def test_lru_is_bounded(env: Env) -> None:
     client = env.client(bin_cache_size=3)
     for path in all_targets(env.repo):
@@ -437,6 +440,7 @@ async def test_lru_is_bounded(env: Env) -> None:
     assert client.status()["cached_roles"] == 3
 
 
+@pytest.mark.slow
 async def test_unchanged_bins_are_reused_across_cycles(env: Env, tmp_path: Path) -> None:
     client = env.client(refresh_interval=0.0)
     before = {path: (info["bin"], env.version(info["bin"])) for path, info in all_targets(env.repo).items()}

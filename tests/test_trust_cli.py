@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 from tuf.api.metadata import Metadata
 
 from tests.conftest import SampleRepo
@@ -27,6 +28,7 @@ def names(up: Upstream, since: int = 0) -> list[str]:
     return [p.removeprefix("/metadata/") if p.startswith("/metadata/") else p for p in up.requests[since:]]
 
 
+@pytest.mark.slow
 def test_init_refresh_download(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     meta, targets = tmp_path / "meta", tmp_path / "targets"
     root = tmp_path / "root.json"
@@ -62,6 +64,7 @@ def test_init_refresh_download(sample_repo: SampleRepo, upstream: Upstream, tmp_
     assert names(upstream, before) == ["2.root.json", "timestamp.json"]
 
 
+@pytest.mark.slow
 def test_refusals_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     meta = tmp_path / "meta"
     root = tmp_path / "root.json"
@@ -105,6 +108,7 @@ def test_refusals_exit_1_with_one_line(sample_repo: SampleRepo, upstream: Upstre
     assert done.returncode == 1 and "bad-metadata" in done.stderr
 
 
+@pytest.mark.slow
 def test_options_work_after_the_action_too(sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     """Issue 16: ``client --metadata-dir md download --target-name X`` failed; options now go on either side."""
     meta, targets = tmp_path / "meta", tmp_path / "targets"

@@ -272,6 +272,7 @@ def _write_classic_repo(public: Path, files: dict[str, bytes]) -> bytes:
     return root_bytes
 
 
+@pytest.mark.slow
 async def test_classic_path_hash_prefix_bins(tmp_path: Path) -> None:
     files = {f"packages/p{i}/p{i}-1.0.tar.gz": f"sdist {i}".encode() for i in range(20)}
     root = _write_classic_repo(tmp_path / "public", files)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
@@ -34,6 +35,7 @@ def pending_answers(metrics: str) -> float:
     return sum(float(v) for v in re.findall(r'tufproxy_requests_total\{[^}]*status="503"[^}]*\} (\S+)', metrics))
 
 
+@pytest.mark.slow
 async def test_a_miss_during_a_stalled_refresh_is_503_retry_after_and_pip_retries(tmp_path: Path) -> None:
     repo = Repository.init(tmp_path / "repo", bins=16)
     repo.add(make_sample_dists(tmp_path / "dists"))

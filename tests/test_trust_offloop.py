@@ -36,6 +36,7 @@ class _Timed:
         monkeypatch.setattr(TopLevelSet, name, timed)
 
 
+@pytest.mark.slow
 async def test_the_event_loop_keeps_answering_while_a_new_snapshot_verifies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,7 @@ def _unsigned(data: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("served", ["timestamp", "unsigned-targets"])
 async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
         signed_tree: tuple[Repository, Path], tmp_path: Path, served: str) -> None:
@@ -93,6 +94,7 @@ async def test_type_confused_snapshot_is_refused_audited_counted_and_survived(
         assert "Traceback" not in proxy.log()
 
 
+@pytest.mark.slow
 async def test_a_replica_on_the_shared_cache_never_answers_from_a_state_another_outgrew(
         signed_tree: tuple[Repository, Path], tmp_path: Path) -> None:
     """Issue 17, finding 2: 30 requests to a replica whose mirror rolls back gave 12 answers from the old state."""

@@ -66,6 +66,7 @@ async def test_a_cycle_that_predates_the_publication_is_joined_then_another_runs
     assert env.up.count(TS) == 3  # the first refresh, the held one, and one more
 
 
+@pytest.mark.slow
 async def test_refresh_until_gives_up_with_metadata_pending(env: Env) -> None:
     client = env.client()
     await client.refresh(force=True)
@@ -81,6 +82,7 @@ async def test_refresh_until_gives_up_with_metadata_pending(env: Env) -> None:
     assert 2 <= env.up.count(TS) <= 20
 
 
+@pytest.mark.slow
 async def test_refresh_until_gives_up_while_the_mirror_stalls(env: Env, tmp_path: Path) -> None:
     client = env.client()
     await client.refresh(force=True)
@@ -107,6 +109,7 @@ async def test_refresh_until_reraises_a_refusal(env: Env, tmp_path: Path) -> Non
 # -- miss-wait: an unknown target waits for the refresh in flight, but only so long ------------
 
 
+@pytest.mark.slow
 async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_path: Path) -> None:
     from proxy.trust import UnknownTarget
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
@@ -13,6 +15,7 @@ from tests.support.testindex import TestIndex
 from tests.test_cli_errors import tufproxy
 
 
+@pytest.mark.slow
 def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     fresh = (now - timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%SZ")

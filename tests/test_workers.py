@@ -122,6 +122,7 @@ def part_holder(cache_dir: Path, pids: set[int]) -> int:
 # -- many workers, one port ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [2, 4])
 def test_pip_installs_a_dependency_chain_through_n_workers(
         workers: int, sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
@@ -137,6 +138,7 @@ def test_pip_installs_a_dependency_chain_through_n_workers(
     assert_cache_clean(tmp_path / "cache", sample_repo.repo)
 
 
+@pytest.mark.slow
 async def test_a_herd_on_one_cold_file_across_4_workers_is_one_upstream_fetch(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     dist = wheel(sample_repo, "base")
@@ -154,6 +156,7 @@ async def test_a_herd_on_one_cold_file_across_4_workers_is_one_upstream_fetch(
     assert upstream.count(file_pattern(dist)) == 1
 
 
+@pytest.mark.slow
 async def test_a_killed_worker_is_restarted_and_the_retry_succeeds(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     dist = wheel(sample_repo, "lib")
@@ -179,6 +182,7 @@ async def test_a_killed_worker_is_restarted_and_the_retry_succeeds(
     assert_cache_clean(cache, sample_repo.repo)  # the dead worker's temp file was swept
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_in_flight_downloads_and_takes_no_new_ones(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     dist = wheel(sample_repo, "app")
@@ -207,6 +211,7 @@ async def test_sigterm_drains_in_flight_downloads_and_takes_no_new_ones(
         proxy.stop()
 
 
+@pytest.mark.slow
 def test_workers_that_keep_dying_stop_the_supervisor_with_status_1(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     proxy = serving(ProxyProcess(tmp_path / "cache", *proxy_args(sample_repo, upstream, 2)).start(), 2)
@@ -237,6 +242,7 @@ def test_a_worker_that_cannot_start_fails_the_command(sample_repo: SampleRepo, u
     assert done.stderr.splitlines()[-1].startswith("tufproxy serve: error: ")
 
 
+@pytest.mark.slow
 async def test_metrics_count_every_request_once_across_workers(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     def page_requests(text: str) -> float:
@@ -262,6 +268,7 @@ async def test_metrics_count_every_request_once_across_workers(
 # -- one cache directory, many processes ---------------------------------------
 
 
+@pytest.mark.slow
 async def test_two_proxies_on_one_cache_dir_never_corrupt_it(
         sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
@@ -341,6 +348,7 @@ async def test_a_blob_committed_by_another_process_is_found(tmp_path: Path) -> N
     assert reader.usage() == 6
 
 
+@pytest.mark.slow
 async def test_fetch_lock_is_one_holder_across_processes(tmp_path: Path) -> None:
     one, two = FetchLocks(tmp_path / "locks"), FetchLocks(tmp_path / "locks")
     async with one.hold("packages/x.whl@abc") as held:
