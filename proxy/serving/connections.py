@@ -16,10 +16,7 @@ import asyncio
 import time
 from typing import Any
 
-from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
-
-from proxy.serving import hotpath
 
 
 class ClientBounds:
@@ -96,16 +93,3 @@ class ClientBounds:
         server.connection_made = connection_made
         server.connection_lost = connection_lost
         return server
-
-
-class BoundedRunner(web.AppRunner):
-    """An AppRunner whose connections obey ``bounds`` and answer ready requests through ``ready``
-    (:func:`proxy.serving.hotpath.install`)."""
-
-    def __init__(self, app: web.Application, bounds: ClientBounds, ready: hotpath.Answer, **kwargs: Any) -> None:
-        super().__init__(app, keepalive_timeout=bounds.idle_timeout, **kwargs)
-        self._bounds = bounds
-        self._ready = ready
-
-    async def _make_server(self) -> Any:
-        return hotpath.install(self._bounds.watch(await super()._make_server()), self._ready)

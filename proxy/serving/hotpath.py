@@ -17,6 +17,13 @@ unchanged.
 The response bytes are aiohttp's own for the same ``web.Response``
 (status line, the given headers, ``Content-Length``, ``Date``, ``Server``),
 with the head of each distinct answer serialised once.
+
+This module is the one place that uses aiohttp's internals (the private
+attributes in :data:`_NEEDED` and :data:`_SERVER_NEEDED`, ``Server``'s
+class, ``AppRunner._make_server``); pyproject.toml pins aiohttp's minor
+version and ``tests/test_aiohttp_interface.py`` fails loudly when any of
+them is missing or changes meaning.  An aiohttp without them runs with no
+hot path, which :class:`BoundedRunner` reports (log line and metric).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ Answer = Callable[[SimpleHead, RequestHandler], "bytes | None"]
 # RequestHandler internals read here; an aiohttp without them gets no hot path (see install()).
 _NEEDED = ("_waiter", "_messages", "_force_close", "_close", "_payload_parser", "_upgraded",
            "_keepalive_handle", "_next_keepalive_close_time", "_keepalive_timeout", "_process_keepalive")
+# web.Server internals read to build a HotHandler as Server.__call__ builds a RequestHandler.
+_SERVER_NEEDED = ("_loop", "_kwargs")
 _REASONS = {200: "OK", 304: "Not Modified"}
 
 
@@ -92,10 +101,32 @@ class _HotServer(web.Server):
 def install(server: web.Server, answer: Answer) -> web.Server:
     """Have ``server`` answer ready requests through ``answer``; unchanged if this aiohttp lacks
     what :class:`HotHandler` reads (every request then takes aiohttp's own path)."""
-    if type(server) is web.Server and all(hasattr(RequestHandler, name) for name in _NEEDED):
+    if (type(server) is web.Server and all(hasattr(RequestHandler, name) for name in _NEEDED)
+            and all(hasattr(server, name) for name in _SERVER_NEEDED)):
         server.__class__ = _HotServer
         server._answer = answer  # type: ignore[attr-defined]
     return server
+
+
+def installed(server: web.Server) -> bool:
+    """Whether ``server`` answers ready requests below aiohttp's web layer."""
+    return isinstance(server, _HotServer)
+
+
+class BoundedRunner(web.AppRunner):
+    """An AppRunner whose connections obey ``bounds`` (:class:`proxy.serving.connections.ClientBounds`)
+    and answer ready requests through ``ready``; ``hot_path`` says whether that could be installed."""
+
+    def __init__(self, app: web.Application, bounds: Any, ready: Answer, **kwargs: Any) -> None:
+        super().__init__(app, keepalive_timeout=bounds.idle_timeout, **kwargs)
+        self._bounds = bounds
+        self._ready = ready
+        self.hot_path = False
+
+    async def _make_server(self) -> Any:
+        server = install(self._bounds.watch(await super()._make_server()), self._ready)
+        self.hot_path = installed(server)
+        return server
 
 
 def response(status: int, headers: Mapping[str, str], body: bytes, request_id: str, head_only: bool) -> bytes:

@@ -323,6 +323,12 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         trust.on_refused(detected.error)
     runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
+    hot = getattr(runner, "hot_path", False)
+    proxy.resolver.metrics.hot_path.set(1 if hot else 0)
+    if hot:
+        log.info("hot path installed: warm pages are answered below aiohttp's web layer")
+    else:
+        log.warning("hot path not installed: this aiohttp lacks what it needs; every request takes aiohttp's path")
     opened.push_async_callback(runner.cleanup)
     try:
         await web.SockSite(runner, sock, ssl_context=tls.context if tls is not None else None).start()

@@ -29,8 +29,9 @@ from proxy.protocol.errors import StoreError
 from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
 from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
-from proxy.serving.connections import BoundedRunner, ClientBounds
+from proxy.serving.connections import ClientBounds
 from proxy.serving.guard import ANONYMOUS_USER, Guard, User
+from proxy.serving.hotpath import BoundedRunner
 from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
     UPSTREAM_FAILURES,

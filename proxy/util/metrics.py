@@ -84,6 +84,9 @@ class Metrics:
         self.hot_answers = Counter("tufproxy_hot_answers_total", "Requests answered below aiohttp's web layer "
                                    "(pages kept ready), by route; also counted in tufproxy_requests_total",
                                    ["route"], registry=r)
+        self.hot_path = Gauge("tufproxy_hot_path_installed", "1 when warm pages are answered below aiohttp's web "
+                              "layer, 0 when this aiohttp lacks what that needs (every request then takes aiohttp's "
+                              "own path)", registry=r)
         self.cache_hits = Counter("tufproxy_cache_hits_total", "Requests answered from the verified cache", ["kind"], registry=r)
         self.cache_misses = Counter("tufproxy_cache_misses_total", "Requests that needed an upstream fetch", ["kind"], registry=r)
         self.cache_evictions = Counter("tufproxy_cache_evictions_total", "Blobs evicted from the cache", registry=r)
