@@ -1,11 +1,12 @@
-"""Fails loudly when the aiohttp internals that proxy.serving.hotpath uses change.
+"""Fails loudly when the aiohttp internals that proxy.serving.listener uses change.
 
-The hot path answers warm pages from ``RequestHandler.data_received`` and
-must see exactly what aiohttp's own protocol sees; :func:`hotpath.install`
-quietly leaves the hot path off when an internal is missing, so this test
-is what notices.  It checks each private name exists and still means what
-the hot path assumes, on a real server: the runner installs the hot path, a
-ready page is answered by it, and anything else still goes to aiohttp.
+The listener's connections report each request to the connection limits and
+answer warm pages from ``RequestHandler.data_received``; they must see exactly
+what aiohttp's own protocol sees.  An aiohttp without a name quietly runs with
+no limits but its own and no hot path, so this test is what notices.  It
+checks each private name exists and still means what the listener assumes,
+then on a real server: the hot path answers a ready page, anything else goes
+to aiohttp, and a request in progress is reported busy, then quiet.
 """
 
 from __future__ import annotations
@@ -18,28 +19,44 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.protocol.requesthead import SimpleHead
-from proxy.serving import hotpath
-from proxy.serving.connections import ClientBounds
+from proxy.serving import hotpath, listener
 
 
 def test_aiohttp_is_the_tested_minor_version() -> None:
     assert aiohttp.__version__.startswith("3.14."), aiohttp.__version__
 
 
-def test_every_private_name_the_hot_path_reads_exists() -> None:
-    missing = [n for n in hotpath._NEEDED if not hasattr(RequestHandler, n)]
-    assert not missing, f"RequestHandler lost {missing}: the hot path would be off"
+def test_every_private_name_the_listener_uses_exists() -> None:
+    missing = [n for n in listener.HANDLER_NEEDED if not hasattr(RequestHandler, n)]
+    assert not missing, f"RequestHandler lost {missing}: no limits but aiohttp's, no hot path"
+    assert listener.internals_present()
     assert "__call__" in vars(web.Server) and "_make_server" in vars(web.AppRunner)
     assert inspect.iscoroutinefunction(web.AppRunner._make_server)
-    # Server.__call__ builds a RequestHandler(self, loop=self._loop, **self._kwargs): the hot server does the same.
+    # Server.__call__ builds a RequestHandler(self, loop=self._loop, **self._kwargs): ours does the same.
     source = inspect.getsource(web.Server.__call__)
     assert "self._loop" in source and "self._kwargs" in source, source
-    # The keep-alive clock the hot path restarts after an answer is the one aiohttp's own answers restart.
-    assert "_next_keepalive_close_time" in inspect.getsource(RequestHandler)
-    assert "_process_keepalive" in inspect.getsource(RequestHandler)
 
 
-async def test_the_runner_installs_the_hot_path_and_it_answers() -> None:
+def test_the_private_names_still_mean_what_the_listener_assumes() -> None:
+    start = inspect.getsource(RequestHandler.start)
+    # Between requests start() awaits a fresh _waiter, and pops _messages: "idle" is that wait.
+    assert "self._waiter = loop.create_future()" in start and "self._messages.popleft()" in start
+    # Each request is one _handle_request task, awaited before the next: busy from its start to its end.
+    assert "self._handle_request(request, start, request_handler)" in start
+    handle = inspect.getsource(RequestHandler._handle_request)
+    assert "self._current_request = request" in handle and "finish_response" in handle
+    # connection_made starts the request task (it asserts _manager); connection_lost tolerates no manager.
+    assert "self._manager.connection_made(self" in inspect.getsource(RequestHandler.connection_made)
+    assert "if self._manager is None:" in inspect.getsource(RequestHandler.connection_lost)
+    # data_received feeds the head parser only without a payload parser or upgrade.
+    received = inspect.getsource(RequestHandler.data_received)
+    assert "self._payload_parser is None and not self._upgraded" in received
+    # The keep-alive clock the hot path restarts after an answer is the one aiohttp's answers restart.
+    assert "_next_keepalive_close_time" in inspect.getsource(RequestHandler._process_keepalive)
+    assert "self._waiter" in inspect.getsource(RequestHandler._process_keepalive)
+
+
+async def test_the_listener_installs_its_handler_and_the_hot_path_answers() -> None:
     answered: list[str] = []
 
     def ready(head: SimpleHead, protocol: RequestHandler) -> bytes | None:
@@ -49,18 +66,19 @@ async def test_the_runner_installs_the_hot_path_and_it_answers() -> None:
         return hotpath.response(200, {"Content-Type": "text/plain"}, b"hot", "rid", head_only=False)
 
     app = web.Application()
+    seen: list[tuple[int, int]] = []
+    served: listener.Listener
 
     async def cold(request: web.Request) -> web.Response:
+        conns = served.connections
+        seen.append((len(conns._busy), len(conns._quiet)))  # this request's connection: busy, not quiet
         return web.Response(text="cold")
 
     app.router.add_get("/cold", cold)
-    runner = hotpath.BoundedRunner(app, ClientBounds(16, 5.0), ready, access_log=None, handle_signals=False)
-    await runner.setup()
+    served = listener.Listener(app, listener.Limits(max_connections=16), ready=ready)
+    port = await served.start()
     try:
-        assert runner.hot_path, "aiohttp's Server or RequestHandler changed: the hot path is off"
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
+        assert served.hot_path and served.runner.limited, "aiohttp's Server or RequestHandler changed"
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/hot") as r:
                 assert (r.status, await r.text(), r.headers["X-Request-Id"]) == (200, "hot", "rid")
@@ -68,7 +86,10 @@ async def test_the_runner_installs_the_hot_path_and_it_answers() -> None:
                 assert (r.status, await r.text()) == (200, "cold")
             async with session.get(f"http://127.0.0.1:{port}/hot") as r:  # and the connection stays usable
                 assert (r.status, await r.text()) == (200, "hot")
+            conns = served.connections
+            assert (conns.open, len(conns._busy), len(conns._quiet)) == (1, 0, 1)
         assert answered == ["/hot", "/hot"], answered
+        assert seen == [(1, 0)], seen
     finally:
-        await runner.cleanup()
+        await served.stop()
         await asyncio.sleep(0)

@@ -218,7 +218,7 @@ def test_hot_answers_keep_a_connection_alive_and_idle_ones_still_close(
     root = tmp_path / "root.json"
     root.write_bytes(sample_repo.root_bytes)
     with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), "--workers", "1",
-                      "--client-timeout", "1") as p:
+                      "--idle-timeout", "1", "--header-timeout", "1") as p:
         conn = Conn(p)
         assert conn.ask(head(Accept=JSON))[0] == 200
         before = hot_answers(p)

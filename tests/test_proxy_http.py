@@ -118,7 +118,7 @@ def test_a_warm_file_larger_than_the_socket_buffers_arrives_whole_on_either_loop
     root.write_bytes(sample_repo.root_bytes)
     path = f"/packages/big/{big.name}"
     with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), "--uvloop", loop,
-                      "--client-timeout", "1") as p:
+                      "--idle-timeout", "1", "--header-timeout", "1") as p:
         assert request(p, path)[2] == data  # cold: fetched and verified
         for headers, want in (({}, data), ({"Range": f"bytes=1000-{len(data) - 2}"}, data[1000:-1])):
             conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=30)

@@ -24,7 +24,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from packaging.utils import canonicalize_name
 
 from proxy.cli import advisories
@@ -54,6 +53,7 @@ from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
 from proxy.repository import Repository, RepositoryError
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
+from proxy.serving import listener
 from proxy.serving.access import AccessMiddleware, refusals_counter
 from proxy.serving.config import _rules, _store_url, access_options, add_arguments, read_config
 from proxy.serving.guard import Guard
@@ -139,6 +139,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tls_client_ca", "ask every client (edges) for a certificate signed by this CA (mTLS); needs --tls-cert",
            None, Path, metavar="FILE"),
     *provenance.OPTIONS,
+    *listener.OPTIONS,
 )
 
 SERVE_HELP = """\
@@ -299,16 +300,14 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
-    runner = web.AppRunner(app.app(), access_log=None, handle_signals=False)
-    await runner.setup()
+    served = listener.Listener(app.app(), listener.Limits.of(values), registry=metrics.registry)
+    app.connections = served.connections
     host, port = values["listen"]
     try:
-        context = tls.context if tls is not None else None
-        await (web.TCPSite(runner, host, port, ssl_context=context) if sock is None
-               else web.SockSite(runner, sock, ssl_context=context)).start()
+        actual = await served.start(sock=sock, host=host, port=port, ssl_context=tls.context if tls is not None else None)
     except OSError as e:
-        await runner.cleanup()
         raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    log.info("%s", served.describe())
     publisher.start()
     pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
     # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
@@ -338,13 +337,13 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
             pushing.cancel()
         await gateway.prefetcher.cancel()
         await publisher.stop()
-        await runner.cleanup()
+        await served.stop()
         await http.close()
         audit.close()
         if leader is not None:
             leader.close()
 
-    return Started(app.update_gauges, stop), runner.addresses[0][1]
+    return Started(app.update_gauges, stop), actual
 
 
 async def _serve(directory: Path, values: dict, policy: Policy) -> None:

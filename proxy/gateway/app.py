@@ -42,6 +42,7 @@ from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
 from proxy.serving.access import AccessMiddleware, Resource
+from proxy.serving.listener import Connections
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -65,6 +66,7 @@ class GatewayApp:
         self.public_dir = public_dir
         self.metrics = gateway.metrics
         self.started = started or time.time()
+        self.connections: Connections | None = None  # the listener's, once it listens
 
     def app(self) -> web.Application:
         middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
@@ -202,6 +204,9 @@ class GatewayApp:
             problems.append(f"published timestamp expires in {left:.0f} s")
         if not (self.public_dir / "metadata" / "timestamp.json").is_file():
             problems.append("no timestamp.json")
+        accepting = self.connections.problem() if self.connections is not None else None
+        if accepting is not None:
+            problems.append(accepting)
         status = 503 if problems else 200
         # A key that cannot sign alone leaves the gateway ready: what it serves is still valid, and a
         # load balancer that dropped it would stop edges from reading that too.
@@ -222,6 +227,8 @@ class GatewayApp:
         self.metrics.projects.set(len(publisher.published))
         for structure, size in self.gateway.usage_sizes().items():
             self.metrics.usage_entries.labels(structure).set(size)
+        if self.connections is not None:
+            self.connections.report()
 
 
 _OPEN = frozenset(("healthz", "readyz"))

@@ -35,8 +35,23 @@ from proxy.protocol.errors import Fault
 T = TypeVar("T")
 
 __all__ = [
-    "ENV_PREFIX", "ConfigError", "Option", "add_options", "load_config", "parse_datetime", "parse_listen", "parse_size",
-    "parsed", "positive_float", "positive_int", "resolve_values", "url", "url_list", "worker_count", "yes_no",
+    "ENV_PREFIX",
+    "ConfigError",
+    "Option",
+    "add_options",
+    "load_config",
+    "non_negative_int",
+    "parse_datetime",
+    "parse_listen",
+    "parse_size",
+    "parsed",
+    "positive_float",
+    "positive_int",
+    "resolve_values",
+    "url",
+    "url_list",
+    "worker_count",
+    "yes_no",
 ]
 
 ENV_PREFIX = "TUFPROXY_"
@@ -201,6 +216,14 @@ def positive_int(value: Any) -> int:
     n = _whole(value)
     if n is None or n < 1:
         raise ConfigError(f"must be 1 or more: {value!r}")
+    return n
+
+
+def non_negative_int(value: Any) -> int:
+    """A whole number, 0 or more (0 usually meaning: no limit)."""
+    n = _whole(value)
+    if n is None or n < 0:
+        raise ConfigError(f"must be 0 or more: {value!r}")
     return n
 
 

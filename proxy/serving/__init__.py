@@ -5,5 +5,5 @@ The resolver decides (no aiohttp), the server sends, :mod:`~proxy.serving.serve`
 gateway's miss protocol, :mod:`~proxy.serving.config` its settings.
 """
 
-__all__ = ["access", "config", "connections", "edge", "guard", "hotpath", "passwords", "refusals", "resolver", "serve", "server",
+__all__ = ["access", "config", "edge", "guard", "hotpath", "listener", "passwords", "refusals", "resolver", "serve", "server",
            "streaming", "workers"]

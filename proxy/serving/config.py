@@ -37,6 +37,7 @@ from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.options import worker_count as _worker_count
 from proxy.protocol.options import yes_no as _yes_no
 from proxy.protocol.profiles import TUFPROXY, WAREHOUSE, Profile, get_profile, recorded_profile
+from proxy.serving import listener
 from proxy.transport.bucket import BucketConfigError, parse_store_url
 from proxy.transport.credentials import OriginAuth
 from proxy.trust.provenance import SIGSTORE_OPTIONS
@@ -125,10 +126,7 @@ OPTIONS: tuple[Option, ...] = (
            _yes_no, metavar="YES|NO"),
     Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
            "or the next mirror is tried", "16K", parse_size, metavar="SIZE"),
-    Option("max_connections", "client connections per worker; more are closed at once", 1024, _positive_int,
-           metavar="N"),
-    Option("client_timeout", "seconds a client connection may sit idle or take to send a request head",
-           15.0, _positive_float, metavar="SECONDS"),
+    *listener.OPTIONS,
     Option("store", "keep verified files and pages in a bucket shared by every replica, s3://BUCKET/PREFIX "
            "(the --cache-dir store becomes a local tier in front of it; credentials: the standard AWS "
            "chain: environment, web identity, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config, "
@@ -191,8 +189,12 @@ class ServeConfig:
     s3_timeout: float = 30.0
     s3_lease_seconds: float = 300.0
     s3_wait: float = 5.0
+    header_timeout: float = 10.0
+    idle_timeout: float = 15.0
+    body_timeout: float = 30.0
     max_connections: int = 1024
-    client_timeout: float = 15.0
+    max_connections_per_client: int = 0
+    backlog: int = 1024
     auth_file: Path | None = None
     auth_groups: Path | None = None
     read_rule: tuple[Rule, ...] = ()

@@ -114,9 +114,6 @@ class ProxySettings:
     verify_before_send: bool = False
     pace: Pace = Pace()
     unknown_length_downloads: int = 4
-    # Client connections: at most this many per process; closed when idle (or sending a head) this long.
-    max_connections: int = 1024
-    client_idle_timeout: float = 15.0
 
 
 @dataclass

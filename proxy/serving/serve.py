@@ -23,8 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import web
-
 from proxy.protocol.access import Rules
 from proxy.protocol.errors import CommandError, ExpiredMetadata, RepositoryError, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
@@ -32,6 +30,7 @@ from proxy.protocol.profiles import LayoutError, Profile, detect_profile
 from proxy.serving.config import ServeConfig
 from proxy.serving.edge import MissProtocol
 from proxy.serving.guard import Guard
+from proxy.serving.listener import Limits, Listener
 from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.resolver import ProxySettings, Resolver
@@ -70,7 +69,7 @@ FAILING_CLOSED_BACKOFF = 4.0
 class Running:
     """A started proxy: its runner (to stop it) and the port it got."""
 
-    runner: web.AppRunner
+    listener: Listener
     proxy: Proxy
     port: int
     refresher: asyncio.Task[None]
@@ -82,7 +81,7 @@ class Running:
         self.refresher.cancel()
         if self.tls_reload is not None:
             self.tls_reload.cancel()
-        await self.runner.cleanup()
+        await self.listener.stop()
         await self.proxy.resolver.fetcher.close()
         await self.metadata_fetcher.close()
         self.proxy.resolver.pages.close()
@@ -294,8 +293,6 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         max_file_size=config.max_file_size,
         upstream_freshness=max(3 * config.refresh_interval, 30.0),
         verify_before_send=config.verify_before_send,
-        max_connections=config.max_connections,
-        client_idle_timeout=config.client_timeout,
         pace=Pace(stall=config.read_timeout, min_rate=config.min_rate),
     )
     shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
@@ -321,24 +318,22 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     trust.on_refused = proxy.resolver.refusals.refresh_refused
     if isinstance(detected.error, RepositoryError):  # refused while the layout was read: audited like any other
         trust.on_refused(detected.error)
-    runner = proxy.runner(access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
-    await runner.setup()
-    hot = getattr(runner, "hot_path", False)
-    proxy.resolver.metrics.hot_path.set(1 if hot else 0)
-    if hot:
+    served = proxy.listener(Limits.of(config), shutdown_timeout=DRAIN_SECONDS)
+    try:
+        actual = await served.start(sock=sock, ssl_context=tls.context if tls is not None else None)
+    except OSError as e:
+        raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    opened.push_async_callback(served.stop)
+    proxy.resolver.metrics.hot_path.set(1 if served.hot_path else 0)
+    if served.hot_path:
         log.info("hot path installed: warm pages are answered below aiohttp's web layer")
     else:
         log.warning("hot path not installed: this aiohttp lacks what it needs; every request takes aiohttp's path")
-    opened.push_async_callback(runner.cleanup)
-    try:
-        await web.SockSite(runner, sock, ssl_context=tls.context if tls is not None else None).start()
-    except OSError as e:
-        raise CommandError(f"cannot listen on {host}:{port}: {e.strerror}") from e
-    actual = runner.addresses[0][1]
+    log.info("%s", served.describe())
     watch = [] if detected.verified or config.layout is not None else [_confirm_layout(trust, layout, proxy)]
     refresher = asyncio.create_task(_gather(_keep_fresh(trust, config.refresh_interval, proxy.resolver.metrics), *watch))
     tls_task = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
-    return Running(runner, proxy, actual, refresher, fetcher, tls_task, detected.describe())
+    return Running(served, proxy, actual, refresher, fetcher, tls_task, detected.describe())
 
 
 async def _open_bucket(config: ServeConfig, metrics: Metrics) -> Bucket | None:

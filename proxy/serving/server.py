@@ -29,9 +29,8 @@ from proxy.protocol.errors import StoreError
 from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
 from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
-from proxy.serving.connections import ClientBounds
 from proxy.serving.guard import ANONYMOUS_USER, Guard, User
-from proxy.serving.hotpath import BoundedRunner
+from proxy.serving.listener import Limits, Listener
 from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
     UPSTREAM_FAILURES,
@@ -74,15 +73,16 @@ class Proxy:
         self.store = resolver.store
         self.metrics = resolver.metrics
         self.settings = resolver.settings
-        self.clients = ClientBounds(resolver.settings.max_connections, resolver.settings.client_idle_timeout)
         self._evictions_reported = 0
+        self.connections: Listener | None = None  # set by listener()
         # Set when the layout assumed at start-up turns out not to be the signed metadata's: /readyz says so.
         self.layout_problem: str | None = None
 
-    def runner(self, **kwargs: Any) -> web.AppRunner:
-        """An AppRunner for :meth:`app` whose client connections are bounded (cap, idle timeout),
-        answering ready pages below aiohttp's web layer (:mod:`proxy.serving.hotpath`)."""
-        return BoundedRunner(self.app(), self.clients, self._ready, **kwargs)
+    def listener(self, limits: Limits, **kwargs: Any) -> Listener:
+        """The listener for :meth:`app` (:mod:`proxy.serving.listener`: its connections under ``limits``),
+        answering ready pages below aiohttp's web layer; /readyz reports its accept failures."""
+        self.connections = Listener(self.app(), limits, registry=self.metrics.registry, ready=self._ready, **kwargs)
+        return self.connections
 
     def _ready(self, head: SimpleHead, protocol: Any) -> bytes | None:
         """The hot path's answer: a page request the resolver has ready, counted as the middleware
@@ -98,7 +98,6 @@ class Proxy:
         if ready is None:
             return None
         route, answer = ready
-        self.clients.touch(protocol)
         if isinstance(answer, Page):
             status, body = 200, answer.body
         else:
@@ -123,14 +122,12 @@ class Proxy:
         start = time.monotonic()
         rid = new_request_id(request.headers.get("X-Request-Id"))
         token = request_id.set(rid)
-        self.clients.begin(request.protocol)
         try:
             response = await handler(request)
         except web.HTTPException as e:
             response = e
         finally:
             request_id.reset(token)
-            self.clients.end(request.protocol)
         route = request.get("route", request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
         self.metrics.request(route, response.status, time.monotonic() - start)
@@ -160,7 +157,7 @@ class Proxy:
                     return await send_file_over_tls(request, decision.blob.path, decision.blob.size, _FILE_HEADERS)
                 finally:
                     decision.release()
-            return _PinnedFileResponse(decision, self.clients)
+            return _PinnedFileResponse(decision)
         return await self._stream(request, ask, decision)
 
     def _private_ok(self, user: User) -> Callable[[str], bool]:
@@ -212,6 +209,8 @@ class Proxy:
         if status.get("last_refresh"):
             self.metrics.last_refresh.set(status["last_refresh"])
         self.metrics.cache_bytes.set(self.store.usage())
+        if self.connections is not None:
+            self.connections.connections.report()
         # The store counts evictions itself; the counter catches up at each scrape.
         self.metrics.cache_evictions.inc(self.store.evictions - self._evictions_reported)
         self._evictions_reported = self.store.evictions
@@ -227,6 +226,9 @@ class Proxy:
             problems.append("no unexpired trusted metadata")
         if self.layout_problem is not None:
             problems.append(self.layout_problem)
+        accepting = self.connections.connections.problem() if self.connections is not None else None
+        if accepting is not None:
+            problems.append(accepting)
         last = status.get("last_refresh")
         if last is None or time.time() - last > self.settings.upstream_freshness:
             problems.append(f"no successful metadata refresh in {self.settings.upstream_freshness:.0f}s"
@@ -273,22 +275,14 @@ def _answer(answer: Answer) -> web.Response:
 
 class _PinnedFileResponse(web.FileResponse):
     """aiohttp's FileResponse (sendfile, Range, If-None-Match, HEAD) of a decision's pinned blob,
-    released once sent so eviction cannot pull it away mid-response.
+    released once sent so eviction cannot pull it away mid-response."""
 
-    aiohttp sends it after the handler (and our middleware) returned: the
-    connection is marked busy again for the send, or the idle sweeper would
-    cut a download that takes longer than the idle timeout.
-    """
-
-    def __init__(self, decision: CachedFile, clients: ClientBounds) -> None:
+    def __init__(self, decision: CachedFile) -> None:
         super().__init__(decision.blob.path, headers=_FILE_HEADERS)
         self._decision = decision
-        self._clients = clients
 
     async def prepare(self, request: web.BaseRequest):
-        self._clients.begin(request.protocol)
         try:
             return await super().prepare(request)
         finally:
-            self._clients.end(request.protocol)
             self._decision.release()

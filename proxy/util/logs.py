@@ -1,8 +1,16 @@
-"""Process logging: JSON lines or key=value text, each record tagged with its request id.
+"""Process logging: JSON lines or key=value text, each record tagged with its request id, bounded under attack.
 
 The server sets :data:`request_id` for the duration of each request (from a
 sane ``X-Request-Id`` header, else a fresh one), so every log line and
 audit record a request causes can be joined on it.
+
+A flood cannot flood the log: each kind of line (one logger, one message
+template) that is a warning or worse, or comes from aiohttp or asyncio, is
+written at most :data:`BURST` times per :data:`INTERVAL`; the first written
+after that says how many were left out (:func:`suppressed_counts` has the
+totals, for a metric).  A message is written on one line, control characters
+escaped, at most :data:`MAX_MESSAGE` characters: a client's bytes quoted in
+one cannot forge lines or grow them.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import logging
 import os
 import re
 import sys
+import time
+from collections.abc import Callable
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -43,6 +53,66 @@ class _RequestIdFilter(logging.Filter):
         return True
 
 
+BURST = 10
+INTERVAL = 10.0
+MAX_MESSAGE = 1000
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_suppressed: dict[str, int] = {}  # lines left out since start, by logger
+
+
+def suppressed_counts() -> dict[str, int]:
+    """Log lines the rate limit left out since this process started, by logger name."""
+    return dict(_suppressed)
+
+
+def clean(message: str, limit: int = MAX_MESSAGE) -> str:
+    """``message`` on one line, control characters escaped, cut to about ``limit`` characters."""
+    if len(message) > limit:
+        message = f"{message[:limit]}... ({len(message) - limit} more characters)"
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message)
+
+
+class _RateLimit(logging.Filter):
+    """At most ``burst`` lines of one kind per ``interval``; the next one written says how many were left out."""
+
+    _LIMITED = ("aiohttp", "asyncio", "proxy.serving.listener")
+
+    def __init__(self, burst: int = BURST, interval: float = INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.burst, self.interval, self._clock = burst, interval, clock
+        self._windows: dict[tuple[str, str], list[float]] = {}  # kind -> [start, written, left out]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING and not record.name.startswith(self._LIMITED):
+            return True
+        kind = (record.name, str(record.msg)[:48])
+        now = self._clock()
+        window = self._windows.get(kind)
+        if window is None or now - window[0] >= self.interval:
+            if len(self._windows) > 4096:  # bounded: forget the kinds that went quiet
+                self._windows = {k: w for k, w in self._windows.items() if now - w[0] < self.interval}
+            self._windows[kind] = [now, 1, 0]
+            if window is not None and window[2]:
+                record.msg = f"{record.getMessage()} [{window[2]:.0f} more like this left out in {self.interval:g} s]"
+                record.args = ()
+            return True
+        if window[1] < self.burst:
+            window[1] += 1
+            return True
+        window[2] += 1
+        _suppressed[record.name] = _suppressed.get(record.name, 0) + 1
+        return False
+
+
+class _OneLine(logging.Filter):
+    """The message escaped and cut (:func:`clean`); tracebacks are formatted apart, untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = clean(record.getMessage()), ()
+        return True
+
+
 class _QuietBadRequests(logging.Filter):
     """aiohttp logs every malformed request at ERROR with a traceback: one line is enough,
     or a hostile client could flood the logs."""
@@ -52,7 +122,8 @@ class _QuietBadRequests(logging.Filter):
         # Looked up, not imported: a command that serves no HTTP need not load aiohttp to log.
         http = sys.modules.get("aiohttp.http_exceptions")
         if http is not None and isinstance(exc, http.BadHttpMessage):
-            record.msg, record.args, record.exc_info, record.exc_text = f"bad request from a client: {exc}", (), None, None
+            record.msg, record.args = "bad request from a client: %s", (clean(str(exc), 200),)
+            record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 
@@ -78,6 +149,8 @@ def configure(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RequestIdFilter())
     handler.addFilter(_QuietBadRequests())
+    handler.addFilter(_RateLimit())
+    handler.addFilter(_OneLine())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
