@@ -21,9 +21,12 @@ setting                        default   nginx's nearest, and its default
   request body that stays silent for the body timeout is cut.  Requests in
   progress, long downloads included, are never cut.
 * At the connection cap a newcomer is not refused while any connection is only
-  holding a slot: the longest-quiet one goes first (a keep-alive connection
-  between requests at once, one still sending its head after :data:`GRACE`),
-  as nginx reuses idle keep-alive connections.  A newcomer is refused only when
+  holding a slot: the longest-quiet keep-alive connection between requests,
+  or head unfinished after :data:`GRACE`, is closed to make room, as nginx
+  reuses idle connections.  Failing those, a newcomer whose request already
+  waits in its socket (a peek) takes the slot of the longest-quiet connection
+  that has sent nothing at all: a client re-opening thousands of silent
+  connections as fast as they are closed cannot keep out one that asks.  A newcomer is refused only when
   every connection is busy, or when its address holds its
   ``--max-connections-per-client``.  A refused connection is closed before
   aiohttp's protocol starts on it: nothing to log, no task left behind.
@@ -50,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 import ssl
 import time
 from collections import Counter as Tally
@@ -184,7 +188,8 @@ class Connections:
             self._count("per-client")
             return False
         if len(self._open) >= self.limits.max_connections:
-            victim = self._longest_idle(time.monotonic())
+            handler.eager = _bytes_waiting(transport)
+            victim = self._longest_idle(time.monotonic(), handler.eager)
             if victim is None:
                 self._count("refused")
                 return False
@@ -225,13 +230,21 @@ class Connections:
 
     # ------------------------------------------------------------ limits
 
-    def _longest_idle(self, now: float) -> _Handler | None:
-        """The connection to close to make room: the longest-quiet keep-alive one, or a head unfinished after GRACE."""
+    def _longest_idle(self, now: float, eager: bool) -> _Handler | None:
+        """The connection to close to make room for a newcomer: the longest-quiet keep-alive one or head
+        unfinished after GRACE; else, for a newcomer whose request is already waiting, the longest-quiet
+        of those that have sent nothing at all; else None (the newcomer is refused)."""
         for checked, handler in enumerate(self._quiet):
             if checked >= 64:  # bounded work per accept; the front is the likeliest
                 break
             if (handler.served and handler.head_since is None) or now - handler.quiet_since > GRACE:
                 return handler
+        if eager:
+            for checked, handler in enumerate(self._quiet):
+                if checked >= 256:
+                    break
+                if not (handler.served or handler.eager or handler.head_since is not None):
+                    return handler
         return None
 
     def _close(self, handler: _Handler, reason: str) -> None:
@@ -302,11 +315,26 @@ class Connections:
         loop.default_exception_handler(context)
 
 
+def _bytes_waiting(transport: asyncio.BaseTransport) -> bool:
+    """Whether a client's first bytes already wait in the socket (a peek: nothing is consumed)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or transport.get_extra_info("sslcontext") is not None:
+        return False  # over TLS the first bytes are the handshake's, already read
+    peek = socket.socket(fileno=sock.fileno())
+    try:
+        return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+    finally:
+        peek.detach()
+
+
 class _Handler(RequestHandler):
     """aiohttp's connection protocol, reporting to :class:`Connections` and answering ready requests itself."""
 
     __slots__ = (
         "_answer",
+        "eager",
         "_conns",
         "_parser_clean",
         "_refused",
@@ -329,6 +357,7 @@ class _Handler(RequestHandler):
         self.served = 0  # requests answered
         self.quiet_since = self.last_read = time.monotonic()
         self.head_since: float | None = None  # first byte of a head not yet complete
+        self.eager = False  # accepted at the cap with its request already waiting
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
