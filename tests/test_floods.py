@@ -8,6 +8,7 @@ may hold 20,000 descriptors; these use at most 1,000 at once), not the issue's 1
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import urllib.error
@@ -32,6 +33,7 @@ LOW_FDS = ("sh", "-c", 'ulimit -n 256 && exec "$@"', "sh")
 SANE = ("Task exception was never retrieved", "assert manager is not None", "Traceback")
 
 
+@contextlib.contextmanager
 def _edge(tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> Iterator[ProxyProcess]:
     repo = Repository.init(tmp_path / "repo", bins=16)
     repo.add(make_sample_dists(tmp_path / "dists"))
@@ -42,6 +44,7 @@ def _edge(tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> Iterator[
         yield p
 
 
+@contextlib.contextmanager
 def _gateway(tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()) -> Iterator[ProxyProcess]:
     index = TestIndex()
     index.add(build_wheel(tmp_path / "dists", "app", "1.0"))
@@ -92,7 +95,7 @@ def assert_log_sane(p: ProxyProcess, start: int, bound: int, what: str) -> None:
 
 @pytest.mark.slow
 def test_a_slowloris_gets_408_at_the_header_timeout(tmp_path: Path, kind: str) -> None:
-    for p in SERVERS[kind](tmp_path, "--max-connections", "1000"):
+    with SERVERS[kind](tmp_path, "--max-connections", "1000") as p:
         before = log_size(p)
         started = time.monotonic()
         with Flood(p.port, 300, first=b"GET /healthz HTTP/1.1\r\nHost: x\r\n") as flood:
@@ -114,7 +117,7 @@ def test_a_slowloris_gets_408_at_the_header_timeout(tmp_path: Path, kind: str) -
 
 @pytest.mark.slow
 def test_idle_keepalive_connections_are_closed_at_the_idle_timeout(tmp_path: Path, kind: str) -> None:
-    for p in SERVERS[kind](tmp_path, "--max-connections", "1000"):
+    with SERVERS[kind](tmp_path, "--max-connections", "1000") as p:
         before = log_size(p)
         with Flood(p.port, 300, first=b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n") as flood:
             answered = time.monotonic()
@@ -134,7 +137,7 @@ def test_idle_keepalive_connections_are_closed_at_the_idle_timeout(tmp_path: Pat
 def test_a_client_holding_and_reopening_idle_connections_locks_nobody_out(tmp_path: Path, kind: str) -> None:
     """1,000 idle connections re-opened as they are closed, against a cap of 100: another client on the
     same address is still served, one request every 0.1 s, each on a new connection."""
-    for p in SERVERS[kind](tmp_path, "--max-connections", "100"):
+    with SERVERS[kind](tmp_path, "--max-connections", "100") as p:
         before = log_size(p)
         with Flood(p.port, 1000, reopen=True) as flood:
             wait_for(lambda: flood.closed > 1000, "the flood re-opening closed connections", timeout=10)
@@ -152,7 +155,7 @@ def test_a_client_holding_and_reopening_idle_connections_locks_nobody_out(tmp_pa
 
 @pytest.mark.slow
 def test_per_client_cap(tmp_path: Path) -> None:
-    for p in _edge(tmp_path, "--max-connections-per-client", "20"):
+    with _edge(tmp_path, "--max-connections-per-client", "20") as p:
         with Flood(p.port, 40) as flood:
             wait_for(lambda: flood.collect() <= 20, "connections beyond 20 closed", timeout=5)
             assert flood.held >= 15  # the rest, unless the header timeout (1 s) came first
@@ -163,7 +166,7 @@ def test_per_client_cap(tmp_path: Path) -> None:
 def test_out_of_descriptors_recovers_and_logs_little(tmp_path: Path, kind: str) -> None:
     """At ``ulimit -n 256``, 600 connections held for 3 s: accept() fails, /readyz says so once the flood
     ends, and the process serves again; the log stays small."""
-    for p in SERVERS[kind](tmp_path, "--max-connections", "1000", prefix=LOW_FDS):
+    with SERVERS[kind](tmp_path, "--max-connections", "1000", prefix=LOW_FDS) as p:
         before = log_size(p)
         with Flood(p.port, 600, reopen=True) as flood:
             time.sleep(3)  # the flood's duration, not synchronisation
@@ -184,7 +187,7 @@ def test_out_of_descriptors_recovers_and_logs_little(tmp_path: Path, kind: str) 
 
 @pytest.mark.slow
 def test_oversized_heads_get_400_and_a_short_log_line(tmp_path: Path, kind: str) -> None:
-    for p in SERVERS[kind](tmp_path):
+    with SERVERS[kind](tmp_path) as p:
         before = log_size(p)
         # Each under 64 KiB, read whole at once: the 400 is not lost to a reset for unread bytes.
         heads = [b"GET /" + b"a" * 30_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",

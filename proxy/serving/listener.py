@@ -312,6 +312,10 @@ class Connections:
                 isinstance(error, OSError) and error.errno in _ACCEPT_ERRNOS and "socket" in context):
             self.accept_failed(error)
             return
+        if isinstance(error, ValueError) and "_start_serving" in repr(context.get("handle")):
+            # asyncio's accept retry firing after the listening socket closed (a stop after accept failed).
+            log.debug("accept retry after the listener closed: %s", error)
+            return
         loop.default_exception_handler(context)
 
 
@@ -334,10 +338,10 @@ class _Handler(RequestHandler):
 
     __slots__ = (
         "_answer",
-        "eager",
         "_conns",
         "_parser_clean",
         "_refused",
+        "eager",
         "head_since",
         "last_read",
         "peer",
