@@ -8,7 +8,9 @@ may hold 20,000 descriptors; these use at most 1,000 at once), not the issue's 1
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import re
 import time
 import urllib.error
@@ -17,9 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
+from proxy.serving.listener import Limits, Listener
+from proxy.util import logs
 from tests.conftest import make_sample_dists
 from tests.support.faults import FaultyUpstream
 from tests.support.flood import Flood, connect, drained
@@ -209,3 +214,50 @@ def test_oversized_heads_get_400_and_a_short_log_line(tmp_path: Path, kind: str)
         assert not any("\x1b" in line or "\x00" in line for line in lines)
         assert len(lines) <= 12
         assert_log_sane(p, before, 10_000, f"{kind} oversized")
+
+
+async def test_a_silent_request_body_is_cut_at_the_body_timeout() -> None:
+    """In-process (no flood needed): a body that stops arriving is cut; a request whose body came is answered."""
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    app = web.Application()
+    app.router.add_post("/", echo)
+    served = Listener(app, Limits(body_timeout=0.5, header_timeout=5, idle_timeout=5))
+    port = await served.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, no answer
+        took = asyncio.get_running_loop().time() - started
+        assert 0.4 < took < 3, took
+        assert served.connections.closed["body-timeout"] == 1
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"abc"), answer
+        writer.close()
+    finally:
+        await served.stop()
+
+
+def test_repeated_log_lines_are_rate_limited_with_a_count() -> None:
+    now = [0.0]
+    limit = logs._RateLimit(burst=3, interval=10.0, clock=lambda: now[0])
+
+    def record(msg: str, *args: object, name: str = "aiohttp.server", level: int = logging.INFO) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    before = logs.suppressed_counts().get("aiohttp.server", 0)
+    written = [limit.filter(record("bad request from a client: %s", i)) for i in range(100)]
+    assert written == [True] * 3 + [False] * 97
+    assert logs.suppressed_counts()["aiohttp.server"] - before == 97
+    assert limit.filter(record("published %s", "x", name="proxy.gateway"))  # an INFO line of our own: never limited
+    now[0] = 11.0
+    summary = record("bad request from a client: %s", "again")
+    assert limit.filter(summary)
+    assert summary.getMessage() == "bad request from a client: again [97 more like this left out in 10 s]"
+    assert logs.clean("a\x1b[31m\nb" + "x" * 2000).startswith("a\\x1b[31m\\x0ab")
+    assert len(logs.clean("x" * 100_000)) < 1100
