@@ -19,6 +19,7 @@ from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, parse_listen, parsed
 from proxy.serving import workers
 from proxy.serving.config import ServeConfig, add_arguments, resolve
+from proxy.serving.listener import Limits, Listener
 from proxy.serving.serve import run_loop, start, stop_on_signals
 from proxy.util import logs
 
@@ -96,11 +97,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         async with contextlib.AsyncExitStack() as opened:
             mirror = web.Application()
             mirror.router.add_static("/", repo_dir / "public", show_index=False)
-            mirror_runner = web.AppRunner(mirror, access_log=None, handle_signals=False)
-            await mirror_runner.setup()
-            opened.push_async_callback(mirror_runner.cleanup)
-            await web.TCPSite(mirror_runner, "127.0.0.1", 0).start()
-            await _demo(args, directory, repo_dir, listen, f"http://127.0.0.1:{mirror_runner.addresses[0][1]}/")
+            mirror_listener = Listener(mirror, Limits())
+            port = await mirror_listener.start()
+            opened.push_async_callback(mirror_listener.stop)
+            await _demo(args, directory, repo_dir, listen, f"http://127.0.0.1:{port}/")
 
     asyncio.run(main())
     return 0
