@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from proxy.protocol.options import resolve_values
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
+from proxy.serving import listener
 from proxy.serving.listener import Limits, Listener
 from proxy.util import logs
 from tests.conftest import make_sample_dists
@@ -261,3 +263,11 @@ def test_repeated_log_lines_are_rate_limited_with_a_count() -> None:
     assert summary.getMessage() == "bad request from a client: again [97 more like this left out in 10 s]"
     assert logs.clean("a\x1b[31m\nb" + "x" * 2000).startswith("a\\x1b[31m\\x0ab")
     assert len(logs.clean("x" * 100_000)) < 1100
+
+
+def test_the_limits_defaults_are_the_options_defaults() -> None:
+    """One set of defaults: what a Listener built in code enforces is what --help documents."""
+    resolved = resolve_values(None, listener.OPTIONS, {}, {})
+    assert Limits.of(resolved) == Limits()
+    assert Limits.of(resolve_values(None, listener.OPTIONS, {"TUFPROXY_MAX_CONNECTIONS_PER_CLIENT": "8"},
+                                    {"header_timeout": 2})) == Limits(header_timeout=2.0, max_connections_per_client=8)
