@@ -271,3 +271,22 @@ def test_the_limits_defaults_are_the_options_defaults() -> None:
     assert Limits.of(resolved) == Limits()
     assert Limits.of(resolve_values(None, listener.OPTIONS, {"TUFPROXY_MAX_CONNECTIONS_PER_CLIENT": "8"},
                                     {"header_timeout": 2})) == Limits(header_timeout=2.0, max_connections_per_client=8)
+
+
+@pytest.mark.slow
+def test_a_silent_flood_at_the_cap_leaves_keepalive_connections_alone(tmp_path: Path) -> None:
+    """A client's pooled keep-alive connection (an edge's to its gateway) outranks silent newcomers: found by
+    bench/soak.py, where evicting it failed the edge's next publish with 'Server disconnected'."""
+    with _edge(tmp_path, "--max-connections", "100", "--idle-timeout", "30") as p:
+        pooled = connect(p.port)
+        assert pooled is not None
+        pooled.setblocking(True)
+        pooled.settimeout(5)
+        ask = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        pooled.sendall(ask)
+        assert pooled.recv(4096).startswith(b"HTTP/1.1 200 ")
+        with Flood(p.port, 1000, reopen=True) as flood:
+            wait_for(lambda: flood.closed > 5000, "the flood churning", timeout=20)
+        pooled.sendall(ask)
+        assert pooled.recv(4096).startswith(b"HTTP/1.1 200 "), "the keep-alive connection was closed"
+        pooled.close()

@@ -20,13 +20,15 @@ setting                        default   nginx's nearest, and its default
   closed.  A connection between requests is closed after the idle timeout.  A
   request body that stays silent for the body timeout is cut.  Requests in
   progress, long downloads included, are never cut.
-* At the connection cap a newcomer is not refused while any connection is only
-  holding a slot: the longest-quiet keep-alive connection between requests,
-  or head unfinished after :data:`GRACE`, is closed to make room, as nginx
-  reuses idle connections.  Failing those, a newcomer whose request already
-  waits in its socket (a peek) takes the slot of the longest-quiet connection
-  that has sent nothing at all: a client re-opening thousands of silent
-  connections as fast as they are closed cannot keep out one that asks.  A newcomer is refused only when
+* At the connection cap a newcomer takes the place of a connection only
+  holding a slot, as nginx reuses idle connections, longest-quiet first: one
+  that has sent nothing or not finished its head for :data:`GRACE`; for a
+  newcomer whose request already waits in its socket (a peek; over TLS, the
+  finished handshake), else one that has sent nothing at all, else a
+  keep-alive connection between requests.  A client re-opening thousands of
+  silent connections as fast as they are closed keeps out neither one that
+  asks nor a pool's keep-alive connections; a newcomer is refused only when
+  no connection may make room.  A newcomer is refused only when
   every connection is busy, or when its address holds its
   ``--max-connections-per-client``.  A refused connection is closed before
   aiohttp's protocol starts on it: nothing to log, no task left behind.
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import socket
 import ssl
@@ -231,21 +234,19 @@ class Connections:
     # ------------------------------------------------------------ limits
 
     def _longest_idle(self, now: float, eager: bool) -> _Handler | None:
-        """The connection to close to make room for a newcomer: the longest-quiet keep-alive one or head
-        unfinished after GRACE; else, for a newcomer whose request is already waiting, the longest-quiet
-        of those that have sent nothing at all; else None (the newcomer is refused)."""
-        for checked, handler in enumerate(self._quiet):
-            if checked >= 64:  # bounded work per accept; the front is the likeliest
-                break
-            if (handler.served and handler.head_since is None) or now - handler.quiet_since > GRACE:
-                return handler
-        if eager:
-            for checked, handler in enumerate(self._quiet):
-                if checked >= 256:
-                    break
-                if not (handler.served or handler.eager or handler.head_since is not None):
-                    return handler
-        return None
+        """The connection to close to make room for a newcomer, longest-quiet first: one that has not finished
+        a head (or sent nothing) for over GRACE; for a newcomer whose request is already waiting, else one
+        that has sent nothing at all, else a keep-alive one between requests; else None (refused).
+
+        A client that proved itself (a keep-alive connection's earlier request) outranks one that has
+        sent nothing, so a flood of silent connections cannot take a pool's connections from it."""
+        candidates = list(itertools.islice(self._quiet, 256))  # bounded work per accept; the front is the likeliest
+        stale = next((h for h in candidates if not (h.served and h.head_since is None)
+                      and now - h.head_started() > GRACE), None)
+        if stale is not None or not eager:
+            return stale
+        silent = next((h for h in candidates if not (h.served or h.eager or h.head_since is not None)), None)
+        return silent if silent is not None else next((h for h in candidates if h.served and h.head_since is None), None)
 
     def _close(self, handler: _Handler, reason: str) -> None:
         transport = handler.transport
@@ -321,9 +322,11 @@ class Connections:
 
 def _bytes_waiting(transport: asyncio.BaseTransport) -> bool:
     """Whether a client's first bytes already wait in the socket (a peek: nothing is consumed)."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return True  # over TLS the handshake, already done, is the effort a silent flood does not make
     sock = transport.get_extra_info("socket")
-    if sock is None or transport.get_extra_info("sslcontext") is not None:
-        return False  # over TLS the first bytes are the handshake's, already read
+    if sock is None:
+        return False
     peek = socket.socket(fileno=sock.fileno())
     try:
         return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
