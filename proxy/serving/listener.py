@@ -25,7 +25,7 @@ setting                        default   nginx's nearest, and its default
   that has sent nothing or not finished its head for :data:`GRACE`; for a
   newcomer whose request already waits in its socket (a peek; over TLS, the
   finished handshake), else one that has sent nothing at all, else a
-  keep-alive connection between requests.  A client re-opening thousands of
+  keep-alive connection idle for over :data:`GRACE`.  A client re-opening thousands of
   silent connections as fast as they are closed keeps out neither one that
   asks nor a pool's keep-alive connections; a newcomer is refused only when
   no connection may make room.  A newcomer is refused only when
@@ -236,7 +236,7 @@ class Connections:
     def _longest_idle(self, now: float, eager: bool) -> _Handler | None:
         """The connection to close to make room for a newcomer, longest-quiet first: one that has not finished
         a head (or sent nothing) for over GRACE; for a newcomer whose request is already waiting, else one
-        that has sent nothing at all, else a keep-alive one between requests; else None (refused).
+        that has sent nothing at all, else a keep-alive one idle for over GRACE; else None (refused).
 
         A client that proved itself (a keep-alive connection's earlier request) outranks one that has
         sent nothing, so a flood of silent connections cannot take a pool's connections from it."""
@@ -246,7 +246,10 @@ class Connections:
         if stale is not None or not eager:
             return stale
         silent = next((h for h in candidates if not (h.served or h.eager or h.head_since is not None)), None)
-        return silent if silent is not None else next((h for h in candidates if h.served and h.head_since is None), None)
+        if silent is not None:
+            return silent
+        # A keep-alive connection used within GRACE is in use: closing it would fail its next request.
+        return next((h for h in candidates if h.served and h.head_since is None and now - h.quiet_since > GRACE), None)
 
     def _close(self, handler: _Handler, reason: str) -> None:
         transport = handler.transport
