@@ -25,7 +25,7 @@ setting                        default   nginx's nearest, and its default
   that has sent nothing or not finished its head for :data:`GRACE`; for a
   newcomer whose request already waits in its socket (a peek; over TLS, the
   finished handshake), else one that has sent nothing at all, else a
-  keep-alive connection idle for over :data:`GRACE`.  A client re-opening thousands of
+  keep-alive connection, else any connection not in a request.  A client re-opening thousands of
   silent connections as fast as they are closed keeps out neither one that
   asks nor a pool's keep-alive connections; a newcomer is refused only when
   no connection may make room.  A newcomer is refused only when
@@ -236,20 +236,18 @@ class Connections:
     def _longest_idle(self, now: float, eager: bool) -> _Handler | None:
         """The connection to close to make room for a newcomer, longest-quiet first: one that has not finished
         a head (or sent nothing) for over GRACE; for a newcomer whose request is already waiting, else one
-        that has sent nothing at all, else a keep-alive one idle for over GRACE; else None (refused).
+        that has sent nothing at all, else a keep-alive one, else any quiet one; else None (refused).
 
-        A client that proved itself (a keep-alive connection's earlier request) outranks one that has
-        sent nothing, so a flood of silent connections cannot take a pool's connections from it."""
+        A newcomer that has sent nothing takes only a stale connection's place, so a flood of silent
+        connections cannot push out a pool's keep-alive connections or a client that asked."""
         candidates = list(itertools.islice(self._quiet, 256))  # bounded work per accept; the front is the likeliest
         stale = next((h for h in candidates if not (h.served and h.head_since is None)
                       and now - h.head_started() > GRACE), None)
         if stale is not None or not eager:
             return stale
         silent = next((h for h in candidates if not (h.served or h.eager or h.head_since is not None)), None)
-        if silent is not None:
-            return silent
-        # A keep-alive connection used within GRACE is in use: closing it would fail its next request.
-        return next((h for h in candidates if h.served and h.head_since is None and now - h.quiet_since > GRACE), None)
+        kept = next((h for h in candidates if h.served and h.head_since is None), None)
+        return silent or kept or next(iter(candidates), None)
 
     def _close(self, handler: _Handler, reason: str) -> None:
         transport = handler.transport
