@@ -25,11 +25,11 @@ setting                        default   nginx's nearest, and its default
   that has sent nothing or not finished its head for :data:`GRACE`; for a
   newcomer whose request already waits in its socket (a peek; over TLS, the
   finished handshake), else one that has sent nothing at all, else a
-  keep-alive connection, else any connection not in a request.  A client re-opening thousands of
-  silent connections as fast as they are closed keeps out neither one that
-  asks nor a pool's keep-alive connections; a newcomer is refused only when
-  no connection may make room.  A newcomer is refused only when
-  every connection is busy, or when its address holds its
+  keep-alive connection, else any connection not in a request.  A newcomer
+  that has sent nothing takes only a stale connection's place, so a client
+  re-opening thousands of silent connections as fast as they are closed keeps
+  out neither one that asks nor a pool's keep-alive connections.  A newcomer
+  is also refused when its address holds its
   ``--max-connections-per-client``.  A refused connection is closed before
   aiohttp's protocol starts on it: nothing to log, no task left behind.
 * ``accept()`` failing for want of descriptors (EMFILE, ENFILE) is counted,
