@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from proxy.gateway.listing import IndexClient, IndexUnreachable, Listing, PageRefused
-from proxy.gateway.policy import Policy, Refusal, RefusalKind
+from proxy.gateway.policy import Policy, Refusal
+from proxy.protocol import errors
 from proxy.protocol.errors import BadMetadata, RepositoryError, UpstreamUnreachable
 from proxy.protocol.model import Mirror
 from proxy.repository import Repository
@@ -174,7 +175,7 @@ async def page(world: World, n: int) -> Outcome:
     finally:
         await http.close()
     if isinstance(found, Refusal):
-        assert found.kind is RefusalKind.NOT_FOUND
+        assert found.kind is errors.Fault.NOT_FOUND
         return MISSING
     assert isinstance(found, Listing) and [f.filename for f in found.page.files] == [WHEEL]
     return SERVED

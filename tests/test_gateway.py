@@ -145,10 +145,13 @@ def test_file_differing_from_its_pin_is_a_502_and_never_published(
     # The whole file fits in the held-back tail, so the refusal comes before any byte.
     assert refused.value.reason.startswith("hash-mismatch: ")
     assert refused.value.headers["X-Tufproxy-Reason"] == "hash-mismatch"
-    assert json.loads(refused.value.read())["reason"] == "hash-mismatch"
+    body = json.loads(refused.value.read())
+    assert body["reason"] == "hash-mismatch"
     assert not (gateway.directory / "public" / "packages" / "lib" / "lib-1.0-py3-none-any.whl").exists()
-    assert any(a.get("reason") == "hash-mismatch" for a in gateway.audit())
-    assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{reason="hash-mismatch"}') >= 1
+    # The index lied: the same fault on the answer, the audit record and the metric.
+    assert body["fault"] == "repository"
+    assert any(a.get("reason") == "hash-mismatch" and a.get("fault") == "repository" for a in gateway.audit())
+    assert _metric(gateway.base, 'tufproxy_gateway_refusals_total{kind="repository",reason="hash-mismatch"}') >= 1
 
 
 @pytest.mark.slow
@@ -605,22 +608,22 @@ def _bad_input(case: str, index: TestIndex) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case, status, reason",
+    "case, status, reason, kind",
     [
-        ("oversized", 502, "oversized-page"),
-        ("another-project", 502, "bad-page"),
-        ("nohash", 200, "missing-hash"),
-        ("loop", 502, "bad-redirect"),
-        ("away", 502, "bad-redirect"),
-        ("slow", 502, "upstream-unreachable"),
+        ("oversized", 502, "oversized-page", "repository"),
+        ("another-project", 502, "bad-page", "repository"),
+        ("nohash", 200, "missing-hash", "repository"),
+        ("loop", 502, "bad-redirect", "repository"),
+        ("away", 502, "bad-redirect", "repository"),
+        ("slow", 502, "upstream-unreachable", "upstream"),
     ],
 )
 def test_bad_index_input_is_refused_audited_counted_and_never_signed(
-    tmp_path: Path, strict_gateway: tuple[GatewayProcess, TestIndex], case: str, status: int, reason: str
+    tmp_path: Path, strict_gateway: tuple[GatewayProcess, TestIndex], case: str, status: int, reason: str, kind: str
 ) -> None:
     gw, index = strict_gateway
     _bad_input(case, index)
-    counted = f'tufproxy_gateway_refusals_total{{reason="{reason}"}}'
+    counted = f'tufproxy_gateway_refusals_total{{kind="{kind}",reason="{reason}"}}'
     before = _metric(gw.base, counted)
     answer = gw.publish(case)
     assert answer[0] == status, answer
@@ -631,7 +634,8 @@ def test_bad_index_input_is_refused_audited_counted_and_never_signed(
     else:
         assert answer[1]["reason"] == reason and not signed.exists()
         target = f"simple/{case}/"
-    assert any(a.get("reason") == reason and a.get("target") == target for a in gw.audit()), gw.audit()[-3:]
+    assert any(a.get("reason") == reason and a.get("target") == target and a.get("fault") == kind
+               for a in gw.audit()), gw.audit()[-3:]
     assert _metric(gw.base, counted) >= before + 1
     # The gateway keeps serving: a good project never seen before still publishes.
     good = "after" + case.replace("-", "")

@@ -15,7 +15,6 @@ from proxy.gateway.policy import (
     IndexState,
     Policy,
     PolicyError,
-    RefusalKind,
     add_policy_arguments,
     format_age,
     iso_age,
@@ -24,6 +23,7 @@ from proxy.gateway.policy import (
     parse_timestamp,
     resolve_policy,
 )
+from proxy.protocol.errors import Fault
 from proxy.protocol.index import DistFile, ProjectPage, parse_project_json, render_project_json
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -288,7 +288,7 @@ def test_deny_and_allow() -> None:
     policy = Policy(allow_project=("demo-*", "requests"), deny_project=("demo-evil*",))
     assert policy.admit("requests") is None and policy.admit("Demo_Lib") is None
     denied = policy.admit("demo.evil-pkg")
-    assert denied is not None and denied.kind is RefusalKind.NOT_FOUND and denied.rule == "deny-project"
+    assert denied is not None and denied.kind is Fault.NOT_FOUND and denied.rule == "deny-project"
     assert "denied by policy" in denied.message and "demo-evil*" in denied.message
     other = policy.admit("numpy")
     assert other is not None and other.rule == "allow-project" and "denied by policy" in other.message
@@ -307,26 +307,26 @@ def test_first_listing_index_wins_and_is_asked_in_order() -> None:
     assert policy.choose_index("x", [A, None], None).probe == 1
     assert policy.choose_index("x", [A, L], None).index == 1
     refused = policy.choose_index("x", [A, A], None).refusal
-    assert refused is not None and refused.kind is RefusalKind.NOT_FOUND
+    assert refused is not None and refused.kind is Fault.NOT_FOUND
 
 
 def test_claimed_private_name_only_comes_from_the_first_index() -> None:
     policy = Policy(private_project=("acme-*",))
     assert policy.choose_index("Acme_Tool", [L, None], None).index == 0
     refused = policy.choose_index("acme-tool", [A, None], None).refusal
-    assert refused is not None and refused.kind is RefusalKind.NOT_FOUND and refused.rule == "private-project"
+    assert refused is not None and refused.kind is Fault.NOT_FOUND and refused.rule == "private-project"
     assert "never taken from another index" in refused.message
     # The second index is never even asked, whatever the ledger says.
     assert policy.choose_index("acme-tool", [None, None], 1).probe == 0
     assert policy.choose_index("acme-tool", [A, L], 1).refusal is not None
     unreachable = policy.choose_index("acme-tool", [U, None], None).refusal
-    assert unreachable is not None and unreachable.kind is RefusalKind.UNREACHABLE
+    assert unreachable is not None and unreachable.kind is Fault.UPSTREAM
 
 
 def test_unreachable_index_never_falls_through() -> None:
     policy = Policy()
     refused = policy.choose_index("x", [U, L], None).refusal
-    assert refused is not None and refused.kind is RefusalKind.UNREACHABLE and "index 1 is unreachable" in refused.message
+    assert refused is not None and refused.kind is Fault.UPSTREAM and "index 1 is unreachable" in refused.message
     assert policy.choose_index("x", [A, U], None).refusal is not None
 
 
@@ -334,10 +334,10 @@ def test_the_ledger_pins_a_project_to_its_index() -> None:
     policy = Policy()
     # Published from the first index: an unreachable first index is a refusal, never the second.
     refused = policy.choose_index("x", [U, L], 0).refusal
-    assert refused is not None and refused.kind is RefusalKind.UNREACHABLE
+    assert refused is not None and refused.kind is Fault.UPSTREAM
     # ...and once the first index stops listing it, the second index's "x" is not taken either.
     gone = policy.choose_index("x", [A, L], 0).refusal
-    assert gone is not None and gone.kind is RefusalKind.NOT_FOUND and "no longer lists it" in gone.message
+    assert gone is not None and gone.kind is Fault.NOT_FOUND and "no longer lists it" in gone.message
     # Published from the second index: only the second is asked.
     assert policy.choose_index("x", [None, None], 1).probe == 1
     assert policy.choose_index("x", [U, L], 1).index == 1

@@ -304,7 +304,7 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
         assert record["file"] == build.name and record["expected"] == REAL_PUBLISHER and record["seen"] is None
         assert signed_files(gw_dir, "pypi-attestations") == [REAL]
         metrics = urllib.request.urlopen(f"{gw.base}metrics", timeout=10).read().decode()
-        assert 'tufproxy_gateway_refusals_total{reason="provenance-missing"} 1.0' in metrics
+        assert 'tufproxy_gateway_refusals_total{kind="operator",reason="provenance-missing"} 1.0' in metrics
 
 
 @pytest.mark.slow

@@ -118,8 +118,9 @@ class FileSource:
             if actual != hashes[algorithm] or (size is not None and size != st.st_size):
                 log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
                             path, algorithm, hashes[algorithm], size)
-                self.metrics.refusals.labels("hash-mismatch").inc()
-                self.audit.refused(reason="hash-mismatch", target=target, detail="kept file differs from its pin",
+                fault = self.metrics.refused("hash-mismatch")
+                self.audit.refused(reason="hash-mismatch", fault=fault.value, target=target,
+                                   detail="kept file differs from its pin",
                                    expected={algorithm: hashes[algorithm], "size": size},
                                    actual={algorithm: actual, "size": st.st_size})
                 with contextlib.suppress(FileNotFoundError):
@@ -164,9 +165,10 @@ class FileSource:
             except TrustError as e:  # the index lied, or could not be reached: one audit record, one count
                 log.warning("refused %s: %s", download.key, e)
                 self.metrics.files.labels("refused").inc()
-                self.metrics.refusals.labels(e.reason).inc()
+                fault = self.metrics.refused(e.reason, e.fault)
                 self.audit.refused(
                     reason=e.reason,
+                    fault=fault.value,
                     target=download.key,
                     upstream_url=url,
                     client=client,

@@ -36,7 +36,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from proxy.gateway.policy import IndexState, Policy, Refusal, RefusalKind
+from proxy.gateway.policy import IndexState, Policy, Refusal
 from proxy.protocol import index
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import is_valid_filename
@@ -142,7 +142,7 @@ class IndexClient:
             tried = e.tried
         choice = policy.choose_index(project, states(tried), served)
         assert choice.refusal is not None
-        if choice.refusal.kind is RefusalKind.UNREACHABLE:
+        if choice.refusal.kind is Fault.UPSTREAM:
             failed = next(a for a in tried.attempts if a.outcome is not Outcome.MISSING)
             raise self._refused(failed.url, failed.error) from failed.error
         return choice.refusal

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.protocol.errors import Fault
+from proxy.protocol.refusals import rule_fault
 from proxy.util.metrics import BucketMetrics, exposition
 
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -48,7 +50,8 @@ class GatewayMetrics:
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
                                       "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)
-        self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by reason", ["reason"], registry=r)
+        self.refusals = Counter("tufproxy_gateway_refusals_total", "Refusals by whose fault (kind) and reason",
+                                ["kind", "reason"], registry=r)
         self.ignored_files = Counter(
             "tufproxy_gateway_ignored_files_total",
             "Entries of index pages left out by design: not a distribution of that project (.egg, bad names)",
@@ -85,6 +88,12 @@ class GatewayMetrics:
         )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
         self.bucket = BucketMetrics(r)  # the push to --store
+
+    def refused(self, reason: str, fault: Fault | None = None) -> Fault:
+        """Count one refusal; ``fault`` defaults to the one table's for a gateway rule.  Returns it for the audit."""
+        fault = fault or rule_fault(reason)
+        self.refusals.labels(fault.value, reason).inc()
+        return fault
 
     def batch(self, projects: int, seconds: float) -> None:
         self.publishes.inc()

@@ -25,8 +25,9 @@ from datetime import datetime
 
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.listing import Listing
-from proxy.gateway.policy import Policy, Refusal, RefusalKind, Trimmed
+from proxy.gateway.policy import Policy, Refusal, Trimmed
 from proxy.protocol import index
+from proxy.protocol.errors import Fault
 from proxy.protocol.hashing import ACCEPTED
 from proxy.protocol.layout import PROVENANCE_SUFFIX, page_file_href
 from proxy.protocol.osv import AdvisorySet, Block
@@ -65,7 +66,7 @@ def quarantined(listing: Listing) -> Refusal | None:
     if listing.page.status != "quarantined":
         return None
     why = f": {listing.page.status_reason}" if listing.page.status_reason else ""
-    return Refusal(RefusalKind.NOT_FOUND, RULE_QUARANTINED, f"{listing.project}: quarantined by its index{why}")
+    return Refusal(Fault.NOT_FOUND, RULE_QUARANTINED, f"{listing.project}: quarantined by its index{why}")
 
 
 def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist: index.DistFile, pin: Pin | None) -> Block | None:

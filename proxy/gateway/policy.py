@@ -53,6 +53,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol.access import not_listed
+from proxy.protocol.errors import Fault
 from proxy.protocol.index import ProjectPage
 from proxy.protocol.options import ConfigError, Option, add_options, resolve_values, yes_no
 from proxy.protocol.osv import Rules, parse_level
@@ -358,18 +359,11 @@ def _first_match(name: str, patterns: Iterable[str]) -> str | None:
 # ---------------------------------------------------------------- decisions
 
 
-class RefusalKind(enum.Enum):
-    """Whose fault, as the gateway's error table wants it."""
-
-    NOT_FOUND = "not-found"  # 404: denied by policy, or no index may supply it
-    UNREACHABLE = "upstream-unreachable"  # the index that must answer did not
-
-
 @dataclass(frozen=True)
 class Refusal:
     """Why a project is not published: the rule that decided and one line for people."""
 
-    kind: RefusalKind
+    kind: Fault  # NOT_FOUND (denied, or no index may supply it: 404) or UPSTREAM (the index that must answer did not)
     rule: str
     message: str
 
@@ -477,9 +471,9 @@ class Policy:
         name = canonicalize_name(project)
         denied = _first_match(name, self.deny_project)
         if denied is not None:
-            return Refusal(RefusalKind.NOT_FOUND, RULE_DENY, f"{name}: {DENIED} (deny-project {denied!r})")
+            return Refusal(Fault.NOT_FOUND, RULE_DENY, f"{name}: {DENIED} (deny-project {denied!r})")
         if self.allow_project and _first_match(name, self.allow_project) is None:
-            return Refusal(RefusalKind.NOT_FOUND, RULE_ALLOW, f"{name}: {DENIED} (not on the allow-project list)")
+            return Refusal(Fault.NOT_FOUND, RULE_ALLOW, f"{name}: {DENIED} (not on the allow-project list)")
         return None
 
     def claimed_private(self, project: str) -> str | None:
@@ -515,17 +509,17 @@ class Policy:
                 return IndexChoice(index=i)
             if state is IndexState.UNREACHABLE:
                 return IndexChoice(refusal=Refusal(
-                    RefusalKind.UNREACHABLE, RULE_FIRST_INDEX,
+                    Fault.UPSTREAM, RULE_FIRST_INDEX,
                     f"{name}: index {i + 1} is unreachable and no other index may answer for it"))
         if claim is not None:
             why = f"claimed private (private-project {claim!r}) and the first index does not list it"
-            return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_PRIVATE,
+            return IndexChoice(refusal=Refusal(Fault.NOT_FOUND, RULE_PRIVATE,
                                                f"{name}: {why}; never taken from another index"))
         if served_from is not None:
             gone = "no longer lists it" if candidates else "is no longer configured"
             why = f"index {served_from + 1}, which published it, {gone}; never taken from another index"
-            return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
-        return IndexChoice(refusal=Refusal(RefusalKind.NOT_FOUND, RULE_FIRST_INDEX, not_listed(name)))
+            return IndexChoice(refusal=Refusal(Fault.NOT_FOUND, RULE_FIRST_INDEX, f"{name}: {why}"))
+        return IndexChoice(refusal=Refusal(Fault.NOT_FOUND, RULE_FIRST_INDEX, not_listed(name)))
 
     # -------------------------------------------------------- files
 

@@ -139,8 +139,8 @@ class ProvenanceGate:
             if len(self._audited) >= MAX_REMEMBERED:
                 self._audited.clear()
             self._audited[(project, out.filename)] = (out.rule, out.outcome.detail)
-            self.metrics.refusals.labels(out.rule).inc()
-            self.audit.refused(reason=out.rule, target=f"packages/{project}/{out.filename}", project=project,
+            fault = self.metrics.refused(out.rule)
+            self.audit.refused(reason=out.rule, fault=fault.value, target=f"packages/{project}/{out.filename}", project=project,
                                file=out.filename, expected=str(out.expected) if out.expected else None,
                                seen=str(out.outcome.publisher) if out.outcome.publisher else None,
                                detail=out.outcome.detail or None)

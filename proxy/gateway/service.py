@@ -42,7 +42,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, quarantined, render, withheld
-from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, RefusalKind, Trimmed
+from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Trimmed
 from proxy.gateway.prefetch import Budget, Prefetcher
 from proxy.gateway.provenance import ProvenanceGate
 from proxy.gateway.publisher import Publisher, signed_page
@@ -195,7 +195,7 @@ class Gateway:
         if isinstance(listing, Refusal):
             if listing.rule == RULE_PRIVATE:
                 self._refused_by_policy(project, listing)
-            if listing.kind is RefusalKind.NOT_FOUND:
+            if listing.kind is Fault.NOT_FOUND:
                 self._absent[project] = time.monotonic()
             raise NotListed(listing.message)
         rendered = self.accept(listing)
@@ -228,8 +228,9 @@ class Gateway:
             listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
         except PageRefused as e:
             self.metrics.pages_fetched.labels("refused" if e.reason != "upstream-unreachable" else "unreachable").inc()
-            self.metrics.refusals.labels(e.reason).inc()
-            self.audit.refused(reason=e.reason, target=f"simple/{project}/", upstream_url=e.url, detail=str(e))
+            fault = self.metrics.refused(e.reason, e.fault)
+            self.audit.refused(reason=e.reason, fault=fault.value, target=f"simple/{project}/", upstream_url=e.url,
+                               detail=str(e))
             raise
         if isinstance(listing, Listing) and self.provenance is not None:
             listing = await self.provenance.screen(listing)  # PEP 740: files left out before render and signing
@@ -239,8 +240,8 @@ class Gateway:
         return listing
 
     def _refused_by_policy(self, project: str, refusal: Refusal) -> None:
-        self.metrics.refusals.labels(refusal.rule).inc()
-        self.audit.refused(reason=refusal.rule, target=f"simple/{project}/", detail=refusal.message)
+        fault = self.metrics.refused(refusal.rule, refusal.kind)
+        self.audit.refused(reason=refusal.rule, fault=fault.value, target=f"simple/{project}/", detail=refusal.message)
 
     def _record_trimmed(self, project: str, trimmed: Trimmed | None) -> None:
         """One audit record when what the policy hides from a page changes; the gauge by rule."""
@@ -287,8 +288,8 @@ class Gateway:
                 self.audit.refused(reason="advisory-allowed", target=f"packages/{project}/{block.filename}",
                                    detail=f"advisory {block.id} accepted by --allow-advisory", **block.audit_fields())
                 continue
-            self.metrics.refusals.labels(block.rule).inc()
-            self.audit.refused(reason=block.rule, target=f"packages/{project}/{block.filename}",
+            fault = self.metrics.refused(block.rule)
+            self.audit.refused(reason=block.rule, fault=fault.value, target=f"packages/{project}/{block.filename}",
                                detail=f"blocked by advisory {block.id}", **block.audit_fields())
         totals = Counter(b.rule for blocks in self._blocked.values() for b in blocks if not b.allowed)
         for rule in ADVISORY_RULES:
@@ -310,9 +311,10 @@ class Gateway:
         self.ledger.append(records)
         for changed in rendered.changed:
             self.metrics.pins_refused.inc()
-            self.metrics.refusals.labels("upstream-changed-file").inc()
-            self.audit.refused(reason="upstream-changed-file", target=f"packages/{listing.project}/{changed.pin.filename}",
-                               upstream_url=changed.pin.url, expected={"hashes": changed.pin.hashes, "size": changed.pin.size},
+            fault = self.metrics.refused("upstream-changed-file")
+            self.audit.refused(reason="upstream-changed-file", fault=fault.value,
+                               target=f"packages/{listing.project}/{changed.pin.filename}", upstream_url=changed.pin.url,
+                               expected={"hashes": changed.pin.hashes, "size": changed.pin.size},
                                actual={"hashes": changed.hashes, "size": changed.size})
         ignored = [filename for filename, reason in listing.dropped if reason == IGNORED]
         if ignored:
@@ -322,8 +324,8 @@ class Gateway:
                      listing.index_url, len(ignored), "y" if len(ignored) == 1 else "ies", listing.project, ignored[0])
         for filename, reason in listing.dropped:
             if reason != IGNORED:
-                self.metrics.refusals.labels(reason).inc()
-                self.audit.refused(reason=reason, target=f"packages/{listing.project}/{filename}",
+                fault = self.metrics.refused(reason)
+                self.audit.refused(reason=reason, fault=fault.value, target=f"packages/{listing.project}/{filename}",
                                    upstream_url=listing.page_url or listing.index_url)
         return rendered
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from proxy.protocol.errors import Fault
 
-__all__ = ["Row", "fault_of", "phrase", "reason_of", "row"]
+__all__ = ["Row", "fault_of", "phrase", "reason_of", "row", "rule_fault"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ BY_REASON: dict[str, Row] = {
 
 UNEXPECTED = Row(500, Fault.OURS, "internal error", audit=False)
 
+# The gateway's rules that leave a project or file out of what it signs are the organisation's policy
+# (operator), except these: each caught the index contradicting what was already trusted or attested,
+# or listing a file it gave no hash for.
+REPOSITORY_RULES = frozenset({"upstream-changed-file", "hash-mismatch", "provenance-invalid", "publisher-changed",
+                              "missing-hash"})
+
 # Reason phrases travel in the status line: printable ASCII, bounded.
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
@@ -110,6 +116,11 @@ def row(error: BaseException) -> Row:
     if reason == "internal":
         return UNEXPECTED
     return BY_FAULT[fault]
+
+
+def rule_fault(rule: str) -> Fault:
+    """Whose decision a gateway rule that left something out was (its metric's ``kind``, its audit's ``fault``)."""
+    return Fault.REPOSITORY if rule in REPOSITORY_RULES else Fault.OPERATOR
 
 
 def phrase(text: str) -> str:
