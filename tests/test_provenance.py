@@ -308,6 +308,30 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
 
 
 @pytest.mark.slow
+def test_a_lost_ledger_gets_the_pinned_publisher_back_from_the_signed_provenance(tmp_path: Path) -> None:
+    """Without the rebuild, a gateway that lost its ledger would pin again on first use: a new file without
+    provenance (or from another publisher) would be signed.  The signed provenance target names the pin."""
+    idx = ProvenanceIndex()
+    _fill(idx, tmp_path / "dists")
+    gw_dir = tmp_path / "gw"
+    with idx:
+        with _gateway(tmp_path, idx) as gw:
+            assert gw.publish("pypi-attestations")[0] == 200
+            assert signed_files(gw_dir, "pypi-attestations") == [REAL]
+        (gw_dir / "gateway" / "ledger.jsonl").unlink()
+        build = build_wheel(tmp_path / "dists", "pypi-attestations", "0.0.20")
+        idx.add(build)
+        with _gateway(tmp_path, idx) as gw:
+            wait_for(lambda: refusals(gw, rules.RULE_MISSING), "provenance-missing with the ledger gone")
+            record = refusals(gw, rules.RULE_MISSING)[0]
+            assert record["file"] == build.name and record["expected"] == REAL_PUBLISHER, record
+            assert signed_files(gw_dir, "pypi-attestations") == [REAL]
+            assert "lacked the publisher pin of pypi-attestations" in gw.log()
+    listed = json.loads(provenance_cli(gw_dir, "--json").stdout)
+    assert [(p["project"], p["spec"], p["filename"]) for p in listed] == [("pypi-attestations", REAL_PUBLISHER, REAL)]
+
+
+@pytest.mark.slow
 def test_edges_serve_their_verified_copy_of_the_provenance(tmp_path: Path) -> None:
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
