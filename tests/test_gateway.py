@@ -283,7 +283,7 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
         trust = TrustedClient(
             tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher, TrustConfig(refresh_interval=3600)
         )
-        miss = MissProtocol(gateway.base, trust, FetchLocks(tmp_path / "locks"))
+        miss = MissProtocol([gateway.base], trust, FetchLocks(tmp_path / "locks"))
         try:
             await trust.refresh(force=True)
             with pytest.raises(UnknownTarget):
@@ -810,3 +810,23 @@ def test_a_restart_refetches_only_the_pages_whose_ttl_has_passed(tmp_path: Path,
         assert test_index.requests.count("/simple/lib/") > seen["lib"]
         for fresh in ("app", "base"):
             assert test_index.requests.count(f"/simple/{fresh}/") == seen[fresh], f"{fresh} was fetched within its ttl"
+
+
+@pytest.mark.slow
+def test_an_edge_that_knows_every_gateway_passes_over_one_that_is_down(tmp_path: Path, test_index: TestIndex) -> None:
+    """--upstream and --gateway-url repeated: the first gateway of each list is down (its port refuses), the
+    second answers; pip installs a chain no gateway had published, through reads and publishes that fail over."""
+    from tests.support.net import free_port
+    from tests.support.proxyproc import ProxyProcess
+
+    _gateway_init(tmp_path / "gw")
+    down = f"http://127.0.0.1:{free_port()}/"
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", down, "--upstream", gw.base,
+                            "--gateway-url", down, "--gateway-url", gw.base, "--root", str(gw.root),
+                            "--workers", "1", "--connect-timeout", "2")
+        with edge:
+            r = install("pip", edge.url, tmp_path / "target", "app")
+            assert r.returncode == 0, r.stdout + r.stderr
+        assert _metric(gw.base, "tufproxy_gateway_published_projects_total") == 3
+    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}
