@@ -258,6 +258,16 @@ def test_a_feed_that_changes_between_refreshes(tmp_path: Path, evil_index: TestI
                              withdrawn="2024-09-01T00:00:00Z"))
             wait_for(lambda: len(_edge_offers(edge.url, "evil-pkg")) == 2, "the withdrawn record lifting the block", timeout=LIMIT)
             assert feed.answers.count(200) == 2  # the unchanged feed was never downloaded again
+            # Every answer (304 included) moves the feed-freshness gauge that the stale-feed alert reads.
+            answered = metric(gw.base, "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds")
+            assert time.time() - 60 < answered <= time.time()
+            feed.server.shutdown()  # the feed goes away (connections refused): the gauge stops moving
+            feed.server.server_close()
+            failures = lambda: gw.log().count("keeping what was imported before")  # noqa: E731
+            wait_for(lambda: failures() >= 1, "a failed feed check", timeout=LIMIT)
+            stale, seen = metric(gw.base, "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds"), failures()
+            wait_for(lambda: failures() > seen, "another failed feed check", timeout=LIMIT)
+            assert metric(gw.base, "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds") == stale
         listing = json.loads(tufproxy("gateway", "advisories", str(tmp_path / "gw"), "--json").stdout)
         assert listing["counts"]["withdrawn"] == 1 and feed.url in listing["sources"]
     finally:

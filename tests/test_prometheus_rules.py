@@ -4,6 +4,7 @@ a real process exports: ``promtool test rules`` against series named as ``/metri
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import textwrap
@@ -59,3 +60,44 @@ def test_connections_near_the_cap_alert(tmp_path: Path) -> None:
         """).replace("ANNOTATIONS", json.dumps(annotations)))
     r = subprocess.run([str(promtool), "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+TESTS = RULES.parent / "rules_test.yml"
+_NAME = re.compile(r"\btufproxy_[a-z_]+")
+_SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created")}
+
+
+def _alerts() -> dict[str, dict]:  # type: ignore[type-arg]
+    return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+
+
+def test_every_metric_a_rule_reads_is_exported() -> None:
+    from proxy.gateway.metrics import GatewayMetrics
+    from proxy.util.metrics import Metrics
+
+    registries = [Metrics().registry, GatewayMetrics().registry, CollectorRegistry()]
+    ListenerMetrics(registries[2], Limits())
+    exported = {f.name + s for r in registries for f in r.collect() for s in _SUFFIXES.get(f.type, ("",))}
+    read = {n for rule in _alerts().values() for n in _NAME.findall(rule["expr"])}
+    assert read <= exported, read - exported
+
+
+@needs_promtool
+def test_every_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None:
+    """deploy/prometheus/rules_test.yml's cases, each expected alert given its annotations from rules.yml."""
+    alerts = _alerts()
+    spec = yaml.safe_load(TESTS.read_text())
+    tested = set()
+    for case in spec["tests"]:
+        for check in case["alert_rule_test"]:
+            tested.add(check["alertname"])
+            for alert in check["exp_alerts"]:
+                alert["exp_annotations"] = {
+                    k: " ".join(v.replace("{{ $labels.instance }}", alert["exp_labels"]["instance"]).split())
+                    for k, v in alerts[check["alertname"]]["annotations"].items()}
+    assert tested | {"TufproxyConnectionsNearCap"} == set(alerts), set(alerts) - tested  # that one: above
+    (tmp_path / "rules.yml").write_text(RULES.read_text())
+    (tmp_path / "rules_test.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    r = subprocess.run([str(promtool), "test", "rules", "rules_test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr

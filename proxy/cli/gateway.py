@@ -323,7 +323,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                               connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
         feeds = (feed_http, asyncio.create_task(
             Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
-                  max_size=values["advisories_max_size"])
+                  max_size=values["advisories_max_size"], answered=metrics.advisory_feeds_answered.set_to_current_time)
             .run(values["advisories_refresh"], leader)))
 
     async def stop() -> None:

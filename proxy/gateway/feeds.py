@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proxy.gateway.advisories import SourceError, import_into, sign_store
@@ -38,7 +38,9 @@ STATE_NAME = "feeds.json"
 class Feeds:
     """See the module docstring; :meth:`run` until cancelled, :meth:`fetch_all` once."""
 
-    def __init__(self, urls: Sequence[str], http: IndexHTTP, store: Path, repo: Repository, *, max_size: int) -> None:
+    def __init__(self, urls: Sequence[str], http: IndexHTTP, store: Path, repo: Repository, *, max_size: int,
+                 answered: Callable[[], None] = lambda: None) -> None:
+        self.answered = answered  # every feed answered (new body or 304): for the feed-freshness metric
         self.urls = list(urls)
         self.repo = repo
         self.http = http
@@ -55,12 +57,15 @@ class Feeds:
 
     async def fetch_all(self) -> int:
         """Fetch every feed once; how many brought a new body (and were imported)."""
-        imported = 0
+        imported = failed = 0
         for url in self.urls:
             try:
                 imported += await self._fetch(url)
             except (DownloadError, SourceError, OSError, RepositoryError) as e:
+                failed += 1
                 log.error("advisory feed %s: %s; keeping what was imported before", strip_credentials(url)[0], e)
+        if not failed:
+            self.answered()
         return imported
 
     async def _fetch(self, url: str) -> int:

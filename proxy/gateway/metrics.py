@@ -86,6 +86,11 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.advisory_feeds_answered = Gauge(
+            "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds",
+            "Unix time every --advisories-url last answered (a new body or 304); absent without feeds",
+            registry=r, multiprocess_mode="livemax",
+        )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
         self.bucket = BucketMetrics(r)  # the push to --store
 
