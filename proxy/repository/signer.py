@@ -836,7 +836,7 @@ class Repository:
         Clients that trust the old metadata follow it as any update: every bin-n is signed above the
         version they hold.  A TUF client refuses a snapshot that drops a role it has seen, so old names the
         new count no longer delegates (when the names get longer: 4,096 to 8,192 bins) stay listed in the
-        snapshot, at their last version, and are never re-signed; no client looks them up again.
+        snapshot, signed once more with no targets, and are never re-signed again; no client looks them up.
         """
         problem = bins_problem(bins)
         if problem is not None:
@@ -857,7 +857,9 @@ class Repository:
             new = SuccinctRoles(old.keyids, old.threshold, int(math.log2(bins)), old.name_prefix)
             delegator.signed.delegations.succinct_roles = new
             change.dirty.add(self.profile.bin_delegator)
-            for name in new.get_roles():
+            # Old names the new count no longer delegates are signed once more, empty: nothing stale stays
+            # reachable from the snapshot.
+            for name in dict.fromkeys([*old.get_roles(), *new.get_roles()]):
                 if f"{name}.json" in change.snapshot.signed.meta:
                     change.role(name).signed.targets = {}
                 else:
