@@ -116,13 +116,14 @@ def test_rebin_of_a_running_gateway_under_an_edge_that_cached_the_old_metadata(t
                 r = tufproxy("gateway", "rebin", str(directory), "--bins", "64")  # names get longer: bin-00 ...
                 assert r.returncode == 0, r.stderr
                 bins_version = json.loads(r.stdout.split("bins v")[1].split(",")[0])
-                trusted = tmp_path / "edge"
-                wait_for(lambda: any(bins_version == _version(p) for p in trusted.rglob("bins.json")),
-                         "the edge trusting the new bins delegation", timeout=30)
+                trusted = tmp_path / "edge" / "metadata"
+                wait_for(lambda: _listed(trusted / "snapshot.json", "bins.json") == bins_version,
+                         "the edge trusting the snapshot of the re-bin", timeout=30)
                 # An old project, and one the gateway publishes after the re-bin, both install through the edge.
                 for project, target in (("early", "t2"), ("late", "t3")):
                     r = install("pip", edge.url, tmp_path / target, project)
                     assert r.returncode == 0, r.stdout + r.stderr
+                assert _version(trusted / "bins.json") == bins_version  # it looked them up through the new bins
                 assert "rollback" not in edge.log().lower() and "refus" not in edge.log().lower(), edge.log()
             # A new edge, pinned to the same first root, starts from the re-binned metadata.
             with edge_for(tmp_path, gw, "edge2") as fresh:
@@ -132,8 +133,12 @@ def test_rebin_of_a_running_gateway_under_an_edge_that_cached_the_old_metadata(t
     assert json.loads((directory / "repository.json").read_text())["bins"] == 64
 
 
-def _version(path: Path) -> int | None:
+def _version(path: Path) -> int:
+    return Metadata.from_bytes(path.read_bytes()).signed.version
+
+
+def _listed(snapshot: Path, name: str) -> int | None:
     try:
-        return Metadata.from_bytes(path.read_bytes()).signed.version
-    except Exception:  # noqa: BLE001 - being written
+        return Metadata.from_bytes(snapshot.read_bytes()).signed.meta[name].version
+    except Exception:  # noqa: BLE001 - being replaced: ask again
         return None
