@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -182,7 +183,7 @@ def rebin_repository(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def add_rebin_parser(sub: argparse._SubParsersAction, cmd) -> None:  # noqa: ANN001 - a command function
+def add_rebin_parser(sub: argparse._SubParsersAction, cmd: Callable[[argparse.Namespace], int]) -> None:
     """The ``rebin`` action of ``repo`` and ``gateway``."""
     p = sub.add_parser(
         "rebin",

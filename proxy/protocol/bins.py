@@ -31,4 +31,4 @@ def bins_for_targets(targets: int) -> int:
     if targets < 1:
         return MIN_BINS
     ideal = PEP458_BINS * math.sqrt(targets / PEP458_TARGETS)
-    return max(MIN_BINS, min(MAX_BINS, 2 ** round(math.log2(ideal))))
+    return max(MIN_BINS, min(MAX_BINS, 1 << round(math.log2(ideal))))
