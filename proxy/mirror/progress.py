@@ -66,6 +66,11 @@ class Progress:
         self._done_bytes += nbytes
         self._draw()
 
+    def unchanged(self, files: int) -> None:
+        """``files`` left as the last sync published them (their projects did not change)."""
+        self.counts.files += files
+        self.counts.present += files
+
     def fetched(self, name: str, nbytes: int) -> None:
         self.counts.files += 1
         self.counts.fetched += 1
