@@ -14,8 +14,9 @@ count PEP 458's rule picks for it (``proxy.protocol.bins``), and measures:
 Then it models the whole public index from these per-object costs and PEP 458's
 figures (2,273,481 targets; in the gateway layout a project is two targets, its
 two page renderings, so 1,136,740 projects): snapshot = bins x bytes per entry,
-bin-n = targets per bin x bytes per target, publish CPU = fit over the measured
-bin counts.
+bin-n = targets per bin x bytes per target, publish CPU = its part measured at
+16,384 bins with 100 projects + the root list's part, per project as measured at
+the largest size.
 
 Usage: ``python bench/model.py [--projects 1000 10000 100000] [--files 3] [--repeats 5]``;
 prints JSON (bench/results/model.json).
@@ -146,7 +147,19 @@ def _current_empty(tmp: Path, bins: int, name: str) -> bytes:
     return _EMPTY[bins]
 
 
-def model(rows: list[dict]) -> dict[str, object]:
+def publish_cost_at_bins(tmp: Path, bins: int, files: int, repeats: int) -> float:
+    """CPU ms of one publish with few projects: the part of a publish that grows with the bin count only."""
+    repo = Repository.init(tmp / f"bins-only{bins}", bins=bins, layout="gateway", clock_versions=True)
+    repo.publish_pages({f"p{i}": synthetic_page(f"p{i}", files) for i in range(100)})
+    cpu = []
+    for i in range(repeats):
+        c0 = time.process_time()
+        repo.publish_pages({f"new{i}": synthetic_page(f"new{i}", files)})
+        cpu.append(time.process_time() - c0)
+    return round(statistics.median(cpu) * 1e3, 1)
+
+
+def model(rows: list[dict], by_bins: dict[int, float]) -> dict[str, object]:
     """The whole public index from the per-object costs measured at the largest size."""
     big = rows[-1]
     projects = PEP458_TARGETS // 2
@@ -156,11 +169,11 @@ def model(rows: list[dict]) -> dict[str, object]:
     bin_fixed = big["bin_n_bytes_median"] - big["bin_n_bytes_per_target"] * (2 * big["projects"] / big["bins"])
     bin_n = int(bin_fixed + big["bin_n_bytes_per_target"] * PEP458_TARGETS / bins)
     snapshot = int(bins * per_entry)
-    # Publish CPU against bin count (the snapshot it re-signs grows with it): a line through the measured points.
-    xs = [r["bins"] for r in rows]
-    ys = [r["publish_cpu_ms_median"] for r in rows]
-    slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if xs[-1] != xs[0] else 0.0
-    cpu = ys[-1] + slope * (bins - xs[-1])
+    # A publish = a part that grows with the bins (measured at 16,384 with few projects) + a part that grows with
+    # the projects (the signed root list, re-rendered on every publish that adds a project: issue 37 part 1).
+    per_project_ms = (big["publish_cpu_ms_median"] - by_bins[big["bins"]]) / big["projects"]
+    root_list_ms = per_project_ms * projects
+    cpu = by_bins[bins] + root_list_ms
     wall_over_cpu = big["publish_wall_ms_median"] / big["publish_cpu_ms_median"]
     refresh_ms_per_byte = big["edge_refresh_ms_median"] / big["edge_refresh_bytes"]
     return {
@@ -170,6 +183,8 @@ def model(rows: list[dict]) -> dict[str, object]:
         "snapshot_bytes": snapshot,
         "snapshot_bytes_small_versions": int(bins * per_entry_small),
         "bin_n_bytes": bin_n,
+        "publish_cpu_ms_bins_part": by_bins[bins],
+        "publish_cpu_ms_root_list_part": round(root_list_ms, 1),
         "publish_cpu_ms": round(cpu, 1),
         "publish_wall_ms": round(cpu * wall_over_cpu, 1),
         "edge_refresh_bytes": big["timestamp_bytes"] + snapshot,
@@ -188,7 +203,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-model-") as t:
         rows = [measure(Path(t), n, args.files, args.repeats) for n in args.projects]
-    print(json.dumps({"measured": rows, "public_index_model": model(rows),
+        wanted = {r["bins"] for r in rows} | {bins_for_targets(PEP458_TARGETS)}
+        by_bins = {b: publish_cost_at_bins(Path(t), b, args.files, args.repeats) for b in sorted(wanted)}
+    print(json.dumps({"measured": rows, "publish_cpu_ms_with_100_projects_by_bins": by_bins,
+                      "public_index_model": model(rows, by_bins),
                       "command": "python bench/model.py " + " ".join(sys.argv[1:])}, indent=2))
 
 
