@@ -16,6 +16,7 @@ import inspect
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from aiohttp.web_protocol import RequestHandler
 
 from proxy.protocol.requesthead import SimpleHead
@@ -45,6 +46,9 @@ def test_the_private_names_still_mean_what_the_listener_assumes() -> None:
     assert "self._handle_request(request, start, request_handler)" in start
     handle = inspect.getsource(RequestHandler._handle_request)
     assert "self._current_request = request" in handle and "finish_response" in handle
+    # A request's writer counts what went on the wire (the body timeout's 408 only before any of it).
+    assert "self._payload_writer = payload_writer" in inspect.getsource(web.BaseRequest.__init__)
+    assert "self.output_size += size" in inspect.getsource(StreamWriter._write)
     # connection_made starts the request task (it asserts _manager); connection_lost tolerates no manager.
     assert "self._manager.connection_made(self" in inspect.getsource(RequestHandler.connection_made)
     assert "if self._manager is None:" in inspect.getsource(RequestHandler.connection_lost)

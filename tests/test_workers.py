@@ -9,6 +9,7 @@ files conflict just as two processes' do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -180,6 +181,37 @@ async def test_a_killed_worker_is_restarted_and_the_retry_succeeds(
             assert await fetch(s, file_url(proxy, dist)) == (200, sha256(dist))
         assert "exited with signal SIGKILL: restarting it" in proxy.log()
     assert_cache_clean(cache, sample_repo.repo)  # the dead worker's temp file was swept
+
+
+@pytest.mark.slow
+def test_workers_still_starting_die_with_a_killed_supervisor(
+        sample_repo: SampleRepo, upstream: Upstream, tmp_path: Path) -> None:
+    """kill -9 of the supervisor while its workers refresh their metadata at start-up (the upstream holds the
+    timestamp): no orphan lives on to write a cache nobody supervises."""
+    gate = Gate(upstream, r".*/timestamp\.json")
+    proxy = ProxyProcess(tmp_path / "cache", *proxy_args(sample_repo, upstream, 2))
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen(proxy.argv(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert gate.arrived.wait(WAIT), "a worker asked for the timestamp"
+            workers = wait_for(lambda: children(proc.pid) if len(children(proc.pid)) == 2 else None, "two workers")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(WAIT)
+            wait_for(lambda: not any(os.path.exists(f"/proc/{w}") and _alive(w) for w in workers),
+                     "the orphaned workers gone", timeout=10)
+        finally:
+            gate.open.set()
+            for pid in (proc.pid, *children(proc.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 @pytest.mark.slow

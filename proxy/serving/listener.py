@@ -71,7 +71,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.protocol.options import Option, non_negative_int, positive_float, positive_int
 from proxy.protocol.requesthead import SimpleHead, recognise
-from proxy.util.logs import suppressed_counts
+from proxy.util.logs import flush_suppressed, suppressed_counts
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("idle_timeout", "seconds a keep-alive connection may sit idle between requests (nginx: keepalive_timeout)",
            15.0, positive_float, metavar="SECONDS"),
     Option("body_timeout", "seconds a client may stay silent while sending a request body before the connection "
-           "is cut (nginx: client_body_timeout)", 30.0, positive_float, metavar="SECONDS"),
+           "is cut, with 408 if none of the answer went out (nginx: client_body_timeout)", 30.0, positive_float,
+           metavar="SECONDS"),
     Option("max_connections", "client connections per process; at the cap the longest-idle ones are closed "
            "to make room, a newcomer is refused only when all are busy (nginx: worker_connections)", 1024,
            positive_int, metavar="N"),
@@ -251,7 +252,9 @@ class Connections:
 
     def _close(self, handler: _Handler, reason: str) -> None:
         transport = handler.transport
-        if handler.head_since is not None and transport is not None:
+        # A part of a head, or a body cut before any of its answer went out, is told why (as nginx does).
+        timed_out = handler.head_since is not None or (reason == "body-timeout" and not handler.answer_started())
+        if timed_out and transport is not None:
             transport.write(_REQUEST_TIMEOUT)
         self._lost(handler)
         self._count(reason)
@@ -280,7 +283,8 @@ class Connections:
             self.report()
 
     def report(self) -> None:
-        """Bring the gauges up to date (each tick, and at a scrape)."""
+        """Bring the gauges up to date (each tick, and at a scrape); tell what the log rate limit left out."""
+        flush_suppressed()
         if self.metrics is not None:
             self.metrics.open.set(len(self._open))
             self.metrics.sync_suppressed()
@@ -423,6 +427,11 @@ class _Handler(RequestHandler):
         """A request whose body has not all arrived is in progress."""
         request = self._current_request
         return request is not None and request.can_read_body and not request.content.is_eof()
+
+    def answer_started(self) -> bool:
+        """Some of the current request's answer is on the wire (aiohttp buffers the head until the body)."""
+        writer = getattr(self._current_request, "_payload_writer", None)
+        return writer is not None and writer.output_size > 0
 
     def _waiting(self) -> bool:
         waiter = self._waiter

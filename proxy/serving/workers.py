@@ -16,8 +16,11 @@ The supervisor binds the port, forks N workers and then only watches:
 * SIGTERM or SIGINT is forwarded to every worker, which drains: it stops
   accepting, lets in-flight requests finish (at most
   :data:`proxy.serving.serve.DRAIN_SECONDS`), then exits.  Stragglers are killed.
-* Workers stop too if the supervisor vanishes (they watch a pipe whose
-  write end only the supervisor holds).
+* Workers stop too if the supervisor vanishes: a running one sees the pipe
+  whose write end only the supervisor holds close, and drains; one still
+  starting (refreshing its metadata) gets SIGTERM from the kernel
+  (``PR_SET_PDEATHSIG`` on Linux) and dies at once, instead of going on
+  writing a cache no supervisor owns.
 
 Workers share the cache directory (see :mod:`proxy.storage.store`), each keeps
 its own trusted metadata (see :func:`proxy.serving.serve.start`), and metrics are
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -59,6 +63,7 @@ _RESTART_WINDOW = 60.0
 # Past the drain, stragglers get this much more before SIGKILL.
 _KILL_GRACE = 5.0
 _SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # A worker publishes its gauges (and eviction count) this often, not only when it serves a scrape.
 _GAUGE_SYNC = 5.0
 # A report on the readiness pipe is one write of at most this many bytes, so reports never interleave.
@@ -376,15 +381,17 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            self._child()
+            self._child(supervisor)
         self._workers[pid] = _Worker(index, pid)
         log.debug("worker %d started (pid %d)", index, pid)
 
-    def _child(self) -> NoReturn:
+    def _child(self, supervisor: int) -> NoReturn:
         code = 1
         try:
+            _die_with(supervisor)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -411,6 +418,15 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+
+def _die_with(parent: int) -> None:
+    """SIGTERM this process when ``parent`` dies (Linux); if it already has, go now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(EXIT_ERROR)
 
 
 def run(config: ServeConfig) -> int:

@@ -7,8 +7,10 @@ audit record a request causes can be joined on it.
 A flood cannot flood the log: each kind of line (one logger, one message
 template) that is a warning or worse, or comes from aiohttp or asyncio, is
 written at most :data:`BURST` times per :data:`INTERVAL`; the first written
-after that says how many were left out (:func:`suppressed_counts` has the
-totals, for a metric).  A message is written on one line, control characters
+after that says how many were left out, and if none comes, the server's
+periodic :func:`flush_suppressed` writes one line saying so, so a flood that
+stopped still leaves its count (:func:`suppressed_counts` has the totals, for
+a metric).  A message is written on one line, control characters
 escaped, at most :data:`MAX_MESSAGE` characters: a client's bytes quoted in
 one cannot forge lines or grow them.
 """
@@ -104,6 +106,28 @@ class _RateLimit(logging.Filter):
         _suppressed[record.name] = _suppressed.get(record.name, 0) + 1
         return False
 
+    def ended(self) -> list[tuple[str, str, int]]:
+        """(logger, message start, lines left out) of each kind whose interval is over with lines left out;
+        forgotten here, so each count is told once."""
+        now = self._clock()
+        out = [(name, template, int(w[2])) for (name, template), w in self._windows.items()
+               if w[2] and now - w[0] >= self.interval]
+        for name, template, _ in out:
+            del self._windows[(name, template)]
+        return out
+
+
+_limit: _RateLimit | None = None  # the one :func:`configure` installed
+
+
+def flush_suppressed() -> None:
+    """One line for each kind of line the rate limit left out whose interval has ended (call it periodically)."""
+    if _limit is None:
+        return
+    for name, template, count in _limit.ended():
+        logging.getLogger(name).warning("%d more line(s) like %r left out in the last %g s", count, template,
+                                        _limit.interval)
+
 
 class _OneLine(logging.Filter):
     """The message escaped and cut (:func:`clean`); tracebacks are formatted apart, untouched."""
@@ -149,7 +173,9 @@ def configure(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RequestIdFilter())
     handler.addFilter(_QuietBadRequests())
-    handler.addFilter(_RateLimit())
+    global _limit
+    _limit = _RateLimit()
+    handler.addFilter(_limit)
     handler.addFilter(_OneLine())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
