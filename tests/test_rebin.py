@@ -40,6 +40,7 @@ def test_the_rule_gives_pep_458s_plan_and_doubles_at_four_times_the_targets() ->
     assert bins_for_targets(0) == 2 and bins_for_targets(10**12) == 65536
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, error", [
     (("gateway", "init", "{d}", "--bins", "1000"), "--bins must be a power of two between 2 and 65536, not 1000"),
     (("repo", "init", "{d}", "--expected-projects", "10"), "the tufproxy layout signs every file as a target"),
