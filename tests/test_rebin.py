@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from tuf.api.metadata import Metadata
 from proxy.protocol.bins import bins_for_targets
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from tests.support.clients import install
+from tests.support.clients import http_status, install
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
@@ -90,14 +88,6 @@ def test_rebin_moves_every_target_and_a_client_holding_the_old_metadata_follows(
 
     r = tufproxy("repo", "rebin", str(repo.path), "--bins", "16")
     assert r.returncode == 2 and "only grows" in r.stderr
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 @pytest.mark.slow
