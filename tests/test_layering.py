@@ -11,6 +11,7 @@ import argparse
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -183,3 +184,12 @@ def test_every_command_is_registered_by_the_module_the_table_names() -> None:
     for name, (module, _) in COMMANDS.items():
         alone = commands(build_parser(name))
         assert alone[name].format_help() == whole[name].format_help(), f"{module} does not register {name}"
+
+
+def test_the_readme_and_the_architecture_page_show_this_rank_table() -> None:
+    root = Path(__file__).resolve().parents[1]
+    for doc in (root / "README.md", root / "docs" / "concepts" / "architecture.md"):
+        shown = {f"proxy.{name}": int(rank) for rank, names in
+                 re.findall(r"^\| (\d) \| (`proxy\.[a-z]+`(?:, `proxy\.[a-z]+`)*) \|", doc.read_text(), re.M)
+                 for name in re.findall(r"`proxy\.([a-z]+)`", names)}
+        assert shown == RANKS, doc
