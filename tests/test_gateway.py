@@ -283,7 +283,7 @@ def test_edge_miss_protocol_publishes_then_trusts(tmp_path: Path, gateway: Gatew
         trust = TrustedClient(
             tmp_path / "meta", [Mirror(f"{gateway.base}metadata/", gateway.base)], fetcher, TrustConfig(refresh_interval=3600)
         )
-        miss = MissProtocol(gateway.base, trust, FetchLocks(tmp_path / "locks"))
+        miss = MissProtocol([gateway.base], trust, FetchLocks(tmp_path / "locks"))
         try:
             await trust.refresh(force=True)
             with pytest.raises(UnknownTarget):
@@ -786,3 +786,47 @@ def test_refresh_rate_bounds_page_fetches(tmp_path: Path, test_index: TestIndex)
         wait_for(lambda: fetches() >= base + 8, timeout=30, what="eight refreshes")
         took = time.monotonic() - start
     assert 8 / took <= rate * 1.1, f"{fetches() - base} page fetches in {took:.2f}s"
+
+
+@pytest.mark.slow
+def test_a_restart_refetches_only_the_pages_whose_ttl_has_passed(tmp_path: Path, test_index: TestIndex) -> None:
+    """Fetch times survive a restart: of two published pages, only the one fetched longer ago than --page-ttl
+    is fetched again (before, a restart found every published page due at once)."""
+    _gateway_init(tmp_path / "gw")
+    args = ("--index-url", test_index.url, "--files-origin", test_index.files_url, "--page-ttl", "3600",
+            "--refresh-rate", "100")
+    with GatewayProcess(tmp_path / "gw", *args) as gw:
+        for project in ("app", "lib"):
+            assert gw.publish(project)[0] == 200
+    times = tmp_path / "gw" / "gateway" / "run" / "fetched.jsonl"
+    recorded = [json.loads(line) for line in times.read_bytes().splitlines()]
+    assert {r["p"] for r in recorded} == {"app", "lib", "base"}  # base: prefetched as app's dependency
+    with times.open("ab") as f:  # lib was last fetched two hours ago, as if the gateway had been down that long
+        f.write(json.dumps({"p": "lib", "t": time.time() - 7200}).encode() + b"\n" + b'{"torn": \n')
+    seen = {p: test_index.requests.count(f"/simple/{p}/") for p in ("app", "lib", "base")}
+    with GatewayProcess(tmp_path / "gw", *args) as gw:
+        wait_for(lambda: _metric(gw.base, 'tufproxy_gateway_pages_fetched_total{outcome="ok"}') >= 1,
+                 what="lib re-fetched: its ttl passed while the gateway was down")
+        assert test_index.requests.count("/simple/lib/") > seen["lib"]
+        for fresh in ("app", "base"):
+            assert test_index.requests.count(f"/simple/{fresh}/") == seen[fresh], f"{fresh} was fetched within its ttl"
+
+
+@pytest.mark.slow
+def test_an_edge_that_knows_every_gateway_passes_over_one_that_is_down(tmp_path: Path, test_index: TestIndex) -> None:
+    """--upstream and --gateway-url repeated: the first gateway of each list is down (its port refuses), the
+    second answers; pip installs a chain no gateway had published, through reads and publishes that fail over."""
+    from tests.support.net import free_port
+    from tests.support.proxyproc import ProxyProcess
+
+    _gateway_init(tmp_path / "gw")
+    down = f"http://127.0.0.1:{free_port()}/"
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", down, "--upstream", gw.base,
+                            "--gateway-url", down, "--gateway-url", gw.base, "--root", str(gw.root),
+                            "--workers", "1", "--connect-timeout", "2")
+        with edge:
+            r = install("pip", edge.url, tmp_path / "target", "app")
+            assert r.returncode == 0, r.stdout + r.stderr
+        assert _metric(gw.base, "tufproxy_gateway_published_projects_total") == 3
+    assert {p.name for p in (tmp_path / "target").iterdir()} >= {"app", "lib", "base"}

@@ -308,6 +308,30 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
 
 
 @pytest.mark.slow
+def test_a_lost_ledger_gets_the_pinned_publisher_back_from_the_signed_provenance(tmp_path: Path) -> None:
+    """Without the rebuild, a gateway that lost its ledger would pin again on first use: a new file without
+    provenance (or from another publisher) would be signed.  The signed provenance target names the pin."""
+    idx = ProvenanceIndex()
+    _fill(idx, tmp_path / "dists")
+    gw_dir = tmp_path / "gw"
+    with idx:
+        with _gateway(tmp_path, idx) as gw:
+            assert gw.publish("pypi-attestations")[0] == 200
+            assert signed_files(gw_dir, "pypi-attestations") == [REAL]
+        (gw_dir / "gateway" / "ledger.jsonl").unlink()
+        build = build_wheel(tmp_path / "dists", "pypi-attestations", "0.0.20")
+        idx.add(build)
+        with _gateway(tmp_path, idx) as gw:
+            wait_for(lambda: refusals(gw, rules.RULE_MISSING), "provenance-missing with the ledger gone")
+            record = refusals(gw, rules.RULE_MISSING)[0]
+            assert record["file"] == build.name and record["expected"] == REAL_PUBLISHER, record
+            assert signed_files(gw_dir, "pypi-attestations") == [REAL]
+            assert "lacked the publisher pin of pypi-attestations" in gw.log()
+    listed = json.loads(provenance_cli(gw_dir, "--json").stdout)
+    assert [(p["project"], p["spec"], p["filename"]) for p in listed] == [("pypi-attestations", REAL_PUBLISHER, REAL)]
+
+
+@pytest.mark.slow
 def test_edges_serve_their_verified_copy_of_the_provenance(tmp_path: Path) -> None:
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
@@ -381,18 +405,37 @@ def test_mirror_sync_carries_provenance_and_verify_checks_it(tmp_path: Path, cap
     idx = ProvenanceIndex()
     _fill(idx, tmp_path / "dists")
     dest = tmp_path / "mirror"
-    with idx, _gateway(tmp_path, idx) as gw:
-        assert gw.publish("pypi-attestations")[0] == 200
-        assert main(["mirror", "sync", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
-                     "--dest", str(dest), "--project", "pypi-attestations"]) == 0
-    carried = dest / "simple" / "pypi-attestations" / f"{REAL}.provenance"
-    assert carried.read_bytes() == real_provenance()
+
+    def sync() -> None:
+        with _gateway(tmp_path, idx) as gw:
+            assert gw.publish("pypi-attestations")[0] == 200
+            assert main(["mirror", "sync", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                         "--dest", str(dest), "--project", "pypi-attestations"]) == 0
+
+    root = str(tmp_path / "gw" / "public" / "metadata" / "1.root.json")
+    target = f"simple/pypi-attestations/{REAL}.provenance"
+    with idx:
+        sync()
+        carried = dest / target
+        assert carried.read_bytes() == real_provenance()
+        capsys.readouterr()
+        assert main(["mirror", "verify", str(dest), "--root", root]) == 0
+        out = capsys.readouterr().out
+        assert "0 missing, 0 corrupt" in out and "1 provenance object(s) verified with Sigstore, 0 refused" in out
+        carried.write_bytes(tampered(real_provenance()))  # same length, other bytes: offline, the signed hash says no
+        assert main(["mirror", "verify", str(dest), "--root", root]) != 0
+        assert f"corrupt {target}" in capsys.readouterr().out
+        # A holder of the gateway's online key signs a tampered provenance object: every hash holds, Sigstore does not.
+        Repository.open(tmp_path / "gw").publish_target(target, tampered(real_provenance()))
+        sync()
     capsys.readouterr()
-    assert main(["mirror", "verify", str(dest), "--root", str(gw.root)]) == 0
-    assert "0 missing, 0 corrupt" in capsys.readouterr().out
-    carried.write_bytes(tampered(real_provenance()))  # same length, other bytes: offline, the signed hash says no
-    assert main(["mirror", "verify", str(dest), "--root", str(gw.root)]) != 0
-    assert f"corrupt simple/pypi-attestations/{REAL}.provenance" in capsys.readouterr().out
+    assert main(["mirror", "verify", str(dest), "--root", root, "--provenance", "no"]) == 0
+    assert main(["mirror", "verify", str(dest), "--root", root]) == 1
+    out = capsys.readouterr().out
+    assert f"provenance refused {target}: " in out and "NOT SOUND" in out and "0 corrupt" in out, out
+    assert main(["mirror", "verify", str(dest), "--root", root, "--sigstore-trust-root", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--sigstore-trust-root" in err and "Traceback" not in err, err
 
 
 @pytest.mark.slow

@@ -304,10 +304,11 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
     gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust,
-                                     publisher.add_targets)
+                                     publisher.add_targets, repo=publisher.repo)
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
-                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))), provenance=gate)
+                      advisories=AdvisoryWatch(store_path(ledger_dir(directory))), provenance=gate,
+                      fetch_times=state_dir(directory, values["cache_dir"]) / "run" / "fetched.jsonl")
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +26,7 @@ from proxy.protocol.options import ConfigError, parse_datetime, parse_size, pars
 from proxy.protocol.profiles import get_profile
 from proxy.storage.audit import redact_url
 from proxy.transport.credentials import OriginAuth
+from proxy.trust.provenance import SigstoreTrust, parse_trust_root
 
 # The layouts a mirror can be synced from (the warehouse draft signs no root list and no JSON page).
 _PROFILES = ("tufproxy", "gateway")
@@ -93,9 +95,17 @@ def _cmd_sync(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         until = parsed("--allow-expired-until", parse_datetime, args.allow_expired_until) if args.allow_expired_until else None
-        report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
-                                         allow_expired_until=until,
-                                         profile=get_profile(args.profile) if args.profile else None))
+        with tempfile.TemporaryDirectory(prefix="tufproxy-sigstore-") as home:
+            sigstore = None
+            if args.provenance == "yes":
+                # Offline always: a tree across an air gap is checked with the root that came with it, or FILE.
+                sigstore = SigstoreTrust(parsed("--sigstore-trust-root", parse_trust_root, args.sigstore_trust_root),
+                                         offline=True)
+                sigstore.prepare(Path(home))
+            report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
+                                             allow_expired_until=until,
+                                             profile=get_profile(args.profile) if args.profile else None,
+                                             sigstore=sigstore))
     except (OSError, ValueError) as e:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)
@@ -104,7 +114,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                           "metadata_error": report.metadata_error,
                           "missing": report.missing, "corrupt": [{"name": n, "why": w} for n, w in report.corrupt],
                           "extra": report.extra, "expired_metadata_used_for": report.expired,
-                          "blocked": [b.audit_fields() for b in report.blocked]}, indent=2))
+                          "blocked": [b.audit_fields() for b in report.blocked],
+                          "provenance_verified": report.attested,
+                          "provenance_refused": [{"name": n, "why": w} for n, w in report.provenance]}, indent=2))
         return 0 if sound else 1
     if report.metadata_error:
         print(f"metadata refused: {report.metadata_error}")
@@ -114,13 +126,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"corrupt {name}: {why}")
     for name in report.extra:
         print(f"extra {name}")
+    for name, why in report.provenance:
+        print(f"provenance refused {name}: {why}")
     for b in report.blocked:
         print(f"BLOCKED by advisory {b.id} ({b.rule}, severity {b.severity or '-'}): {b.project} {b.version or '?'} {b.filename}")
     if report.expired:
         print(f"WARNING: {len(report.expired)} target(s) verified only under --allow-expired-until: their metadata has expired")
     print(f"{'sound' if sound else 'NOT SOUND'}: {report.targets} target(s) checked ({report.checked} file(s) on "
           f"disk), {len(report.missing)} missing, "
-          f"{len(report.corrupt)} corrupt, {len(report.extra)} extra")
+          f"{len(report.corrupt)} corrupt, {len(report.extra)} extra"
+          + (f"; {report.attested} provenance object(s) verified with Sigstore, {len(report.provenance)} refused"
+             if report.attested or report.provenance else ""))
     return 0 if sound else 1
 
 
@@ -240,5 +256,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--profile", choices=_PROFILES, help="the tree's layout (default: the one its last sync recorded, else tufproxy)"
     )
+    p.add_argument("--provenance", choices=("yes", "no"), default="yes",
+                   help="verify each carried PEP 740 provenance object again with Sigstore, offline (default: yes)")
+    p.add_argument("--sigstore-trust-root", default="production", metavar="ROOT",
+                   help="the Sigstore trust root for that: production or staging (the ones shipped with "
+                   "sigstore-python) or a trusted_root.json FILE (default: production)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=_cmd_verify)

@@ -2,7 +2,8 @@
 
 Every ``tick`` seconds the gateway first applies revocations recorded
 since the last tick (:meth:`Gateway.apply_revocations`), then re-fetches the published projects whose
-page is older than ``page_ttl``, most recently used first, at most
+page is older than ``page_ttl`` (fetch times survive restarts:
+:mod:`proxy.gateway.fetchtimes`), most recently used first, at most
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
 lifetime, so the timestamp never expires even when nothing changes.

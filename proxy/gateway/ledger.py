@@ -11,8 +11,9 @@
   is left out, and the pin stays.
 * ``{"kind": "revoke", "project", "filename" (or null: the whole project)}``.
 * ``{"kind": "publisher", "project", "spec", "filename", "accepted"}``: the
-  project's PEP 740 trusted publisher, pinned at its first verified file or
-  accepted by the operator; the latest record wins
+  project's PEP 740 trusted publisher, pinned at its first verified file,
+  accepted by the operator, or (``"rebuilt": true``) read back from the
+  signed provenance targets after the ledger lost it; the latest record wins
   (:mod:`proxy.gateway.provenance`).
 * ``{"kind": "provenance", "project", "filename", "publisher", "sha256", "url"}``:
   a file's verified publisher and the sha256 of its provenance object.

@@ -16,7 +16,9 @@ file, the verified publisher and the provenance object's sha256 (``kind:
 provenance``).  Each verified provenance object is queued as a signed
 target beside its page (:func:`proxy.protocol.layout.provenance_target`),
 its ``custom`` field naming the verified publisher and the file's sha256,
-so edges can serve and re-verify it.
+so edges can serve and re-verify it, and so a ledger that lost a project's
+pin gets it back from what is signed (:func:`signed_publisher`) instead of
+trusting the next publisher it sees.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from proxy.protocol.index import DistFile
 from proxy.protocol.layout import provenance_target
 from proxy.protocol.options import Option
 from proxy.protocol.provenance import Outcome, ProvenancePolicy, PublisherSpec
+from proxy.repository import Repository
 from proxy.storage.audit import AuditLog
 from proxy.transport.indexhttp import IndexHTTP, origin
 from proxy.transport.upstream import DownloadError, DownloadLengthError
@@ -78,8 +81,9 @@ class ProvenanceGate:
 
     def __init__(self, http: IndexHTTP, ledger: Ledger, audit: AuditLog, metrics: GatewayMetrics,
                  policy: ProvenancePolicy, trust: SigstoreTrust, sign: Callable[[Targets], None],
-                 max_size: int = MAX_PROVENANCE_SIZE) -> None:
+                 max_size: int = MAX_PROVENANCE_SIZE, repo: Repository | None = None) -> None:
         self.sign = sign  # queues signed targets for the next batch (Publisher.add_targets)
+        self.repo = repo  # what is signed: the pins a lost ledger forgot are read back from it
         self.http = http
         self.ledger = ledger
         self.audit = audit
@@ -109,9 +113,18 @@ class ProvenanceGate:
         answers = await asyncio.gather(*(self._outcome(d) for d in new))
         outcomes = [o for o, _ in answers]
         fetched = [data for _, data in answers]
-        pinned = self.pinned(project) if mode in ("pin", "require") else None
-        expected = self.policy.expected(project, pinned)
         records: list[dict[str, Any]] = []
+        pinned = None
+        if mode in ("pin", "require"):
+            pinned = self.pinned(project)
+            if pinned is None and self.repo is not None and (signed := await asyncio.to_thread(
+                    signed_publisher, self.repo, project)) is not None:
+                pinned, filename = signed
+                log.warning("ledger %s lacked the publisher pin of %s that its signed provenance names (%s, from %s): "
+                            "rebuilt it", self.ledger.path, project, pinned, filename)
+                records.append({"kind": "publisher", "project": project, "spec": str(pinned), "filename": filename,
+                                "accepted": False, "rebuilt": True})
+        expected = self.policy.expected(project, pinned)
         left: list[LeftOut] = []
         for dist, outcome in zip(new, outcomes, strict=True):
             rule = rules.decide(mode, expected, outcome)
@@ -177,3 +190,25 @@ class ProvenanceGate:
             except DownloadError as e:
                 return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}"), None
         return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"]), data
+
+
+def signed_publisher(repo: Repository, project: str) -> tuple[PublisherSpec, str] | None:
+    """The publisher the signed provenance targets of ``project``'s signed page name, and from which file: the
+    newest upload's (a change accepted later names the new one).  None if nothing signed names one."""
+    page = repo.current_page(project)
+    if page is None:
+        return None
+    signed = repo.signed_targets(provenance_target(project, f.filename) for f in page.files)
+    named: list[tuple[str, int, PublisherSpec, str]] = []
+    for order, dist in enumerate(page.files):
+        info = signed.get(provenance_target(project, dist.filename))
+        custom = info.unrecognized_fields.get("custom") if info is not None else None
+        spec = custom.get("provenance", {}).get("publisher") if isinstance(custom, dict) else None
+        try:
+            named.append((dist.upload_time or "", order, rules.parse_spec(spec), dist.filename))
+        except ValueError:
+            continue  # not ours to guess: an entry that names no valid publisher pins nothing
+    if not named:
+        return None
+    _, _, spec, filename = max(named)
+    return spec, filename

@@ -28,7 +28,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +38,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from proxy.gateway.advisories import AdvisoryWatch
+from proxy.gateway.fetchtimes import FetchTimes
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
@@ -53,6 +54,7 @@ from proxy.protocol.osv import RULES as ADVISORY_RULES
 from proxy.protocol.osv import Block
 from proxy.storage.audit import AuditLog
 from proxy.util.locks import FetchLocks, Leadership
+from proxy.util.recent import Recent
 
 log = logging.getLogger(__name__)
 ABSENT_TTL = 60.0
@@ -64,20 +66,6 @@ MAX_TRACKED = 100_000
 PUBLISH_LOCK_WAIT = 60.0
 # Projects an advisory change republishes per round (a second): each is one index fetch.
 REPUBLISH_BATCH = 100
-
-
-class Recent(OrderedDict[str, float]):
-    """Name -> monotonic time, most recent last, at most ``limit`` entries (the oldest is evicted)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def __setitem__(self, key: str, value: float) -> None:
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        if len(self) > self.limit:
-            self.popitem(last=False)
 
 
 def rebuild_pins(ledger: Ledger, public_dir: Path, projects: Iterable[str]) -> tuple[int, int]:
@@ -113,7 +101,8 @@ class Gateway:
     def __init__(self, client: IndexClient, ledger: Ledger, publisher: Publisher, audit: AuditLog,
                  metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
                  prefetch_depth: int = 0, prefetch_max: int = 0,
-                 advisories: AdvisoryWatch | None = None, provenance: ProvenanceGate | None = None) -> None:
+                 advisories: AdvisoryWatch | None = None, provenance: ProvenanceGate | None = None,
+                 fetch_times: Path | None = None) -> None:
         self.client = client
         self.locks = locks
         self.ledger = ledger
@@ -125,7 +114,7 @@ class Gateway:
         self._inflight: dict[str, asyncio.Future[Published]] = {}
         # Published projects by last use, and when each page was last fetched (monotonic).
         self.used = Recent(MAX_TRACKED)
-        self.fetched = Recent(MAX_TRACKED)
+        self.fetched = FetchTimes(MAX_TRACKED, fetch_times)  # kept across restarts when given a path
         # Projects no index listed, and when: a stream of misses for absent names costs one index fetch a minute.
         self._absent = Recent(MAX_ABSENT)
         self._hidden: dict[str, Trimmed] = {}  # what the policy hides now, by project
@@ -235,7 +224,7 @@ class Gateway:
         if isinstance(listing, Listing) and self.provenance is not None:
             listing = await self.provenance.screen(listing)  # PEP 740: files left out before render and signing
         if isinstance(listing, Listing) or project in self.publisher.published:
-            self.fetched[project] = time.monotonic()
+            self.fetched.record(project)
         self.metrics.pages_fetched.labels("ok" if isinstance(listing, Listing) else "not-found").inc()
         return listing
 

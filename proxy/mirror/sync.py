@@ -331,7 +331,7 @@ class _Sync:
         """
         if not self.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
             return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
-        protocol = MissProtocol(self.mirror.targets_url, self.trust, FetchLocks(self.tree.state / "locks"),
+        protocol = MissProtocol([self.mirror.targets_url], self.trust, FetchLocks(self.tree.state / "locks"),
                                 _PUBLISH_DEADLINE, auth=self.options.auth, ssl_context=_tls(self.options))
         asking = asyncio.Semaphore(self.options.jobs)
 

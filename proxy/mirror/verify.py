@@ -16,6 +16,11 @@ one the last sync recorded in its manifest, else ``profile``.
   one, else everything its signed pages list (a re-signed site tree);
 * **extra**: files no current target names (older page versions, strays):
   reported, harmless to clients, unsound only with ``strict``;
+* **provenance**: each carried PEP 740 provenance object (a signed target
+  beside its page) whose hash holds is verified again with Sigstore,
+  offline, against its file's name and sha256 as the signed page gives
+  them and the publisher its signed ``custom`` field names; one that fails
+  makes the tree unsound (the gateway's verification is not taken on trust);
 * **blocked**: files on the carried pages that the carried advisory store
   (a gateway's signed ``advisories/osv.json``, verified like any target)
   calls malicious or vulnerable: reported for people to act on (the tree
@@ -44,6 +49,7 @@ from proxy.protocol.layout import (
     file_target,
     parse_request_path,
     project_page_target,
+    provenance_of,
     root_page_target,
 )
 from proxy.protocol.model import ExpiryOverride
@@ -53,6 +59,7 @@ from proxy.transport.local import LocalFetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
 from proxy.trust.fetch import Want
 from proxy.trust.pagefiles import MAX_FILE_SIZE, file_want
+from proxy.trust.provenance import SigstoreTrust
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
 _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
@@ -71,9 +78,12 @@ class VerifyReport:
     extra: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)  # targets vouched for by expired metadata (override)
     blocked: list[Block] = field(default_factory=list)  # files the carried advisories name
+    attested: int = 0  # provenance objects verified again with Sigstore
+    provenance: list[tuple[str, str]] = field(default_factory=list)  # provenance objects that did not verify, why
 
     def sound(self, strict: bool = False) -> bool:
-        return self.metadata_error is None and not self.missing and not self.corrupt and not (strict and self.extra)
+        return (self.metadata_error is None and not self.missing and not self.corrupt and not self.provenance
+                and not (strict and self.extra))
 
 
 def _target_of(name: str) -> str:
@@ -98,8 +108,9 @@ def _manifest(directory: Path) -> dict | None:
 
 class _Verifier:
     def __init__(self, directory: Path, trust: TrustedClient, jobs: int, profile: Profile,
-                 manifest: dict | None) -> None:
+                 manifest: dict | None, sigstore: SigstoreTrust | None = None) -> None:
         self.directory = directory
+        self.sigstore = sigstore
         self.trust = trust
         self.profile = profile
         self.manifest = manifest
@@ -240,16 +251,41 @@ class _Verifier:
             self.report.missing.append(signed[0])
         present = [n for n in signed if n in names]
         self.report.targets += bool(present)
-        await asyncio.gather(*(self.check(n, target) for n in present))
+        checked = await asyncio.gather(*(self.check(n, target) for n in present))
+        if present and all(checked) and self.sigstore is not None:
+            await self._attested(path, present[0])
+
+    async def _attested(self, path: str, name: str) -> None:
+        """Verify a hash-checked provenance object with Sigstore, offline (no-op for other targets)."""
+        attests = provenance_of(path)
+        if attests is None or self.sigstore is None:
+            return
+        project, filename = attests
+        page = await self._page(project_page_target(project, PageFormat.JSON))
+        dist = next((d for d in index.parse_project_json(page, project).files if d.filename == filename),
+                    None) if page is not None else None
+        if dist is None or "sha256" not in dist.hashes:
+            return  # the file is not on the carried page: nothing it attests is served
+        claimed = (await self.trust.get_target(path)).custom.get("provenance", {}).get("publisher")
+        data = (self.directory / name).read_bytes()
+        async with self.limit:
+            outcome = await asyncio.to_thread(self.sigstore.verify, data, filename, dist.hashes["sha256"])
+        self.report.attested += 1
+        if outcome.state != "verified":
+            self.report.provenance.append((path, outcome.detail))
+        elif claimed is not None and str(outcome.publisher) != claimed:
+            self.report.provenance.append((path, f"verified publisher {outcome.publisher}, signed as {claimed}"))
 
 
 async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 8,
-                      allow_expired_until: datetime | None = None, profile: Profile | None = None) -> VerifyReport:
+                      allow_expired_until: datetime | None = None, profile: Profile | None = None,
+                      sigstore: SigstoreTrust | None = None) -> VerifyReport:
     """Verify ``directory`` (a mirror or ``tufproxy repo`` public tree); see the module docstring.
 
     ``allow_expired_until`` checks a tree whose upstream metadata expired
     on the way across (everything but expiry); each target it excuses is
-    listed in ``VerifyReport.expired``.
+    listed in ``VerifyReport.expired``.  ``sigstore`` (prepared, offline)
+    verifies carried provenance objects again; None skips that.
     """
     directory = Path(directory).resolve()
     root_bytes = (root or _default_root(directory)).read_bytes()
@@ -268,7 +304,7 @@ async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 
         config = TrustConfig(refresh_interval=10 * 365 * 86400.0, expiry_override=override)
         trust = TrustedClient(Path(scratch), [Mirror(f"{base}{METADATA_DIR}/", base)], local, config)
         try:
-            report = await _verify(_Verifier(directory, trust, jobs, profile, manifest))
+            report = await _verify(_Verifier(directory, trust, jobs, profile, manifest, sigstore))
         finally:
             trust.close()
     report.expired = sorted(set(expired))
@@ -298,4 +334,5 @@ async def _verify(v: _Verifier) -> VerifyReport:
     v.report.missing.sort()
     v.report.corrupt.sort()
     v.report.extra.sort()
+    v.report.provenance.sort()
     return v.report

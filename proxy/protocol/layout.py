@@ -130,6 +130,15 @@ def provenance_target(project: str, filename: str) -> str:
     return f"simple/{project}/{filename}{PROVENANCE_SUFFIX}"
 
 
+def provenance_of(target_path: str) -> tuple[str, str] | None:
+    """(project, filename) if ``target_path`` is a :func:`provenance_target`, else None."""
+    directory, _, base = target_path.rpartition("/")
+    head, _, project = directory.partition("/")
+    if head != "simple" or not project or "/" in project or not base.endswith(PROVENANCE_SUFFIX):
+        return None
+    return project, base[: -len(PROVENANCE_SUFFIX)]
+
+
 def metadata_filename(role: str, version: int | None) -> str:
     """``VERSION.ROLE.json`` (or ``ROLE.json`` for timestamp and probes)."""
     return f"{role}.json" if version is None else f"{version}.{role}.json"

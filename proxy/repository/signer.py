@@ -642,6 +642,11 @@ class Repository:
             return None
         return self._current_page(change, project)
 
+    def signed_targets(self, target_paths: Iterable[str]) -> dict[str, TargetFile]:
+        """The signed entry of each of ``target_paths`` that the current timestamp reaches (absent ones left out)."""
+        change = _Change(self, _now(None))
+        return {path: info for path in target_paths if (info := change.get_target(path)) is not None}
+
     def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
                       private: Callable[[str], bool] | None = None,
                       targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None) -> ChangeReport:

@@ -32,7 +32,6 @@ from proxy.protocol.options import (
 )
 from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import positive_int as _positive_int
-from proxy.protocol.options import url as _url
 from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.options import worker_count as _worker_count
 from proxy.protocol.options import yes_no as _yes_no
@@ -94,9 +93,10 @@ OPTIONS: tuple[Option, ...] = (
            shown="metadata/, else tuf-metadata/ (where the warehouse layout keeps it)"),
     Option("files_url", "warehouse profile: another URL prefix a verified page may link files to "
            "(e.g. https://files.index.example/); repeatable", [], _url_list, repeat=True, metavar="URL"),
-    Option("gateway_url", "gateway profile: the gateway asked to publish a project no signed page lists yet "
-           "(the miss protocol), for edges that read the repository from a "
-           "bucket or CDN", None, _url, metavar="URL", shown="the first --upstream"),
+    Option("gateway_url", "gateway profile: a gateway asked to publish a project no signed page lists yet "
+           "(the miss protocol), for edges that read the repository from a bucket or CDN; repeat for every "
+           "gateway of a group, asked in order (one that is down or failing is passed over)",
+           [], _url_list, repeat=True, metavar="URL", shown="every --upstream"),
     Option("repository", "serve a local signed tree (what 'tufproxy repo' or 'mirror sync' wrote) instead of an upstream",
            None, Path, metavar="DIR"),
     Option("root", "the pinned trusted root.json", None, Path, metavar="FILE",
@@ -164,7 +164,7 @@ class ServeConfig:
     profile: str | None = None  # None: the layout the signed metadata has (proxy.trust.detect)
     metadata_path: str | None = None
     files_url: list[str] = field(default_factory=list)
-    gateway_url: str | None = None
+    gateway_url: list[str] = field(default_factory=list)
     repository: Path | None = None
     root: Path | None = None
     cache_dir: Path = Path("tufproxy-cache")
@@ -245,8 +245,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         values["profile"] = recorded_profile(values["repository"])
     auth = OriginAuth()
     values["upstream"] = auth.add_all(values["upstream"])
-    if values["gateway_url"] is not None:
-        values["gateway_url"] = auth.add(values["gateway_url"])
+    values["gateway_url"] = auth.add_all(values["gateway_url"])
     config = ServeConfig(**values, upstream_auth=auth)
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("give both --tls-cert and --tls-key, or neither")
@@ -261,7 +260,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         _ = config.layout
     except ValueError as e:
         raise ConfigError(f"--profile: {e}") from e
-    if config.gateway_url is not None and config.layout is not None and not config.layout.miss_protocol:
+    if config.gateway_url and config.layout is not None and not config.layout.miss_protocol:
         raise ConfigError(f"--gateway-url is for --profile gateway, not {config.profile}")
     if config.verify_provenance and config.layout is not None and config.layout.files_are_targets:
         raise ConfigError(f"--verify-provenance is for --profile gateway, not {config.profile}")

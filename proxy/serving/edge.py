@@ -27,12 +27,15 @@ import json
 import logging
 import re
 import ssl
+from collections.abc import Sequence
 from typing import Protocol
 
 import aiohttp
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
 from proxy.transport.credentials import OriginAuth
+from proxy.transport.failover import Exhausted, failover
+from proxy.transport.upstream import DownloadError, DownloadHTTPError
 from proxy.util.locks import FetchLocks
 from proxy.util.logs import request_id
 
@@ -58,11 +61,11 @@ class _Refreshable(Protocol):
 
 
 class MissProtocol:
-    """See the module docstring.  ``gateway_url`` is the edge's ``--upstream`` (ends in ``/``)."""
+    """See the module docstring.  ``gateway_urls``: every gateway of the group (each ends in ``/``), asked in order."""
 
-    def __init__(self, gateway_url: str, trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE,
+    def __init__(self, gateway_urls: Sequence[str], trust: _Refreshable, locks: FetchLocks, deadline: float = DEADLINE,
                  auth: OriginAuth | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.gateway_url = gateway_url
+        self.gateway_urls = list(gateway_urls)
         self.auth = auth
         self.ssl_context = ssl_context
         self.trust = trust
@@ -84,7 +87,15 @@ class MissProtocol:
         return True
 
     async def _ask(self, project: str) -> int:
-        url = f"{self.gateway_url}_tufproxy/publish/{project}"
+        """The timestamp version the first gateway that answers names; one that is down, or answers 5xx without
+        a reason, is passed over for the next (the one failover loop)."""
+        try:
+            return await failover(self.gateway_urls, lambda _i, url: self._ask_one(url, project))
+        except Exhausted as e:
+            raise UpstreamUnreachable(f"publish {project}", e.tried.failures) from None
+
+    async def _ask_one(self, gateway_url: str, project: str) -> int:
+        url = f"{gateway_url}_tufproxy/publish/{project}"
         try:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
@@ -98,15 +109,17 @@ class MissProtocol:
                     slug, detail = _refusal(body)
                     if response.status == 404:
                         raise UnknownTarget(f"simple/{project}/", detail=f"gateway: {detail}" if detail else None)
-                    if slug and detail:
+                    if response.status == 502 and slug and detail:  # its verdict on the project: another would agree
                         raise GatewayRefused(f"{slug}: {detail}", target=f"simple/{project}/")
-                    raise UpstreamUnreachable(f"publish {project}", [RuntimeError(f"gateway answered HTTP {response.status}")])
+                    raise DownloadHTTPError(url, response.status)  # that gateway is failing: ask the next
                 answer = await response.json(content_type=None)
-        except (aiohttp.ClientError, ValueError) as e:
-            raise UpstreamUnreachable(f"publish {project}", [e]) from e
+        except aiohttp.ClientError as e:
+            raise DownloadError(url, str(e) or type(e).__name__) from e
+        except ValueError as e:
+            raise DownloadError(url, f"not a JSON answer: {e}") from e
         version = answer.get("timestamp_version") if isinstance(answer, dict) else None
         if not isinstance(version, int) or isinstance(version, bool):
-            raise UpstreamUnreachable(f"publish {project}", [ValueError("gateway answer has no timestamp_version")])
+            raise DownloadError(url, "gateway answer has no timestamp_version")
         return version
 
 

@@ -280,13 +280,13 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         # Keep starting: requests will retry the refresh and fail closed until it works.
         log.warning("initial metadata refresh failed: %s", detected.error)
     log.info("%s", detected.describe())
-    if config.gateway_url is not None and not layout.miss_protocol:
+    if config.gateway_url and not layout.miss_protocol:
         raise CommandError(f"--gateway-url is for a gateway's edge, and this upstream has the {layout.name} layout")
-    gateway = config.gateway_url or (config.upstream[0] if config.upstream else None)
+    gateways = config.gateway_url or config.upstream
     on_miss = (
-        MissProtocol(gateway, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
+        MissProtocol(gateways, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
                      ssl_context=_client_tls(config)).on_miss
-        if layout.miss_protocol and gateway
+        if layout.miss_protocol and gateways
         else None
     )
     settings = ProxySettings(

@@ -31,7 +31,7 @@ from proxy.protocol.provenance import Outcome, PublisherSpec
 _SIGSTORE_URLS = {"production": "https://tuf-repo-cdn.sigstore.dev", "staging": "https://tuf-repo-cdn.sigstage.dev"}
 
 
-def _trust_root(value: Any) -> str:
+def parse_trust_root(value: Any) -> str:
     text = str(value)
     if text in _SIGSTORE_URLS:
         return text
@@ -42,7 +42,7 @@ def _trust_root(value: Any) -> str:
 
 SIGSTORE_OPTIONS: tuple[Option, ...] = (
     Option("sigstore_trust_root", "Sigstore trust root for PEP 740 attestations: production, staging, or a "
-           "trusted_root.json FILE (always offline)", "production", _trust_root, metavar="ROOT"),
+           "trusted_root.json FILE (always offline)", "production", parse_trust_root, metavar="ROOT"),
     Option("sigstore_offline", "yes: use the trust root shipped with sigstore-python (or FILE), never the network",
            "no", yes_no, metavar="yes|no"),
 )
