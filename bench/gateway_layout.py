@@ -35,7 +35,8 @@ def _metadata_bytes(repo: Repository) -> int:
     return sum(p.stat().st_size for p in repo.metadata_dir.iterdir())
 
 
-def _page(project: str, files: int, seed: str = "") -> index.ProjectPage:
+def synthetic_page(project: str, files: int, seed: str = "") -> index.ProjectPage:
+    """A page of ``files`` made-up wheels (hashes, sizes, .metadata): what a publish signs, without the files."""
     entries = tuple(
         index.DistFile(
             filename=f"{project}-{i}.0-py3-none-any.whl",
@@ -57,7 +58,7 @@ def first_publish(tmp: Path, files: int, bins: int) -> dict[str, object]:
         repo = Repository.init(tmp / layout, bins=bins, layout=layout)
         before = _metadata_bytes(repo)
         start = time.perf_counter()
-        report = repo.add(dists) if layout == "tufproxy" else repo.publish_pages({"big": _page("big", files)})
+        report = repo.add(dists) if layout == "tufproxy" else repo.publish_pages({"big": synthetic_page("big", files)})
         out[layout] = {
             "seconds": round(time.perf_counter() - start, 2),
             "bin_n_signed": sum(1 for r in report.signed if r.startswith("bin-")),
@@ -66,7 +67,7 @@ def first_publish(tmp: Path, files: int, bins: int) -> dict[str, object]:
     return out
 
 
-async def _edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float:
+async def edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float:
     TrustedClient.initialize(tmp / "edge", (repo.metadata_dir / "1.root.json").read_bytes())
     fetcher = LocalFetcher(repo.public_dir)
     base = fetcher.base_url()
@@ -74,7 +75,7 @@ async def _edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float
     await client.refresh(force=True)
     costs = []
     for i in range(repeats):
-        repo.publish_pages({f"new{i}": _page(f"new{i}", 3)})
+        repo.publish_pages({f"new{i}": synthetic_page(f"new{i}", 3)})
         start = time.perf_counter()
         await client.refresh(force=True)
         costs.append(time.perf_counter() - start)
@@ -84,10 +85,10 @@ async def _edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float
 
 def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, object]:
     repo = Repository.init(tmp / f"bins{bins}", bins=bins, layout="gateway", clock_versions=True)
-    repo.publish_pages({f"p{i}": _page(f"p{i}", 3) for i in range(projects)})
+    repo.publish_pages({f"p{i}": synthetic_page(f"p{i}", 3) for i in range(projects)})
     snapshot = max(repo.metadata_dir.glob("*.snapshot.json"), key=lambda p: int(p.name.split(".")[0]))
     bin_sizes = [p.stat().st_size for p in repo.metadata_dir.glob("*.bin-*.json")]
-    refresh = asyncio.run(_edge_refresh_cost(repo, repeats, tmp / f"edge{bins}"))
+    refresh = asyncio.run(edge_refresh_cost(repo, repeats, tmp / f"edge{bins}"))
     return {
         "snapshot_bytes": snapshot.stat().st_size,
         "edge_refresh_ms_per_publish": round(refresh * 1e3, 1),

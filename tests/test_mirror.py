@@ -204,9 +204,13 @@ def test_verify_finds_corrupt_missing_and_extra_files(sample_repo: SampleRepo, u
     assert f"missing simple/lib/{page.name}" in out
     assert "extra packages/base/stray.txt" in out and "NOT SOUND" in out
 
-    # A sync re-hashes what it would reuse: the altered wheel is refused and loses its names, the next sync refetches it.
+    # A sync takes the projects whose bins did not move as the last sync left them (nothing moved upstream here);
+    # --full re-hashes what it would reuse: the altered wheel is refused and loses its names, and the refusal
+    # drops the manifest, so the next sync is a full one and refetches it.
     (dest / "packages/base/stray.txt").unlink()
-    assert sync(upstream, sample_repo, dest) == 1
+    assert sync(upstream, sample_repo, dest) == 0
+    assert "0 fetched" in capsys.readouterr().out
+    assert sync(upstream, sample_repo, dest, "--full") == 1
     assert f"REFUSED packages/app/app-1.0-py3-none-any.whl: hash-mismatch: the copy in {dest}" in capsys.readouterr().err
     assert not (dest / "packages/app" / wheel.name).exists()
     assert sync(upstream, sample_repo, dest) == 0

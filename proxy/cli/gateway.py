@@ -28,7 +28,18 @@ from packaging.utils import canonicalize_name
 
 from proxy.cli import advisories
 from proxy.cli import ceremony as ceremony_cli
-from proxy.cli.repo import KEY_URI_HELP, _days, _guarded, add_key_arguments, describe_keys, init_repository
+from proxy.cli.repo import (
+    BINS_HELP,
+    KEY_URI_HELP,
+    _days,
+    _guarded,
+    add_bins_arguments,
+    add_key_arguments,
+    add_rebin_parser,
+    describe_keys,
+    init_repository,
+    rebin_repository,
+)
 from proxy.cli.up import add_up
 from proxy.gateway import provenance
 from proxy.gateway.advisories import AdvisoryWatch, store_path
@@ -174,7 +185,7 @@ What lives where (back up the first three; the rest is fetched again):
 def _cmd_init(args: argparse.Namespace) -> int:
     repo = init_repository(args, layout="gateway", clock_versions=True)
     ledger_dir(repo.path).mkdir(mode=0o750, exist_ok=True)
-    print(f"initialised gateway {repo.path}: {args.bins} bins, " + describe_keys(repo, args), end="")
+    print(f"initialised gateway {repo.path}: {repo.settings.bins} bins, " + describe_keys(repo, args), end="")
     print("the running gateway needs only the online key")
     print(f"edges pin {repo.metadata_dir / '1.root.json'}")
     return 0
@@ -391,6 +402,10 @@ def resolve_serve(args: argparse.Namespace, environ: Mapping[str, str] = os.envi
     file_values = read_config(args.config, [*(o.name for o in OPTIONS), *POLICY_KEYS])
     return (resolve_values(args, OPTIONS, environ, file_values, str(args.config)),
             resolve_policy(args, environ, file_values, str(args.config)))
+
+
+def _cmd_rebin(args: argparse.Namespace) -> int:
+    return rebin_repository(_open(Path(args.dir)), args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -647,14 +662,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = gw.add_subparsers(dest="gateway_command", metavar="ACTION", required=True)
 
     p = sub.add_parser("init", help="create keys and an empty signed repository (gateway layout) in DIR",
-                       epilog=KEY_URI_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=KEY_URI_HELP + "\n" + BINS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
-    p.add_argument(
-        "--bins",
-        type=int,
-        default=DEFAULT_BINS,
-        help=f"number of hash bins, a power of two (default: {DEFAULT_BINS}; the docs' gateway guide says why)",
-    )
+    add_bins_arguments(p, DEFAULT_BINS)
     add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument(
@@ -672,6 +682,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="timestamp, snapshot and bin-n lifetime (default: 1; re-signed every eighth of it)",
     )
     p.set_defaults(func=_guarded(_cmd_init))
+
+    add_rebin_parser(sub, _cmd_rebin)
 
     p = sub.add_parser(
         "serve",

@@ -66,7 +66,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
         metadata_path=args.metadata_path, profile=get_profile(args.profile) if args.profile else None, auth=auth,
-        ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None,
+        ca_bundle=Path(args.ca_bundle) if args.ca_bundle else None, full=args.full,
     )
 
 
@@ -226,6 +226,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="REPO_DIR",
         help="also publish the files in this 'tufproxy repo' repository, signed with its keys",
     )
+    run.add_argument("--full", action="store_true",
+                     help="re-check every selected project (default: only those whose signing bins moved since "
+                     "the last sync)")
     run.add_argument("--audit-log", metavar="FILE", help="where refusals are recorded (default: DEST/.mirror/audit.log)")
     run.add_argument("--max-file-size", default="4G", metavar="SIZE", help="largest file taken (default: 4G)")
     p.set_defaults(func=_cmd_sync)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from proxy.protocol.bins import bins_for_targets
 from proxy.protocol.errors import CommandError
-from proxy.protocol.profiles import PROFILES
+from proxy.protocol.profiles import PROFILES, get_profile
 from proxy.repository.keys import KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
@@ -88,6 +90,36 @@ def add_key_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bins-key", metavar="URI", help="the bins key, by URI")
 
 
+BINS_HELP = """\
+Bins: --expected-projects N picks the bin count by PEP 458's rule (16,384
+bins for 2,273,481 targets; the count doubles when the targets grow
+fourfold), counting each project's signed pages; the docs' scaling page
+gives the figures. 'rebin' grows the count of a running repository.
+"""
+
+
+def add_bins_arguments(p: argparse.ArgumentParser, default: int) -> None:
+    """``--bins N`` or ``--expected-projects N`` (init and rebin of ``repo`` and ``gateway``)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--bins", type=int, help=f"number of hash bins, a power of two (default for init: {default})")
+    group.add_argument("--expected-projects", type=int, metavar="N",
+                       help="choose the bin count for about N projects by PEP 458's rule (see below)")
+    p.set_defaults(default_bins=default)
+
+
+def chosen_bins(args: argparse.Namespace, layout: str) -> int:
+    """The bin count ``--bins`` or ``--expected-projects`` asks for (the default when neither is given)."""
+    if args.expected_projects is None:
+        return args.default_bins if args.bins is None else args.bins
+    if args.expected_projects < 1:
+        raise CommandError(f"--expected-projects must be at least 1, not {args.expected_projects}")
+    profile = get_profile(layout)
+    if profile.files_are_targets:
+        raise CommandError(f"the {layout} layout signs every file as a target, so projects do not say how many "
+                           "targets it signs: give --bins")
+    return bins_for_targets(args.expected_projects * len(profile.signed_formats))
+
+
 def init_repository(args: argparse.Namespace, **settings: object) -> Repository:
     """``init`` from the shared key and expiry options (one implementation for ``repo`` and ``gateway``)."""
     if args.root_key and args.root_keys is not None:
@@ -97,7 +129,8 @@ def init_repository(args: argparse.Namespace, **settings: object) -> Repository:
         timestamp=args.online_expiry, snapshot=args.online_expiry, bin_n=args.online_expiry,
     )
     uris = KeyURIs(online=args.online_key, targets=args.targets_key, bins=args.bins_key, root=tuple(args.root_key))
-    return Repository.init(Path(args.dir), bins=args.bins, root_keys=args.root_keys or 1, root_threshold=args.root_threshold,
+    bins = chosen_bins(args, str(settings.get("layout", "tufproxy")))
+    return Repository.init(Path(args.dir), bins=bins, root_keys=args.root_keys or 1, root_threshold=args.root_threshold,
                            expiry=expiry, key_uris=uris, **settings)  # type: ignore[arg-type]
 
 
@@ -118,7 +151,7 @@ def describe_keys(repo: Repository, args: argparse.Namespace) -> str:
 
 def _cmd_init(args: argparse.Namespace) -> int:
     repo = init_repository(args, layout=args.layout)
-    print(f"initialised {repo.path} ({args.layout} layout): {args.bins} bins, " + describe_keys(repo, args), end="")
+    print(f"initialised {repo.path} ({args.layout} layout): {repo.settings.bins} bins, " + describe_keys(repo, args), end="")
     print(f"serve {repo.public_dir}; pin {repo.metadata_dir / '1.root.json'} in clients")
     return 0
 
@@ -137,6 +170,37 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 def _cmd_refresh(args: argparse.Namespace) -> int:
     _print_report("refresh", Repository.open(Path(args.dir)).refresh(force=args.force))
     return 0
+
+
+def rebin_repository(repo: Repository, args: argparse.Namespace) -> int:
+    """``rebin`` (one implementation for ``repo`` and ``gateway``): grow the bin count, signed by the bins key."""
+    if args.bins is None and args.expected_projects is None:
+        raise CommandError("give the new bin count: --bins N or --expected-projects N")
+    before = repo.settings.bins
+    report = repo.rebin(chosen_bins(args, repo.profile.name))
+    print(f"rebinned {repo.path}: {before} -> {repo.settings.bins} bins, {repo.profile.bin_delegator} "
+          f"v{report.signed[repo.profile.bin_delegator]}, snapshot v{report.signed['snapshot']}")
+    return 0
+
+
+def add_rebin_parser(sub: argparse._SubParsersAction, cmd: Callable[[argparse.Namespace], int]) -> None:
+    """The ``rebin`` action of ``repo`` and ``gateway``."""
+    p = sub.add_parser(
+        "rebin",
+        help="grow the number of hash bins (needs the bins key; edges and mirrors follow as any update)",
+        description="Re-sign the bins role (the targets role with --layout warehouse) with its offline key to "
+        "delegate to more hash bins, and move every target to its new bin, in one snapshot. Clients that "
+        "trust the old metadata follow it as any update. Run it with the repository in service.",
+        epilog=BINS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dir", metavar="DIR")
+    add_bins_arguments(p, 0)
+    p.set_defaults(func=_guarded(cmd))
+
+
+def _cmd_rebin(args: argparse.Namespace) -> int:
+    return rebin_repository(Repository.open(Path(args.dir)), args)
 
 
 def _cmd_rotate_root(args: argparse.Namespace) -> int:
@@ -186,13 +250,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     sub = repo.add_subparsers(dest="repo_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("init", help="create keys and an empty signed repository in DIR", epilog=KEY_URI_HELP,
+    p = sub.add_parser("init", help="create keys and an empty signed repository in DIR", epilog=KEY_URI_HELP + "\n" + BINS_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--layout", choices=sorted(PROFILES), default="tufproxy",
                    help="tufproxy (default: pages, files and .metadata are targets) or warehouse "
                    "(PyPI's PEP 458 draft: one target per project page, blake2b-256; see the docs: guides/warehouse.md)")
-    p.add_argument("--bins", type=int, default=16384, help="number of hash bins, a power of two (default: 16384, PEP 458)")
+    add_bins_arguments(p, 16384)
     add_key_arguments(p)
     p.add_argument("--root-expiry", type=_days, default=timedelta(days=365), metavar="DAYS", help="root lifetime (default: 365)")
     p.add_argument("--offline-expiry", type=_days, default=timedelta(days=365), metavar="DAYS",
@@ -232,6 +296,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--force", action="store_true", help="re-sign all online roles now")
     p.set_defaults(func=_guarded(_cmd_refresh))
+
+    add_rebin_parser(sub, _cmd_rebin)
 
     p = sub.add_parser(
         "rotate-root",

@@ -36,6 +36,7 @@ class Counts:
     files: int = 0  # every target in the mirror: pages, distributions, .metadata
     fetched: int = 0
     present: int = 0
+    unchanged: int = 0  # of present: left as the last sync published them, not re-hashed (their bins did not move)
     bytes_fetched: int = 0
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -65,6 +66,12 @@ class Progress:
         self.counts.present += 1
         self._done_bytes += nbytes
         self._draw()
+
+    def unchanged(self, files: int) -> None:
+        """``files`` left as the last sync published them (their projects did not change)."""
+        self.counts.files += files
+        self.counts.present += files
+        self.counts.unchanged += files
 
     def fetched(self, name: str, nbytes: int) -> None:
         self.counts.files += 1
@@ -131,7 +138,8 @@ class Progress:
             self.stream.write("\r\x1b[K")
         headline = (
             f"synced {c.projects} project(s): {c.files} target(s), {c.fetched} fetched "
-            f"({human_bytes(c.bytes_fetched)}), {c.present} already present; "
+            f"({human_bytes(c.bytes_fetched)}), {c.present} already present"
+            f"{f' ({c.unchanged} in projects whose bins did not move)' if c.unchanged else ''}; "
             f"{len(c.refused)} refused, {len(c.failed)} failed, {len(c.not_found)} not found; "
             f"in {_duration(elapsed)}"
         )

@@ -22,6 +22,16 @@ every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
 then publication (metadata, timestamp last) and, with ``--resign-with``,
 ``Repository.add`` of the files into the site's own repository.
 
+Incremental from the snapshot: the manifest of the last sync records which
+role signed each target it published (a file through a page: the page's
+role) and every role's version then.  A selected project whose targets are
+all signed by roles the new snapshot lists at those versions is left as it
+is, without a lookup, a download or a re-hash, so a sync of a few changed
+projects costs the same in a tree of 1,000 projects or 100,000 (only the
+bins whose version moved are fetched, and the pages and files of the
+projects in them).  A new delegation (a re-bin, another ``targets``), another
+selection or layout, or ``--full``, re-checks every selected project.
+
 Nothing already in DEST is trusted: a file the sync would reuse is
 re-hashed against this run's trusted target (:meth:`MirrorTree.has`), and
 re-signing takes only files verified in this run, copied out of DEST into
@@ -123,6 +133,12 @@ class SyncOptions:
     # Credentials taken out of ``upstream`` (or netrc's for its host), sent to that origin only; never printed.
     auth: OriginAuth = field(default_factory=OriginAuth, repr=False, compare=False)
     ca_bundle: Path | None = None  # a private CA the upstream's TLS is verified with
+    full: bool = False  # re-check every selected project, not only those the snapshot says changed
+
+    @property
+    def selection(self) -> str:
+        """What was asked for, as the manifest records it: another selection re-checks every project."""
+        return repr((self.all_projects, sorted(self.projects, key=lambda w: w.project), self.filter))
 
 
 @dataclass
@@ -202,7 +218,9 @@ class _Sync:
             self.stopped = True
 
     def refuse_altered(self, target: Want, error: RepositoryError) -> None:
-        """The copy of ``target`` in DEST is not what this run's metadata signs (altered or rotted)."""
+        """The copy of ``target`` in DEST is not what this run's metadata signs (altered or rotted): the next
+        sync re-checks every project (the manifest no longer says what DEST holds)."""
+        self.tree.forget_manifest()
         self._refuse(target.path, error, where=f"the copy in {self.options.dest} is not the signed target, removed: ")
 
     def read_page(self, target: VerifiedTarget) -> bytes | None:
@@ -410,6 +428,42 @@ class _Sync:
         return chain
 
 
+def _project_of(path: str) -> str | None:
+    """The project a target path belongs to (``simple/P/...``, ``packages/P/...``), or None (the root list)."""
+    parts = path.split("/")
+    return parts[1] if len(parts) >= 3 and parts[0] in ("simple", "packages") else None
+
+
+def _signer_of(want: Want) -> str:
+    """The role a manifest records for ``want``: the one that signed it, or the one that signed its page."""
+    return (want.role or "").split(" ", 1)[0]
+
+
+def _unchanged(previous: dict | None, options: SyncOptions, now: dict[str, int]) -> dict[str, dict[str, str]]:
+    """The projects the last sync published whose every target is signed by a role still at the version it
+    had then: project -> {path: role}.  Nothing when the last sync asked for another selection or layout,
+    or the delegations above the bins moved (a re-bin moves every target)."""
+    assert options.profile is not None
+    # Re-signing takes only files verified in this run: with --resign-with every selected project is re-checked.
+    if options.full or options.resign_with is not None or previous is None or previous.get("profile") != options.profile.name \
+            or previous.get("selection") != options.selection:
+        return {}
+    then: dict[str, int] = previous["roles"]
+    delegators = {"targets", options.profile.bin_delegator}
+    if any(then.get(role) != now.get(role) for role in delegators):
+        return {}
+    projects: dict[str, dict[str, str]] = {}
+    moved: set[str] = set()
+    for path, role in previous["targets"].items():
+        project = _project_of(path)
+        if project is None:
+            continue
+        projects.setdefault(project, {})[path] = role
+        if then.get(role) != now.get(role) or not role:
+            moved.add(project)
+    return {p: targets for p, targets in projects.items() if p not in moved}
+
+
 def _resign(repo_dir: Path, run: _Sync, selected: list[_Selected]) -> ChangeReport | None:
     """Publish the distributions verified in this run under the site's keys; propagate yanks (PEP 592).
 
@@ -498,6 +552,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
     except OSError as e:
         raise MirrorError(f"cannot read the pinned root {options.root}: {e.strerror}") from e
     tree = MirrorTree(options.dest)
+    previous = tree.read_manifest()
     fetcher, mirror = _upstream(options)
     audit = AuditLog(options.audit_log or tree.state / "audit.log")
     trust: TrustedClient | None = None
@@ -528,9 +583,12 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         options, layout = _layout(options, trust)
         run = _Sync(options, progress, tree, trust, fetcher, audit, mirror)
         wanted = await run.wanted(await run.published(list(options.projects)))
-        projects = await asyncio.gather(*(run.project(w) for w in wanted))
+        same = _unchanged(previous, options, trust.snapshot_versions())
+        kept = {w.project: same[w.project] for w in wanted if w.project in same}
+        projects = await asyncio.gather(*(run.project(w) for w in wanted if w.project not in kept))
         selected = [s for s in projects if s is not None]
-        progress.counts.projects = len(selected)
+        progress.counts.projects = len(selected) + len(kept)
+        progress.unchanged(sum(map(len, kept.values())))
         await run.files(selected)
         await run.advisories()
         result = SyncResult(progress.counts, None, layout=layout)
@@ -544,7 +602,10 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
         for target in run.mirrored:
             tree.link_plain(target)
-        tree.write_manifest(result.published_snapshot, (t.path for t in run.mirrored), run.profile.name)
+        targets = {path: role for paths in kept.values() for path, role in paths.items()}
+        targets.update((t.path, _signer_of(t)) for t in run.mirrored)
+        tree.write_manifest(result.published_snapshot, targets, run.profile.name, roles=trust.snapshot_versions(),
+                            selection=options.selection)
         if options.resign_with is not None:
             result.resigned = await asyncio.to_thread(_resign, options.resign_with, run, selected)
         return result

@@ -23,7 +23,12 @@ DEST may sit on removable media that anyone could have edited between two
 syncs, so nothing already in it is trusted for its name or size: every
 reuse (a file the sync would otherwise download, a page it parses, a file
 it re-signs) re-hashes the bytes against this run's trusted target first,
-and a copy that does not match loses every name it has.
+and a copy that does not match loses every name it has.  The one thing a
+sync takes from DEST unchecked is which projects did not change: a project
+whose every target is signed by roles the new snapshot lists at the
+versions the manifest recorded is left as the last sync published it
+(``mirror sync --full`` re-checks them; ``mirror verify`` re-hashes every
+byte, and what serves the tree verifies each target it sends anyway).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from tuf.api import exceptions as tuf_exc
@@ -228,10 +233,28 @@ class MirrorTree:
                 return
         batch.write(path, data)
 
-    def write_manifest(self, snapshot: int, paths: Iterable[str], profile: str) -> None:
-        """Record what this tree is meant to hold (and its layout), for ``tufproxy mirror verify``."""
-        manifest = {"snapshot": snapshot, "profile": profile, "targets": sorted(set(paths))}
-        atomic_write(self.state / MANIFEST, json.dumps(manifest, indent=1).encode())
+    def write_manifest(self, snapshot: int, targets: Mapping[str, str], profile: str, *,
+                       roles: Mapping[str, int] | None = None, selection: str = "") -> None:
+        """Record what this tree is meant to hold (``targets``: path -> the role that signed it or the page that
+        vouches for it) and its layout, for ``tufproxy mirror verify``; with the snapshot's ``roles`` (name ->
+        version) and the ``selection`` asked for, for the next sync to tell what did not change."""
+        manifest = {"snapshot": snapshot, "profile": profile, "selection": selection, "roles": dict(roles or {}),
+                    "targets": dict(sorted(targets.items()))}
+        atomic_write(self.state / MANIFEST, json.dumps(manifest, separators=(",", ":")).encode())
+
+    def forget_manifest(self) -> None:
+        """DEST is not what the manifest says: the next sync takes nothing from it."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.state / MANIFEST)
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """What the last sync recorded (None: none, or unreadable, or from a tufproxy that recorded no roles)."""
+        try:
+            manifest = json.loads((self.state / MANIFEST).read_bytes())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(manifest, dict) and isinstance(manifest.get("targets"), dict) and isinstance(manifest.get("roles"), dict)
+        return manifest if ok else None
 
     def published_root(self, version: int) -> bytes | None:
         with contextlib.suppress(FileNotFoundError):

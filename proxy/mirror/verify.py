@@ -63,6 +63,7 @@ from proxy.trust.provenance import SigstoreTrust
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
 _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
+_SLICE = 512  # targets checked concurrently (each re-hashes up to --jobs files at a time)
 
 
 @dataclass
@@ -118,7 +119,7 @@ class _Verifier:
         self.present: set[str] = set()
         # Memoised as futures: files of one project check their page concurrently, once.
         self._targets: dict[str, asyncio.Future[Want | str | None]] = {}
-        self._checked: dict[str, asyncio.Future[bool]] = {}
+        self._checked: dict[str, asyncio.Future[bool] | bool] = {}  # a verdict, or the check under way
 
     async def lookup(self, path: str) -> Want | str | None:
         """What ``path`` must be, None if nothing signed names it, or why that cannot be known."""
@@ -166,9 +167,14 @@ class _Verifier:
 
     async def check(self, name: str, target: Want) -> bool:
         """Re-hash one present file against ``target`` (once per name)."""
-        if name not in self._checked:
-            self._checked[name] = asyncio.ensure_future(self._check(name, target))
-        return await self._checked[name]
+        known = self._checked.get(name)
+        if isinstance(known, bool):
+            return known
+        if known is None:
+            known = self._checked[name] = asyncio.ensure_future(self._check(name, target))
+        verdict = await known
+        self._checked[name] = verdict  # a bool, not a finished task, for each of a large tree's names
+        return verdict
 
     async def _check(self, name: str, target: Want) -> bool:
         async with self.limit:
@@ -320,7 +326,10 @@ async def _verify(v: _Verifier) -> VerifyReport:
         v.present.add(rel)
         on_disk.setdefault(_target_of(rel), []).append(rel)
     expected = await v.expected()
-    await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in sorted(set(on_disk) | expected)))
+    paths = sorted(set(on_disk) | expected)
+    # In slices: a task per target of a 100,000-project tree at once would hold them all in memory together.
+    for start in range(0, len(paths), _SLICE):
+        await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in paths[start:start + _SLICE]))
     v.report.blocked = await v.blocked()
     v.report.missing.sort()
     v.report.corrupt.sort()

@@ -60,6 +60,7 @@ from tuf.api.serialization.json import JSONSerializer
 
 from proxy.protocol import index
 from proxy.protocol.access import PRIVATE_CUSTOM
+from proxy.protocol.bins import bins_problem
 from proxy.protocol.errors import Fault
 from proxy.protocol.layout import (
     PageFormat,
@@ -367,8 +368,9 @@ class Repository:
         if uris.root:
             root_keys = len(uris.root)
         path = Path(path)
-        if bins < 2 or bins & (bins - 1) or bins > 2**16:
-            raise RepositoryError(f"--bins must be a power of two between 2 and 65536, not {bins}")
+        problem = bins_problem(bins)
+        if problem is not None:
+            raise RepositoryError(problem)
         if not 1 <= root_threshold <= root_keys:
             raise RepositoryError(f"root threshold {root_threshold} needs 1..{root_keys} root keys")
         if (path / "repository.json").exists():
@@ -831,6 +833,51 @@ class Repository:
                 self.keys.record(role, uri, public)
             return report
 
+    def rebin(self, bins: int, now: datetime | None = None) -> ChangeReport:
+        """Grow the bin count to ``bins``: the delegator (``bins``, or ``targets`` for the warehouse layout)
+        is re-signed with its offline key, delegating to ``bins`` succinct roles, and every target moves to
+        the bin its hash names now, in one transaction (one snapshot, one timestamp).
+
+        Clients that trust the old metadata follow it as any update: every bin-n is signed above the
+        version they hold.  A TUF client refuses a snapshot that drops a role it has seen, so old names the
+        new count no longer delegates (when the names get longer: 4,096 to 8,192 bins) stay listed in the
+        snapshot, signed once more with no targets, and are never re-signed again; no client looks them up.
+        """
+        problem = bins_problem(bins)
+        if problem is not None:
+            raise RepositoryError(problem)
+        if bins <= self.settings.bins:
+            raise RepositoryError(f"--bins {bins} does not grow the repository's {self.settings.bins} bins: "
+                                  "a bin count only grows")
+        when = _now(now)
+        with self._locked():
+            change = _Change(self, when)
+            delegator = change.role(self.profile.bin_delegator)
+            self.keys.load(self.profile.bin_delegator)  # the offline key must be here: say so before any work
+            assert delegator.signed.delegations is not None and delegator.signed.delegations.succinct_roles is not None
+            old = delegator.signed.delegations.succinct_roles
+            moving: dict[str, TargetFile] = {}
+            for name in old.get_roles():
+                moving.update(change.role(name).signed.targets)
+            new = SuccinctRoles(old.keyids, old.threshold, int(math.log2(bins)), old.name_prefix)
+            delegator.signed.delegations.succinct_roles = new
+            change.dirty.add(self.profile.bin_delegator)
+            # Old names the new count no longer delegates are signed once more, empty: nothing stale stays
+            # reachable from the snapshot.
+            for name in dict.fromkeys([*old.get_roles(), *new.get_roles()]):
+                if f"{name}.json" in change.snapshot.signed.meta:
+                    change.role(name).signed.targets = {}
+                else:
+                    change._roles[name] = Metadata(Targets(expires=when))
+                change.dirty.add(name)
+            for path, info in moving.items():
+                change.role(new.get_role_for_target(path)).signed.targets[path] = info
+            report = change.commit()
+            self.settings = dataclasses.replace(self.settings, bins=bins)
+            raw = json.loads((self.path / "repository.json").read_bytes())
+            atomic_write(self.path / "repository.json", json.dumps(raw | {"bins": bins}, indent=2).encode())
+            return report
+
     def _rotate_online(self, change: _Change) -> None:
         """New online key: root lists it for timestamp/snapshot, bins for every bin-n."""
         old = self.keys.load(ONLINE)
@@ -863,7 +910,8 @@ class Repository:
                 "expires": md.signed.expires.isoformat(),
                 "expired": md.signed.is_expired(when),
             }
-        bin_versions = {k[:-5]: v.version for k, v in change.snapshot.signed.meta.items() if _is_bin(k)}
+        # The delegated bins only: names an earlier bin count left in the snapshot (rebin) are not counted.
+        bin_versions = {name: change.snapshot.signed.meta[f"{name}.json"].version for name in _bin_names(change)}
         targets = 0
         earliest: datetime | None = None
         for name, version in bin_versions.items():

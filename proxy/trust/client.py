@@ -231,6 +231,12 @@ class TrustedClient:
         """Version of the timestamp lookups are answered from (None before the first verified state)."""
         return None if self._state is None else self._state.timestamp.version
 
+    def snapshot_versions(self) -> dict[str, int]:
+        """Every role the trusted snapshot lists, by name, with its version ({} before the first verified state)."""
+        if self._state is None:
+            return {}
+        return {name.removesuffix(".json"): meta.version for name, meta in self._state.snapshot.meta.items()}
+
     @property
     def verified_targets(self) -> Targets | None:
         """The top-level targets lookups are answered from (its delegations tell the layout); None before any."""

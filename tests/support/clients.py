@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 
@@ -60,3 +62,12 @@ def install(client: str, index_url: str, target: Path, *requirements: str) -> su
         return pip("install", "--index-url", index_url, "--target", str(target), *requirements)
     return uv("pip", "install", "--python", sys.executable, "--index-url", index_url,
               "--target", str(target), *requirements)
+
+
+def http_status(url: str, timeout: float = 30) -> int:
+    """The status a GET of ``url`` gets (an error status is an answer here, not an exception)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code

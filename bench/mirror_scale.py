@@ -1,0 +1,119 @@
+"""``tufproxy mirror sync`` of 10 changed projects in a tree of N projects (issue 37: within 1.5x from 1,000 to
+100,000).
+
+For each N: a gateway-layout repository built through the signer API (each project one page listing one
+small real file, written beside it; no index, no network), the bin count PEP 458's rule picks; a first
+``mirror sync --all`` of it into an empty tree (timed), then 10 projects get a new release and the same
+sync runs again (timed, the figure the goal is about), and up to --verify-max projects once more with
+``--full`` (every project re-checked, as every sync did before it was incremental), then ``mirror verify`` of the whole tree with its
+peak memory (VmHWM of the verifying process).  The sync runs in this process through the CLI's ``main``;
+verify runs as a subprocess so its VmHWM is its own.
+
+Usage: ``python bench/mirror_scale.py [--projects 1000 100000] [--changed 10] [--verify-max 10000]``; prints JSON
+(bench/results/mirror_scale.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from proxy.cli import main  # noqa: E402
+from proxy.protocol import index  # noqa: E402
+from proxy.protocol.bins import bins_for_targets  # noqa: E402
+from proxy.protocol.layout import page_file_href  # noqa: E402
+from proxy.repository import Repository  # noqa: E402
+
+CHUNK = 10_000
+
+
+def _page(repo: Repository, project: str, version: str) -> index.ProjectPage:
+    """``project``'s page listing one file, whose bytes are written where the page's link points."""
+    filename = f"{project}-{version}-py3-none-any.whl"
+    data = f"{project} {version}\n".encode() * 8
+    path = repo.public_dir / "packages" / project / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    dist = index.DistFile(filename=filename, url=page_file_href(project, filename),
+                          hashes={"sha256": hashlib.sha256(data).hexdigest()}, size=len(data))
+    return index.ProjectPage(name=project, files=(dist,), versions=(version,))
+
+
+def _sync(repo: Repository, dest: Path, *args: str) -> tuple[float, str]:
+    out = io.StringIO()
+    start = time.perf_counter()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        code = main(["mirror", "sync", "--upstream", str(repo.public_dir), "--root", str(repo.metadata_dir / "1.root.json"),
+                     "--dest", str(dest), "--all", "--profile", "gateway", *args])
+    elapsed = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"mirror sync exited {code}: {out.getvalue()}")
+    return elapsed, out.getvalue().splitlines()[1]
+
+
+def _verify(dest: Path, root: Path) -> tuple[float, int, str]:
+    code = ("import sys\nfrom proxy.cli import main\nrc = main(sys.argv[1:])\n"
+            "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1], file=sys.stderr)\n"
+            "sys.exit(rc)")
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code, "mirror", "verify", str(dest), "--root", str(root)],
+                       capture_output=True, text=True, cwd=HERE.parent)
+    elapsed = time.perf_counter() - start
+    if r.returncode != 0:
+        raise SystemExit(f"mirror verify exited {r.returncode}: {r.stdout[-2000:]}")
+    return elapsed, int(r.stderr.strip().splitlines()[-1]), r.stdout.strip().splitlines()[-1]
+
+
+def measure(tmp: Path, projects: int, changed: int, verify_max: int) -> dict[str, object]:
+    bins = bins_for_targets(2 * projects)
+    repo = Repository.init(tmp / f"up{projects}", bins=bins, layout="gateway", clock_versions=True)
+    for first in range(0, projects, CHUNK):
+        repo.publish_pages({f"p{i}": _page(repo, f"p{i}", "1.0") for i in range(first, min(projects, first + CHUNK))})
+    dest = tmp / f"mirror{projects}"
+    first_s, _ = _sync(repo, dest)
+    step = max(1, projects // changed)
+    repo.publish_pages({f"p{i}": _page(repo, f"p{i}", "2.0") for i in range(0, step * changed, step)})
+    delta_s, summary = _sync(repo, dest)
+    files = sum(len(f) for _, _, f in os.walk(dest))
+    row: dict[str, object] = {
+        "projects": projects,
+        "bins": bins,
+        "first_sync_seconds": round(first_s, 2),
+        "sync_of_changed_seconds": round(delta_s, 3),
+        "sync_of_changed_summary": summary,
+        "tree_files": files,
+    }
+    if projects <= verify_max:  # verify's memory grows with the tree (see the results): not run beyond this
+        row["sync_full_seconds"] = round(_sync(repo, dest, "--full")[0], 2)  # every project re-checked (before: always)
+        verify_s, hwm_kb, verdict = _verify(dest, repo.metadata_dir / "1.root.json")
+        row |= {"verify_seconds": round(verify_s, 1), "verify_vmhwm_mb": round(hwm_kb / 1024, 1), "verify_verdict": verdict}
+    return row
+
+
+def main_() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--projects", type=int, nargs="*", default=[1000, 100_000])
+    ap.add_argument("--changed", type=int, default=10)
+    ap.add_argument("--verify-max", type=int, default=10_000, help="run mirror verify on trees up to this many projects")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-mirror-") as t:
+        rows = [measure(Path(t), n, args.changed, args.verify_max) for n in args.projects]
+    ratio = rows[-1]["sync_of_changed_seconds"] / rows[0]["sync_of_changed_seconds"]  # type: ignore[operator]
+    print(json.dumps({"measured": rows, f"sync_of_{args.changed}_changed_ratio_largest_to_smallest": round(ratio, 2),
+                      "goal": "<= 1.5", "command": "python bench/mirror_scale.py " + " ".join(sys.argv[1:])}, indent=2))
+
+
+if __name__ == "__main__":
+    main_()

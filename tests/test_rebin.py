@@ -1,0 +1,135 @@
+"""Bins sized for the job (issue 37 part 5): PEP 458's rule at init, and growing the bin count of a
+repository in service (``repo rebin`` / ``gateway rebin``) under clients that trust the old metadata.
+
+The reference client is python-tuf's own ngclient; the end-to-end test runs a real gateway, a real edge
+that cached the old metadata, and real pip.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tuf.api.metadata import Metadata
+
+from proxy.protocol.bins import bins_for_targets
+from proxy.repository import Repository
+from proxy.repository.sample import build_wheel
+from tests.support.clients import http_status, install
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
+from tests.support.poll import wait_for
+from tests.support.testindex import TestIndex
+from tests.support.tree import all_targets
+from tests.support.tufclient import reference_updater
+from tests.support.upstream import Upstream
+
+
+def tufproxy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_rule_gives_pep_458s_plan_and_doubles_at_four_times_the_targets() -> None:
+    assert bins_for_targets(2_273_481) == 16384  # PEP 458's plan for the public index
+    assert bins_for_targets(4 * 2_273_481) == 32768  # "SHOULD double when ... targets increase 4x"
+    assert bins_for_targets(2 * 100_000) == 4096  # a 100,000-project gateway: two signed pages a project
+    assert bins_for_targets(0) == 2 and bins_for_targets(10**12) == 65536
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, error", [
+    (("gateway", "init", "{d}", "--bins", "1000"), "--bins must be a power of two between 2 and 65536, not 1000"),
+    (("repo", "init", "{d}", "--expected-projects", "10"), "the tufproxy layout signs every file as a target"),
+    (("gateway", "init", "{d}", "--expected-projects", "0"), "--expected-projects must be at least 1"),
+])
+def test_a_bad_bin_count_is_one_line_and_writes_nothing(tmp_path: Path, args: tuple[str, ...], error: str) -> None:
+    r = tufproxy(*(a.format(d=tmp_path / "r") for a in args))
+    assert r.returncode == 2 and error in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_expected_projects_picks_the_bins(tmp_path: Path) -> None:
+    r = tufproxy("gateway", "init", str(tmp_path / "g"), "--expected-projects", "1000")
+    assert r.returncode == 0 and "512 bins" in r.stdout, r.stdout + r.stderr
+    assert json.loads((tmp_path / "g" / "repository.json").read_text())["bins"] == 512
+
+
+@pytest.mark.slow
+def test_rebin_moves_every_target_and_a_client_holding_the_old_metadata_follows(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "repo", bins=4)
+    repo.add([build_wheel(tmp_path / "d", name, "1.0") for name in ("alpha", "beta", "gamma", "delta")])
+    before = all_targets(repo)
+    old_root = (repo.metadata_dir / "1.root.json").read_bytes()
+    with Upstream(repo.public_dir) as up:
+        client = reference_updater(tmp_path / "client", up.url, old_root)
+        client.refresh()
+        assert client.get_targetinfo("packages/alpha/alpha-1.0-py3-none-any.whl") is not None  # caches bins, bin-n
+        old_snapshot = Metadata.from_bytes((tmp_path / "client/metadata/snapshot.json").read_bytes()).signed
+
+        r = tufproxy("repo", "rebin", str(repo.path), "--bins", "32")
+        assert r.returncode == 0 and "4 -> 32 bins" in r.stdout, r.stdout + r.stderr
+        repo = Repository.open(repo.path)
+        after = all_targets(repo)
+        assert {p: (t["hashes"], t["length"]) for p, t in after.items()} == \
+            {p: (t["hashes"], t["length"]) for p, t in before.items()}  # every target kept, none lost or added
+        assert {t["bin"] for t in after.values()} <= {f"bin-{i:02x}" for i in range(32)}
+        assert repo.status()["bins"]["count"] == 32
+
+        client = reference_updater(tmp_path / "client", up.url, old_root)  # the same cached metadata
+        client.refresh()
+        for name in ("alpha", "beta", "gamma", "delta"):
+            assert client.get_targetinfo(f"packages/{name}/{name}-1.0-py3-none-any.whl") is not None
+        new_snapshot = Metadata.from_bytes((tmp_path / "client/metadata/snapshot.json").read_bytes()).signed
+        # The old names (bin-0 ... bin-3) stay listed at their versions: a client refuses a snapshot dropping them.
+        assert all(new_snapshot.meta[name].version >= meta.version for name, meta in old_snapshot.meta.items())
+
+    r = tufproxy("repo", "rebin", str(repo.path), "--bins", "16")
+    assert r.returncode == 2 and "only grows" in r.stderr
+
+
+@pytest.mark.slow
+def test_rebin_of_a_running_gateway_under_an_edge_that_cached_the_old_metadata(tmp_path: Path) -> None:
+    directory = tmp_path / "gw"
+    gateway_init(directory)  # 16 bins: bin-0 ... bin-f
+    dists = tmp_path / "dists"
+    with TestIndex() as index:
+        for name in ("early", "late"):
+            index.add(build_wheel(dists, name, "1.0"))
+        gw = GatewayProcess(directory, "--index-url", index.url, "--batch-window", "0.05").start()
+        edge = edge_for(tmp_path, gw)
+        try:
+            with edge:
+                r = install("pip", edge.url, tmp_path / "t1", "early")
+                assert r.returncode == 0, r.stdout + r.stderr
+                r = tufproxy("gateway", "rebin", str(directory), "--bins", "64")  # names get longer: bin-00 ...
+                assert r.returncode == 0, r.stderr
+                bins_version = json.loads(r.stdout.split("bins v")[1].split(",")[0])
+                trusted = tmp_path / "edge" / "metadata"
+                wait_for(lambda: _listed(trusted / "snapshot.json", "bins.json") == bins_version,
+                         "the edge trusting the snapshot of the re-bin", timeout=30)
+                # An old project, and one the gateway publishes after the re-bin, both install through the edge.
+                for project, target in (("early", "t2"), ("late", "t3")):
+                    r = install("pip", edge.url, tmp_path / target, project)
+                    assert r.returncode == 0, r.stdout + r.stderr
+                assert _version(trusted / "bins.json") == bins_version  # it looked them up through the new bins
+                assert "rollback" not in edge.log().lower() and "refus" not in edge.log().lower(), edge.log()
+            # A new edge, pinned to the same first root, starts from the re-binned metadata.
+            with edge_for(tmp_path, gw, "edge2") as fresh:
+                assert http_status(f"{fresh.url}early/") == 200 and http_status(f"{fresh.url}late/") == 200
+        finally:
+            gw.stop()
+    assert json.loads((directory / "repository.json").read_text())["bins"] == 64
+
+
+def _version(path: Path) -> int:
+    return Metadata.from_bytes(path.read_bytes()).signed.version
+
+
+def _listed(snapshot: Path, name: str) -> int | None:
+    try:
+        return Metadata.from_bytes(snapshot.read_bytes()).signed.meta[name].version
+    except Exception:  # being replaced: ask again
+        return None
