@@ -72,6 +72,7 @@ from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.serve import stop_on_signals
 from proxy.serving.workers import Started, Supervisor
 from proxy.storage.audit import AuditLog
+from proxy.storage.leader import Fence, LeaderLease
 from proxy.storage.treepush import TreePush
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketUnavailable
 from proxy.transport.credentials import OriginAuth, strip_credentials
@@ -134,6 +135,11 @@ OPTIONS: tuple[Option, ...] = (
            "to a bucket, s3://BUCKET/PREFIX, after every signing batch, timestamp last; edges and CDNs may read "
            "it from there",
            None, _store_url, metavar="URL"),
+    Option("leader_lease", "with --store: run as one replica of a group sharing the bucket; the replica holding "
+           "a lease object in the bucket (renewed every third of SECONDS, taken over when not renewed for SECONDS) "
+           "is the only one that publishes, and its timestamp writes are conditional so a stale leader cannot "
+           "overwrite its successor's", None, _positive_float, metavar="SECONDS", shown="no lease: this gateway "
+           "is the only publisher"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
     Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
            "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
@@ -205,24 +211,42 @@ def _open(directory: Path) -> Repository:
 
 
 async def _pusher(values: dict, directory: Path, public: Path,
-                  metrics: GatewayMetrics) -> TreePush | None:
+                  metrics: GatewayMetrics) -> tuple[TreePush | None, LeaderLease | None]:
     """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
-    brought up to date before serving."""
+    brought up to date before serving; with ``--leader-lease``, the lease that decides who pushes."""
     if values["store"] is None:
-        return None
+        return None, None
     cache = values["cache_dir"]
     try:
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
+        lease = fence = None
+        if values["leader_lease"] is not None:
+            async def elected() -> None:
+                # Versions continue from the bucket's, never from this replica's disk.
+                assert fence is not None
+                await asyncio.to_thread(_check_restore, directory, cache, await fence.load())
+
+            def changed(leader: bool, generation: int) -> None:
+                metrics.lease_changed(leader, generation)
+                if leader:
+                    asyncio.get_running_loop().create_task(pusher.push_logged())
+
+            lease = LeaderLease(bucket, values["leader_lease"], elected=elected, changed=changed,
+                                lost=metrics.lease_lost.inc)
+            fence = Fence(bucket, lease)
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
-                          {"packages": Path(cache) / "packages"} if cache is not None else None)
+                          {"packages": Path(cache) / "packages"} if cache is not None else None, fence=fence)
         # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
         published = await bucket.read("metadata/timestamp.json")
         if published is not None:
             await asyncio.to_thread(_check_restore, directory, cache, timestamp_version(published))
+        if lease is not None:
+            metrics.lease_changed(False, 0)
+            await lease.step()
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
-    return pusher
+    return pusher, lease
 
 
 def state_dir(directory: Path, cache_dir: Path | None) -> Path:
@@ -277,7 +301,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except KeyUnavailable as e:
         audit.close()
         raise CommandError(f"the online key: {e}") from None
-    pusher = await _pusher(values, directory, repo.public_dir, metrics)
+    pusher, lease = await _pusher(values, directory, repo.public_dir, metrics)
     private_indexes = set(_private_indexes(values))
 
     def private(project: str) -> bool:
@@ -322,6 +346,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     log.info("%s", served.describe())
     publisher.start()
     pushing = asyncio.create_task(pusher.keep_pushing(5.0)) if pusher is not None else None
+    leasing = asyncio.create_task(lease.run()) if lease is not None else None
     # With workers, one of them at a time (whichever holds the lock) refreshes pages and re-signs.
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
     reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
@@ -347,6 +372,9 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
             reload_tls.cancel()
         if pushing is not None:
             pushing.cancel()
+        if leasing is not None and lease is not None:
+            leasing.cancel()
+            await lease.release()
         await gateway.prefetcher.cancel()
         await publisher.stop()
         await served.stop()
@@ -417,6 +445,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError("give --index-url URL (the index to take projects from; there is no default)")
     if values["workers"] < 1:
         raise CommandError("--workers: give 1 or more")
+    if values["leader_lease"] is not None and (values["store"] is None or values["workers"] > 1):
+        raise CommandError("--leader-lease needs --store s3://... and --workers 1 (one process per replica)")
     _fail_closed(values)
     directory = Path(args.dir)
     try:

@@ -93,6 +93,15 @@ class GatewayMetrics:
         )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")
         self.bucket = BucketMetrics(r)  # the push to --store
+        # --leader-lease (one process per replica: --workers 1)
+        self.leader = Gauge("tufproxy_gateway_leader", "1 on the replica holding the leader lease, 0 elsewhere",
+                            registry=r, multiprocess_mode="livemax")
+        self.lease_generation = Gauge("tufproxy_gateway_lease_generation",
+                                      "Generation of the leader lease as this replica last saw it (one more per change "
+                                      "of leader)", registry=r, multiprocess_mode="livemax")
+        self.lease_lost = Counter("tufproxy_gateway_lease_lost_total",
+                                  "Times this replica stopped leading without releasing the lease (taken over, "
+                                  "expired, or a fenced write refused)", registry=r)
 
     def refused(self, reason: str, fault: Fault | None = None) -> Fault:
         """Count one refusal; ``fault`` defaults to the one table's for a gateway rule.  Returns it for the audit."""
@@ -104,6 +113,10 @@ class GatewayMetrics:
         self.publishes.inc()
         self.published_projects.inc(projects)
         self.publish_seconds.observe(seconds)
+
+    def lease_changed(self, leader: bool, generation: int) -> None:
+        self.leader.set(1 if leader else 0)
+        self.lease_generation.set(generation)
 
     def exposition(self) -> bytes:
         return exposition(self.registry)

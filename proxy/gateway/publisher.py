@@ -51,7 +51,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from proxy.protocol import index
+from proxy.protocol import index, lease
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
@@ -300,10 +300,7 @@ def resign_after_restore(repo: Repository, high_water: Path, remembered: int = 0
 
 def timestamp_version(data: bytes) -> int:
     """The version a ``timestamp.json`` claims (0 if unreadable); only ever a reason to re-sign higher."""
-    try:
-        return int(json.loads(data)["signed"]["version"])
-    except (ValueError, KeyError, TypeError):
-        return 0
+    return lease.timestamp_version(data) or 0
 
 
 def signed_projects(public_dir: Path) -> list[str]:

@@ -26,7 +26,8 @@ collected meanwhile stays: a lifecycle rule may expire it).  Workers of one gate
 ``flock`` on ``lock_path`` across scan and upload), and the unversioned
 files are uploaded as they were when scanned: a push never uploads a
 timestamp newer than the snapshot it scanned, and a later push never an
-older one.
+older one.  With a :class:`~proxy.storage.leader.Fence` (``--leader-lease``),
+only the leader pushes and ``timestamp.json`` goes through the fence.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from proxy.storage.leader import TIMESTAMP_KEY, Fence
 from proxy.transport.bucket import Bucket
 
 log = logging.getLogger(__name__)
@@ -72,8 +74,10 @@ class TreePush:
     ``more`` maps a name in the tree (``"packages"``) to the directory that holds it instead.
     """
 
-    def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None) -> None:
+    def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None,
+                 fence: Fence | None = None) -> None:
         self.bucket = bucket
+        self.fence = fence
         self.root = root
         self.lock_path = lock_path
         self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
@@ -113,10 +117,15 @@ class TreePush:
     async def push(self) -> int:
         """Upload what changed, in order; how many files.  BucketUnavailable if the bucket fails (retried next push)."""
         async with self._lock, _flock(self.lock_path):
+            if self.fence is not None and not self.fence.lease.leader:
+                return 0  # a follower: the leader publishes
             changed, gone = await asyncio.to_thread(self._changed)
             for relative, data, stamp in changed:
                 try:
-                    await self.bucket.replace(relative, data)
+                    if self.fence is not None and relative == TIMESTAMP_KEY and isinstance(data, bytes):
+                        await self.fence.write(data)
+                    else:
+                        await self.bucket.replace(relative, data)
                 except FileNotFoundError:
                     continue  # removed by the gateway's collection between the scan and now
                 self._pushed[relative] = stamp
@@ -128,11 +137,15 @@ class TreePush:
                          self.bucket.url, len(gone))
             return len(changed)
 
+    async def push_logged(self) -> None:
+        """One push whose failure is logged, not raised (retried by :meth:`keep_pushing`)."""
+        try:
+            await self.push()
+        except Exception as e:  # noqa: BLE001 - a bucket outage must not end the caller
+            log.warning("push to %s failed: %s", self.bucket.url, e)
+
     async def keep_pushing(self, interval: float) -> None:
         """Push every ``interval`` seconds (files fetched between signing batches); failures are logged and retried."""
         while True:
             await asyncio.sleep(interval)
-            try:
-                await self.push()
-            except Exception as e:  # noqa: BLE001 - a bucket outage must not end the loop
-                log.warning("push to %s failed: %s", self.bucket.url, e)
+            await self.push_logged()

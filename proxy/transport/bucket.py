@@ -139,6 +139,29 @@ class Bucket:
             op.nbytes = data.stat().st_size if isinstance(data, Path) else len(data)
         return True
 
+    async def read_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """A small object's bytes and ETag, or None: what a conditional :meth:`put_if` names."""
+        async with self._op("get") as op:
+            try:
+                result = await self._obstore.get_async(self._store, key)
+                data = bytes(await result.bytes_async())
+            except self._missing:
+                return None
+            op.nbytes = len(data)
+        return data, str(result.meta.get("e_tag") or "")
+
+    async def put_if(self, key: str, data: bytes, etag: str | None) -> str | None:
+        """Store ``data`` only if ``key`` still has ``etag`` (``If-Match``), or, with None, is absent
+        (``If-None-Match: *``); the new ETag, or None if another writer got there first."""
+        mode: Any = "create" if etag is None else {"e_tag": etag}
+        async with self._op("put") as op:
+            try:
+                result = await self._obstore.put_async(self._store, key, data, mode=mode, use_multipart=False)
+            except (*self._taken, *self._missing):
+                return None
+            op.nbytes = len(data)
+        return str(result["e_tag"] or "")
+
     async def replace(self, key: str, data: Path | bytes) -> None:
         """Store ``data`` under ``key`` whatever is there; a single PUT, so readers see the old object or the new one."""
         # A file gone meanwhile is the caller's FileNotFoundError, not the bucket's fault.
