@@ -1,0 +1,191 @@
+"""Gateway replicas on one bucket (``--leader-lease``) against a real SeaweedFS: the conditional PUT the
+lease and the fence stand on, the lease itself, and real gateway processes with an edge and pip.
+
+SeaweedFS starts once per module (``weed`` from the test extra); each test uses its own prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.protocol.lease import LEASE_KEY, LeaseRecord
+from proxy.repository.sample import build_wheel
+from proxy.storage.leader import Fence, LeaderLease, LeaseLost
+from proxy.transport.bucket import Bucket
+from proxy.util.metrics import BucketMetrics
+from tests.support.clients import install
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import wait_for
+from tests.support.proxyproc import ProxyProcess
+from tests.support.seaweed import BUCKET, Seaweed
+from tests.support.testindex import TestIndex
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    server = Seaweed(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def bucket(seaweed: Seaweed, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Bucket:
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    from prometheus_client import CollectorRegistry
+    return Bucket(f"s3://{BUCKET}/{prefix}", BucketMetrics(CollectorRegistry()), endpoint_url=seaweed.endpoint,
+                  timeout=5.0)
+
+
+def timestamp(version: int) -> bytes:
+    return json.dumps({"signed": {"_type": "timestamp", "version": version}, "signatures": []}).encode()
+
+
+@pytest.mark.slow
+def test_seaweedfs_honours_if_none_match_and_if_match_on_put(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bucket(seaweed, "probe", monkeypatch)
+
+    async def probe() -> None:
+        first = await b.put_if("k", b"one", None)
+        assert first
+        assert await b.put_if("k", b"two", None) is None  # If-None-Match: * on an existing object
+        second = await b.put_if("k", b"three", first)
+        assert second and second != first
+        assert await b.put_if("k", b"four", first) is None  # If-Match on a stale ETag
+        assert await b.read_tagged("k") == (b"three", second)
+    asyncio.run(probe())
+
+
+@pytest.mark.slow
+def test_one_leader_takeover_bumps_generation_and_a_woken_stale_leader_is_fenced(
+        seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bucket(seaweed, "lease", monkeypatch)
+    lost: list[str] = []
+
+    async def scenario() -> None:
+        a = LeaderLease(b, 1.0, holder="a", lost=lambda: lost.append("a"))
+        c = LeaderLease(b, 1.0, holder="c", lost=lambda: lost.append("c"))
+        fa, fc = Fence(b, a), Fence(b, c)
+        assert await a.step() and not await c.step()  # exactly one leader
+        assert (a.generation, c.generation) == (1, 1)
+        await fa.load()
+        await fa.write(timestamp(5))
+        with pytest.raises(LeaseLost):
+            await fc.write(timestamp(6))  # a follower never writes
+        # ``a`` freezes (stops renewing); ``c`` takes the lease once it has expired, one generation up.
+        deadline = time.monotonic() + 10
+        while not await c.step():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        assert c.generation == 2 and c.leader
+        assert (await fc.load()) == 5
+        await fc.write(timestamp(6))
+        # ``a`` wakes: by its own clock it is no longer leader, so its write never leaves ...
+        with pytest.raises(LeaseLost):
+            await fa.write(timestamp(7))
+        # ... and even a writer that believes it leads fails on the ETag its successor changed.
+        a._valid_until = time.monotonic() + 60
+        with pytest.raises(LeaseLost):
+            await fa.write(timestamp(7))
+        assert not a.leader and lost == ["a"]
+        assert not await a.step() and a.generation == 2  # it follows the new generation
+        got = await b.read_tagged("metadata/timestamp.json")
+        assert got is not None and json.loads(got[0])["signed"]["version"] == 6
+        with pytest.raises(LeaseLost):
+            await fc.write(timestamp(6))  # never the same version or below, even by the leader
+        await c.release()
+        assert await a.step() and a.generation == 3  # a released lease is taken at once
+        raw = await b.read_tagged(LEASE_KEY)
+        assert raw is not None and LeaseRecord.decode(raw[0]) is not None
+    asyncio.run(scenario())
+
+
+def is_leader(gw: GatewayProcess) -> bool:
+    return metric(gw.base, "tufproxy_gateway_leader") == 1.0
+
+
+@pytest.mark.slow
+def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_install(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = 5.0
+    prefix = "ha"
+    index = TestIndex(separate_files_host=True)
+    dists = tmp_path / "dists"
+    for dist in (build_wheel(dists, "app", "1.0"), build_wheel(dists, "late", "1.0")):
+        index.add(dist)
+    gateway_init(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # one group: the same keys and root
+    b = bucket(seaweed, prefix, monkeypatch)
+    versions: list[int] = []
+    stop_polling = threading.Event()
+
+    def poll_bucket() -> None:
+        async def loop() -> None:
+            while not stop_polling.is_set():
+                got = await b.read_tagged("metadata/timestamp.json")
+                if got is not None:
+                    versions.append(json.loads(got[0])["signed"]["version"])
+                await asyncio.sleep(0.05)
+        asyncio.run(loop())
+
+    with index:
+        common = ("--index-url", index.url, "--files-origin", index.files_url, "--batch-window", "0.1",
+                  "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", seaweed.endpoint,
+                  "--leader-lease", str(lease))
+        gws = [GatewayProcess(tmp_path / name, *common) for name in ("a", "b")]
+        poller = threading.Thread(target=poll_bucket, daemon=True)
+        try:
+            for gw in gws:
+                gw.env = seaweed.env()
+                gw.start()
+            poller.start()
+            wait_for(lambda: sum(is_leader(g) for g in gws) == 1, "exactly one leader", timeout=30)
+            leader, follower = (gws[0], gws[1]) if is_leader(gws[0]) else (gws[1], gws[0])
+            assert leader.publish("app")[0] == 200
+            wait_for(lambda: len(versions) > 0, "a timestamp in the bucket", timeout=30)
+            generation = metric(follower.base, "tufproxy_gateway_lease_generation")
+            assert generation >= 1
+
+            # SIGSTOP the leader: the follower takes over; woken, the old leader steps down and never writes.
+            assert leader.proc is not None
+            os.kill(leader.proc.pid, signal.SIGSTOP)
+            wait_for(lambda: is_leader(follower), "the follower to take the lease", timeout=3 * lease)
+            assert metric(follower.base, "tufproxy_gateway_lease_generation") == generation + 1
+            os.kill(leader.proc.pid, signal.SIGCONT)
+            wait_for(lambda: not is_leader(leader), "the woken leader to step down", timeout=3 * lease)
+            assert metric(leader.base, "tufproxy_gateway_lease_lost_total") >= 1
+            assert sum(is_leader(g) for g in gws) == 1
+            leader, follower = follower, leader
+
+            # kill -9 of the leader: the other takes the lease and a project new to the index installs.
+            killed_at = time.monotonic()
+            leader.kill()
+            wait_for(lambda: is_leader(follower), "failover after kill -9", timeout=lease + 10)
+            edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream",
+                                f"{seaweed.endpoint}/{BUCKET}/{prefix}/", "--upstream", follower.base,
+                                "--gateway-url", follower.base, "--root", str(follower.root), "--workers", "1",
+                                "--refresh-interval", "0.5")
+            with edge:
+                r = install("pip", edge.url, tmp_path / "t", "late")
+                assert r.returncode == 0, r.stdout + r.stderr + edge.log() + follower.log()
+            assert time.monotonic() - killed_at < 60
+        finally:
+            stop_polling.set()
+            for gw in gws:
+                if gw.proc is not None:
+                    os.kill(gw.proc.pid, signal.SIGCONT)
+                    gw.stop()
+            if poller.is_alive():
+                poller.join(10)
+    assert versions and all(x <= y for x, y in zip(versions, versions[1:], strict=False)), versions
