@@ -13,6 +13,7 @@ import shutil
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,6 +157,8 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
             wait_for(lambda: len(versions) > 0, "a timestamp in the bucket", timeout=30)
             generation = metric(follower.base, "tufproxy_gateway_lease_generation")
             assert generation >= 1
+            with urllib.request.urlopen(f"{follower.base}readyz", timeout=10) as ready:
+                assert ready.status == 200  # a follower serves reads
 
             # SIGSTOP the leader: the follower takes over; woken, the old leader steps down and never writes.
             assert leader.proc is not None
@@ -168,18 +171,22 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
             assert sum(is_leader(g) for g in gws) == 1
             leader, follower = follower, leader
 
-            # kill -9 of the leader: the other takes the lease and a project new to the index installs.
-            killed_at = time.monotonic()
-            leader.kill()
-            wait_for(lambda: is_leader(follower), "failover after kill -9", timeout=lease + 10)
+            # kill -9 of the leader: the other takes the lease and a project new to the index installs
+            # through an edge that reads the bucket (and asks the surviving replica for what is missing).
             edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream",
                                 f"{seaweed.endpoint}/{BUCKET}/{prefix}/", "--upstream", follower.base,
                                 "--gateway-url", follower.base, "--root", str(follower.root), "--workers", "1",
                                 "--refresh-interval", "0.5")
             with edge:
+                killed_at = time.monotonic()
+                leader.kill()
+                wait_for(lambda: is_leader(follower), "failover after kill -9", timeout=lease + 10)
                 r = install("pip", edge.url, tmp_path / "t", "late")
                 assert r.returncode == 0, r.stdout + r.stderr + edge.log() + follower.log()
-            assert time.monotonic() - killed_at < 60
+                took = time.monotonic() - killed_at
+            # The goal is 15 s; the bound is looser so a loaded CI machine does not fail it.
+            assert took < 45, took
+            print(f"kill -9 to installed: {took:.1f} s")
         finally:
             stop_polling.set()
             for gw in gws:
