@@ -7,6 +7,7 @@ SeaweedFS starts once per module (``weed`` from the test extra); each test uses 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -195,4 +196,4 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
                     gw.stop()
             if poller.is_alive():
                 poller.join(10)
-    assert versions and all(x <= y for x, y in zip(versions, versions[1:], strict=False)), versions
+    assert versions and all(x <= y for x, y in itertools.pairwise(versions)), versions
