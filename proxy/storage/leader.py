@@ -115,8 +115,17 @@ class LeaderLease:
     async def run(self) -> None:
         """Keep stepping every third of the period; bucket failures are logged and retried."""
         while True:
+            step = asyncio.ensure_future(self.step())
+            while not step.done():
+                # A bucket that hangs answers nothing for up to its timeout: stop leading when the lease
+                # runs out by our clock, not when the request gives up.
+                await asyncio.wait({step}, timeout=self.period / 10)
+                if not step.done() and self._leader and not self.leader:
+                    log.warning("leader lease of %s not renewed in time (the bucket has not answered): "
+                                "stepping down", self.bucket.url)
+                    self.step_down()
             try:
-                await self.step()
+                step.result()
             except BucketUnavailable as e:
                 log.warning("leader lease of %s: %s", self.bucket.url, e)
             self.wake.clear()
