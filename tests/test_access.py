@@ -94,6 +94,8 @@ def test_groups_file_and_rules() -> None:
             parse_rule(bad)
     assert project_of("/simple/Acme.Tools/") == "acme-tools" and project_of("/packages/acme/acme-1.whl") == "acme"
     assert project_of("/simple/") is None and project_of("/simple/index.json") is None and project_of("/metrics") is None
+    # tufproxy why --edge: the gateway's account of a project is read under that project's rules.
+    assert project_of("/_tufproxy/why/Acme.Tools") == "acme-tools" and project_of("/_tufproxy/why/") is None
 
 
 def guard_for(tmp_path: Path, **kwargs) -> Guard:

@@ -41,11 +41,11 @@ def test_a_healthy_chain_and_three_broken_ones(gateway: GatewayProcess, tmp_path
                         tmp_path)
         assert done.returncode == 0, done.stdout
         checks = _lines(done.stdout)
-        for name in ("gateway reachable", "gateway ready", "gateway clock", "timestamp", "root", "edge reachable",
-                     "edge ready", "edge clock", "edge serves"):
+        for name in ("gateway reachable", "gateway ready", "gateway clock", "timestamp", "root", "signing",
+                     "edge reachable", "edge ready", "edge clock", "edge serves", "hot path", "edge refresh"):
             assert checks[name].startswith("ok "), done.stdout
         assert f"pip:  pip config set global.index-url {edge.url}" in done.stdout
-        assert done.stdout.splitlines()[-1] == "0 problem(s), 0 warning(s)"
+        assert done.stdout.splitlines()[-1] == "0 problem(s), 0 warning(s)", done.stdout
         # A root that is not the gateway's: named, with what to pin instead.
         done = tufproxy(["doctor", "--gateway", gateway.base, "--root", str(other_root)], tmp_path)
         assert done.returncode == 1
@@ -60,3 +60,24 @@ def test_a_healthy_chain_and_three_broken_ones(gateway: GatewayProcess, tmp_path
     done = tufproxy(["doctor", "--edge", f"http://127.0.0.1:{free_port()}/"], tmp_path)
     assert done.returncode == 1 and _lines(done.stdout)["edge reachable"].startswith("problem "), done.stdout
     assert "1 problem(s)" in done.stdout
+
+
+def test_what_the_metrics_say_becomes_a_line_with_its_fix() -> None:
+    from datetime import UTC, datetime
+
+    from proxy.cli.doctor import metric_checks
+
+    now = datetime(2026, 12, 5, tzinfo=UTC)
+    stale = {"tufproxy_hot_path_installed": [({}, 0.0)],
+             "tufproxy_last_successful_refresh_timestamp_seconds": [({}, now.timestamp() - 7200)],
+             "tufproxy_bucket_errors_total": [({"op": "get"}, 3.0), ({"op": "put"}, 1.0)],
+             "tufproxy_bucket_requests_total": [({"op": "get"}, 90.0)]}
+    lines = [c.line() for c in metric_checks("edge", stale, now)]
+    assert lines[0].startswith("warning  hot path: not installed")
+    assert lines[1] == ("warning  edge refresh: last successful metadata refresh 7200 s ago: is its upstream "
+                        "reachable? (tufproxy_refresh_failures_total)")
+    assert lines[2].startswith("warning  edge bucket: 90 request(s), 4 failed since start")
+    gateway = {"tufproxy_gateway_signing_errors_total": [({}, 2.0)],
+               "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds": [({}, now.timestamp() - 30)]}
+    assert [c.status for c in metric_checks("gateway", gateway, now)] == ["warning", "ok"]
+    assert metric_checks("gateway", None, now)[0].status == "warning"

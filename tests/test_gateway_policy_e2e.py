@@ -19,7 +19,7 @@ import pytest
 from packaging.version import Version
 
 from proxy.repository.sample import build_wheel
-from tests.support.clients import install, pip, uv_path
+from tests.support.clients import http_status, install, pip, uv_path
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric
 from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
@@ -140,6 +140,8 @@ def test_deny_rule_added_later_unpublishes(tmp_path: Path, test_index: TestIndex
         wait_for(lambda: not page.exists(), what="fresh unpublished at its next refresh")
         root = json.loads((gw.directory / "public" / "simple" / "index.json").read_bytes())
         assert "fresh" not in {p["name"] for p in root["projects"]}
+        # The edge trusts the timestamp that dropped it within its --refresh-interval (0.5 s).
+        wait_for(lambda: http_status(f"{edge.url}fresh/") == 404, what="the edge no longer offering fresh")
         assert install("pip", edge.url, tmp_path / "t", "fresh").returncode != 0
         assert any(a.get("reason") == "deny-project" and a.get("target") == "simple/fresh/" for a in gw.audit())
 

@@ -11,6 +11,8 @@ import pytest
 from proxy.repository.sample import build_wheel
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
+from tests.support.net import free_port
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.test_cli_errors import tufproxy
 
@@ -27,10 +29,23 @@ def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path
         gateway_init(tmp_path / "gw")
         with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--min-release-age", "30d",
                             "--deny-project", "evil") as gw:
-            # pip sees no 2.0 and says only that.
+            # pip sees no 2.0 and says only that; the edge relays the gateway's account to whoever reaches only it.
             with edge_for(tmp_path, gw) as edge:
                 r = install("pip", edge.url, tmp_path / "t", "lib>=2")
                 assert r.returncode != 0 and "(from versions: 1.0)" in r.stderr, r.stderr
+                via_edge = tufproxy(["why", "lib>=2", "--edge", edge.base], tmp_path)
+                assert via_edge.returncode == 1 and "hidden  lib-2.0-py3-none-any.whl: by min-release-age" \
+                    in via_edge.stdout, via_edge.stdout + via_edge.stderr
+                bad = tufproxy(["why", "lib", "--edge", edge.base, "--gateway", gw.base], tmp_path)
+                assert bad.returncode == 2 and "give --gateway URL or --edge URL" in bad.stderr
+            # An edge whose gateways are all down says so, in one line.
+            gone = ProxyProcess(tmp_path / "gone", "--profile", "gateway", "--upstream", gw.base, "--gateway-url",
+                                f"http://127.0.0.1:{free_port()}/", "--root", str(gw.root), "--workers", "1")
+            with gone:
+                done = tufproxy(["why", "lib", "--edge", gone.base], tmp_path)
+                assert done.returncode == 2 and "HTTP 502" in done.stderr and "all mirrors failed" in done.stderr, \
+                    done.stderr
+                assert len(done.stderr.strip().splitlines()) == 1
             done = tufproxy(["why", "lib>=2", "--gateway", gw.base], tmp_path)
             assert done.returncode == 1, done.stdout + done.stderr
             [line] = done.stdout.splitlines()

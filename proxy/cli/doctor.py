@@ -4,7 +4,9 @@ It asks what the parts already answer (``/healthz``, ``/readyz``, the gateway's
 ``metadata/``, the edge's ``simple/``) and compares what must agree: the
 ``--root`` an edge pins is the gateway's own; the gateway's timestamp is
 fresh and far from expiry; the clocks agree.  Then it prints the pip and uv
-lines that use the edge.  Exit status 1 when a check found a problem (a
+lines that use the edge.  Each part's ``/metrics`` adds what only it knows:
+the edge's hot path and last refresh, the gateway's signing errors and
+advisory feeds, either's bucket errors.  Exit status 1 when a check found a problem (a
 negative answer, as ``mirror verify`` gives), 0 otherwise.
 """
 
@@ -117,6 +119,69 @@ def root_check(pinned: bytes, served: bytes | None, version: int) -> Check:
     return Check("ok", "root", f"--root is the gateway's {version}.root.json")
 
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _metrics(base: str) -> Samples | None:
+    """``/metrics`` parsed by prometheus-client (name -> (labels, value)); None when it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        answer = _get(f"{base}metrics")
+        if answer.status != 200:
+            return None
+        found: Samples = {}
+        for family in text_string_to_metric_families(answer.body.decode(errors="replace")):
+            for sample in family.samples:
+                found.setdefault(sample.name, []).append((sample.labels, sample.value))
+        return found
+    except (OSError, ValueError):
+        return None
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sum of ``name``'s samples carrying ``labels``; None when it has none."""
+    values = [v for have, v in samples.get(name, []) if all(have.get(k) == w for k, w in labels.items())]
+    return sum(values) if values else None
+
+
+def metric_checks(part: str, samples: Samples | None, now: datetime) -> list[Check]:
+    """What the part's own metrics say: the hot path, refreshes, signing, the advisory feeds, the bucket."""
+    if samples is None:
+        return [Check("warning", f"{part} metrics", "/metrics is not readable here (behind access control?): "
+                      "hot path, signing, feed and bucket checks skipped")]
+    checks = []
+    if part == "edge":
+        hot = _value(samples, "tufproxy_hot_path_installed")
+        checks.append(Check("ok", "hot path", "installed: warm pages are answered below aiohttp's web layer") if hot
+                      else Check("warning", "hot path", "not installed (see the edge's start-up log: an aiohttp that "
+                                 "moved its internals?); pages are served, more slowly"))
+        refreshed = _value(samples, "tufproxy_last_successful_refresh_timestamp_seconds")
+        if refreshed:
+            age = now.timestamp() - refreshed
+            checks.append(Check("ok" if age < 3600 else "warning", "edge refresh",
+                                f"last successful metadata refresh {age:.0f} s ago"
+                                + ("" if age < 3600 else ": is its upstream reachable? (tufproxy_refresh_failures_total)")))
+    else:
+        errors = _value(samples, "tufproxy_gateway_signing_errors_total") or 0
+        checks.append(Check("ok", "signing", "no signing errors since start") if not errors else
+                          Check("warning", "signing", f"{errors:.0f} signing error(s) since start: is the token or KMS "
+                                "there? (the gateway's log says which key)"))
+        answered = _value(samples, "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds")
+        if answered:  # 0: no --advisories-url
+            age = now.timestamp() - answered
+            checks.append(Check("ok" if age < 6 * 3600 else "warning", "advisory feeds",
+                                f"every --advisories-url answered {age:.0f} s ago"
+                                + ("" if age < 6 * 3600 else ": check the feed URLs (the gateway's log says why)")))
+    bucket = _value(samples, "tufproxy_bucket_errors_total")
+    if bucket is not None:
+        requests = _value(samples, "tufproxy_bucket_requests_total") or 0
+        checks.append(Check("ok" if not bucket else "warning", f"{part} bucket",
+                            f"{requests:.0f} request(s), {bucket:.0f} failed since start"
+                            + ("" if not bucket else ": credentials, endpoint or the store (the log says which)")))
+    return checks
+
+
 def _gateway_checks(base: str, root: Path | None, now: datetime) -> list[Check]:
     checks, ready = _part("gateway", base)
     if ready is None:
@@ -137,7 +202,7 @@ def _gateway_checks(base: str, root: Path | None, now: datetime) -> list[Check]:
             raise CommandError(f"{root} is not a root.json")
         served = _get(f"{base}metadata/{version}.root.json")
         checks.append(root_check(pinned, served.body if served.status == 200 else None, version))
-    return checks
+    return checks + metric_checks("gateway", _metrics(base), now)
 
 
 def _edge_checks(base: str, now: datetime) -> list[Check]:
@@ -149,7 +214,7 @@ def _edge_checks(base: str, now: datetime) -> list[Check]:
     checks.append(Check("ok", "edge serves", f"{base}simple/ (HTTP 200)") if page.status == 200 else
                   Check("problem", "edge serves", f"{base}simple/: HTTP {page.status} "
                         f"{page.body[:200].decode(errors='replace').strip()}"))
-    return checks
+    return checks + metric_checks("edge", _metrics(base), now)
 
 
 def _url(value: str) -> str:
@@ -181,7 +246,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "doctor",
         description="Check a running deployment: each part reachable and ready, the edge's --root the gateway's, "
-        "the timestamp's freshness and time to expiry, clock skew; then print the pip and uv lines to use. "
+        "the timestamp's freshness and time to expiry, clock skew, and from each part's /metrics the edge's hot "
+        "path and last refresh, signing errors, advisory feeds and bucket errors; then print the pip and uv lines. "
         "Exit status 1 when a problem was found.",
     )
     p.add_argument("--edge", metavar="URL", help="an edge (tufproxy serve), e.g. http://edge.internal:8080/")

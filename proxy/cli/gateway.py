@@ -357,6 +357,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     if values["advisories_url"]:
         feed_http = IndexHTTP(values["advisories_url"], ca_bundle=values["ca_bundle"],
                               connect_timeout=values["connect_timeout"], read_timeout=values["read_timeout"])
+        metrics.advisory_feeds_answered.set_to_current_time()  # a feed failing from the start ages from here
         feeds = (feed_http, asyncio.create_task(
             Feeds(feed_http.index_urls, feed_http, store_path(ledger_dir(directory)), repo,
                   max_size=values["advisories_max_size"], answered=metrics.advisory_feeds_answered.set_to_current_time)

@@ -1,9 +1,11 @@
-"""``tufproxy why REQUIREMENT --gateway URL``: why a version or file is not offered.
+"""``tufproxy why REQUIREMENT --gateway URL|--edge URL``: why a version or file is not offered.
 
 The gateway answers ``GET /_tufproxy/why/<project>`` with what a publish
 would offer now and what its policy hides, by rule (cooldown cut-off and
 each file's upload-time, denied, private, not on the index); this prints
-the files the requirement's versions have, one line each.  Exit status 0
+the files the requirement's versions have, one line each.  An edge of the
+gateway answers the same path by asking its gateways in turn, for people
+who reach only the edge.  Exit status 0
 when at least one file the requirement allows is offered, 1 otherwise.
 """
 
@@ -57,18 +59,32 @@ def _cmd_why(args: argparse.Namespace) -> int:
         requirement = Requirement(args.requirement)
     except InvalidRequirement as e:
         raise CommandError(f"not a requirement: {args.requirement!r} ({e})") from None
-    base = args.gateway if args.gateway.endswith("/") else f"{args.gateway}/"
+    asked = args.gateway or args.edge
+    if not asked or (args.gateway and args.edge):
+        raise CommandError("give --gateway URL or --edge URL (an edge relays its gateway's answer)")
+    base = asked if asked.endswith("/") else f"{asked}/"
     url = f"{base}_tufproxy/why/{quote(canonicalize_name(requirement.name))}"
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
             answer = json.loads(r.read(MAX_BODY))
     except urllib.error.HTTPError as e:
-        raise CommandError(f"{url}: HTTP {e.code} {e.reason}") from None
+        detail = _detail(e.read(MAX_BODY))
+        raise CommandError(f"{url}: HTTP {e.code} {e.reason}" + (f": {detail}" if detail else "")) from None
     except (OSError, ValueError) as e:
         raise CommandError(f"{url}: {e}") from None
     lines, offered = explain(requirement, answer if isinstance(answer, dict) else {})
     print("\n".join(lines))
     return 0 if offered else 1
+
+
+def _detail(body: bytes) -> str:
+    """The reason a refusal's JSON body gives, on one line, bounded."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return ""
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    return " ".join(str(detail).split())[:300] if detail else ""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,5 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Exit status 1 when nothing the requirement allows is offered.",
     )
     p.add_argument("requirement", metavar="REQUIREMENT", help="a project, optionally with versions ('lib>=2')")
-    p.add_argument("--gateway", required=True, metavar="URL", help="the gateway, e.g. http://gateway.internal:8081/")
+    p.add_argument("--gateway", metavar="URL", help="the gateway, e.g. http://gateway.internal:8081/")
+    p.add_argument("--edge", metavar="URL", help="or an edge in front of it (it relays the gateway's answer, under "
+                   "its own access rules), e.g. http://edge.internal:8080/")
     p.set_defaults(func=_cmd_why)

@@ -3,7 +3,8 @@
 Every ``tick`` seconds the gateway first applies revocations recorded
 since the last tick (:meth:`Gateway.apply_revocations`), then re-fetches the published projects whose
 page is older than ``page_ttl`` (fetch times survive restarts:
-:mod:`proxy.gateway.fetchtimes`), most recently used first, at most
+:mod:`proxy.gateway.fetchtimes`; a priority queue by due time,
+:mod:`proxy.gateway.due`, not a scan of every project), most recently used first, at most
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
 lifetime, so the timestamp never expires even when nothing changes.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from tuf.api.metadata import Metadata, Snapshot, Timestamp
 
+from proxy.gateway.due import DueQueue
 from proxy.gateway.service import Gateway
 from proxy.protocol.model import file_digest
 from proxy.repository import Repository
@@ -45,6 +47,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
     resign_every = repo.settings.expiry.timestamp.total_seconds() / 8
     last_resign = -float("inf")
     seen: set[str] | None = None
+    queue = DueQueue(page_ttl)
     while True:
         if leader is not None and not leader.held():
             await asyncio.sleep(tick)
@@ -55,12 +58,14 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
             log.error("applying revocations failed: %s", e)
         now = time.monotonic()
-        # What was signed before we led is due now; what another worker signs since was fetched just now.
+        # What was signed before we led is due when its fetch time says; what another worker signs since was
+        # fetched just now.
         if seen is None:
             seen = set(gateway.publisher.published)
         for project in gateway.publisher.published - seen:
             gateway.fetched.setdefault(project, now)
         seen |= gateway.publisher.published
+        queue.add(gateway.publisher.published - queue.queued, gateway.fetched)
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()
@@ -69,9 +74,8 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
                 log.error("re-signing online roles failed: %s", e)
             else:
                 last_resign = now
-        due = [p for p in gateway.publisher.published if now - gateway.fetched.get(p, -float("inf")) >= page_ttl]
-        due.sort(key=lambda p: gateway.used.get(p, 0.0), reverse=True)
-        batch = due[: max(1, int(rate * tick))]
+        batch = queue.take(now, gateway.fetched, gateway.publisher.published.__contains__, max(1, int(rate * tick)),
+                           lambda p: gateway.used.get(p, 0.0))
         if batch:
             try:
                 changed = await gateway.refresh(batch)

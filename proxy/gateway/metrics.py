@@ -88,7 +88,8 @@ class GatewayMetrics:
         )
         self.advisory_feeds_answered = Gauge(
             "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds",
-            "Unix time every --advisories-url last answered (a new body or 304); absent without feeds",
+            "Unix time every --advisories-url last answered (a new body or 304), the start time until the first "
+            "answer; 0 without feeds",
             registry=r, multiprocess_mode="livemax",
         )
         self.projects = Gauge("tufproxy_gateway_projects", "Projects published", registry=r, multiprocess_mode="livemax")

@@ -99,8 +99,11 @@ class Rules:
 
 
 def project_of(path: str) -> str | None:
-    """The project a request path names (``/simple/<p>/...``, ``/packages/<p>/...``), normalised; None for others."""
+    """The project a request path names (``/simple/<p>/...``, ``/packages/<p>/...``, ``/_tufproxy/why/<p>``),
+    normalised; None for others."""
     parts = path.split("/")
+    if len(parts) == 4 and parts[1] == "_tufproxy" and parts[2] == "why" and parts[3]:
+        return canonicalize_name(parts[3]) if len(parts[3]) <= 200 else parts[3]
     if len(parts) >= 3 and parts[1] in ("simple", "packages") and parts[2] and parts[2][:1] != ".":
         name = parts[2]
         if parts[1] == "simple" and len(parts) == 3:

@@ -28,7 +28,7 @@ import logging
 import re
 import ssl
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -45,6 +45,8 @@ DEADLINE = 8.0
 RETRY_AFTER = 2
 MAX_DETAIL = 240
 MAX_BODY = 4096
+MAX_WHY = 4 << 20
+WHY_DEADLINE = 60.0  # the gateway reads the index page first
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -121,6 +123,34 @@ class MissProtocol:
         if not isinstance(version, int) or isinstance(version, bool):
             raise DownloadError(url, "gateway answer has no timestamp_version")
         return version
+
+
+    async def why(self, project: str) -> dict[str, Any]:
+        """The first answering gateway's ``/_tufproxy/why/<project>`` (what a publish would offer, what its
+        policy hides and by which rule), for ``tufproxy why --edge``: readers who reach only the edge."""
+        async def ask(_i: int, gateway_url: str) -> dict[str, Any]:
+            url = f"{gateway_url}_tufproxy/why/{project}"
+            headers = self.auth.headers(url) if self.auth else {}
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
+            try:
+                async with aiohttp.ClientSession(connector=connector) as session, \
+                        session.get(url, headers=headers, allow_redirects=False,
+                                    timeout=aiohttp.ClientTimeout(total=WHY_DEADLINE)) as response:
+                    if response.status != 200:
+                        raise DownloadHTTPError(url, response.status)
+                    answer = json.loads(await response.content.read(MAX_WHY))
+            except aiohttp.ClientError as e:
+                raise DownloadError(url, str(e) or type(e).__name__) from e
+            except (ValueError, TimeoutError) as e:
+                raise DownloadError(url, f"no answer: {e or type(e).__name__}") from e
+            if not isinstance(answer, dict):
+                raise DownloadError(url, "not a JSON object")
+            return answer
+
+        try:
+            return await failover(self.gateway_urls, ask)
+        except Exhausted as e:
+            raise UpstreamUnreachable(f"why {project}", e.tried.failures) from None
 
 
 def _refusal(body: bytes) -> tuple[str | None, str | None]:

@@ -283,9 +283,9 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     if config.gateway_url and not layout.miss_protocol:
         raise CommandError(f"--gateway-url is for a gateway's edge, and this upstream has the {layout.name} layout")
     gateways = config.gateway_url or config.upstream
-    on_miss = (
+    miss = (
         MissProtocol(gateways, trust, FetchLocks(store.root / "locks"), auth=config.upstream_auth,
-                     ssl_context=_client_tls(config)).on_miss
+                     ssl_context=_client_tls(config))
         if layout.miss_protocol and gateways
         else None
     )
@@ -307,13 +307,14 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             settings,
             layout,
             tuple(config.files_url),
-            on_miss=on_miss,
+            on_miss=miss.on_miss if miss is not None else None,
             page_fetcher=page_fetcher,
             shared=shared,
             provenance=_edge_provenance(config),
         ),
         guard,
         config.allow_anonymous_private,
+        why=miss.why if miss is not None else None,
     )
     trust.on_refused = proxy.resolver.refusals.refresh_refused
     if isinstance(detected.error, RepositoryError):  # refused while the layout was read: audited like any other

@@ -23,9 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from packaging.utils import canonicalize_name
 
 from proxy.protocol.access import project_of
-from proxy.protocol.errors import StoreError
+from proxy.protocol.errors import StoreError, TrustError
+from proxy.protocol.layout import is_valid_project_name
 from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
 from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
@@ -60,8 +62,10 @@ _FILE_HEADERS = {
 class Proxy:
     """The aiohttp application over a :class:`~proxy.serving.resolver.Resolver`."""
 
-    def __init__(self, resolver: Resolver, guard: Guard | None = None, allow_anonymous_private: bool = False) -> None:
+    def __init__(self, resolver: Resolver, guard: Guard | None = None, allow_anonymous_private: bool = False,
+                 why: Callable[[str], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.resolver = resolver
+        self.why = why  # the gateway's answer to "why is this not offered" (gateway profile), relayed
         # Access control (None: everyone is anonymous; private projects are then served to nobody unless
         # the operator allowed anonymous access to them).
         self.guard = guard
@@ -112,6 +116,7 @@ class Proxy:
         app.router.add_get("/metrics", self._metrics, name="metrics")
         app.router.add_get("/healthz", self._healthz, name="healthz")
         app.router.add_get("/readyz", self._readyz, name="readyz")
+        app.router.add_get("/_tufproxy/why/{project}", self._why, name="why")
         app.router.add_get("/{tail:.*}", self._dispatch, name="simple")
         return app
 
@@ -218,6 +223,18 @@ class Proxy:
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def _why(self, request: web.Request) -> web.StreamResponse:
+        """``tufproxy why --edge``: the gateway's account of a project, asked through this edge (same access rules)."""
+        project = request.match_info["project"]
+        if not is_valid_project_name(project):
+            return _why_failed(400, "bad-project-name", f"not a project name: {project[:100]!r}")
+        if self.why is None:
+            return _why_failed(404, "no-gateway", "this edge reads no tufproxy gateway: ask its upstream's operator")
+        try:
+            return web.json_response(await self.why(canonicalize_name(project)))
+        except TrustError as e:
+            return _why_failed(502, e.reason, str(e)[:500])
+
     async def _readyz(self, request: web.Request) -> web.Response:
         """Ready: trusted metadata unexpired, cache writable (and the bucket reachable), an upstream reached lately."""
         status = self.trust.status()
@@ -254,6 +271,10 @@ class Proxy:
 
 
 _OPEN = frozenset(("/healthz", "/readyz", "/metrics"))
+
+
+def _why_failed(status: int, reason: str, detail: str) -> web.Response:
+    return web.json_response({"reason": reason, "detail": detail}, status=status, headers={"X-Tufproxy-Reason": reason})
 
 
 def _resource(request: web.Request) -> Resource | None:
