@@ -193,8 +193,13 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
     with group(seaweed, tmp_path, "ha", ["app", "late"], 2, monkeypatch, lease) as g:
         leader = g.leader()
         follower = next(x for x in g.gateways if x is not leader)
-        assert leader.publish("app")[0] == 200
-        wait_for(lambda: len(g.versions) > 0, "a timestamp in the bucket", timeout=30)
+        # A follower forwards a publish to the leader, which answers once the batch is in the bucket.
+        status, answer = follower.publish("app")
+        assert status == 200, answer
+        assert not (follower.directory / "public" / "simple" / "app").exists()  # signed by the leader only
+        assert (leader.directory / "public" / "simple" / "app").is_dir()
+        wait_for(lambda: g.versions and g.versions[-1] >= answer["timestamp_version"], "the batch in the bucket",
+                 timeout=10)
         generation = metric(follower.base, "tufproxy_gateway_lease_generation")
         assert generation >= 1
         with urllib.request.urlopen(f"{follower.base}readyz", timeout=10) as ready:

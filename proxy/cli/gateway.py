@@ -46,6 +46,7 @@ from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp, gateway_resource
 from proxy.gateway.feeds import Feeds
 from proxy.gateway.files import FileSource
+from proxy.gateway.forward import Forwarder
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
@@ -140,6 +141,9 @@ OPTIONS: tuple[Option, ...] = (
            "is the only one that publishes, and its timestamp writes are conditional so a stale leader cannot "
            "overwrite its successor's", None, _positive_float, metavar="SECONDS", shown="no lease: this gateway "
            "is the only publisher"),
+    Option("replica_url", "with --leader-lease: the URL the other replicas forward publish requests to while "
+           "this replica leads", None, metavar="URL", shown="http(s)://HOST:PORT of --listen (this host's name for "
+           "0.0.0.0)"),
     Option("s3_endpoint_url", "the S3 API endpoint of an S3-compatible store", None, metavar="URL", shown="AWS's"),
     Option("advisories_url", "an OSV feed the gateway fetches itself: a record, or a zip laid out like OSV's "
            "all.zip (e.g. an internal copy of the PyPI one); repeatable", [], _file_urls, repeat=True, metavar="URL"),
@@ -232,7 +236,7 @@ async def _pusher(values: dict, directory: Path, public: Path,
                     asyncio.get_running_loop().create_task(pusher.push_logged())
 
             lease = LeaderLease(bucket, values["leader_lease"], elected=elected, changed=changed,
-                                lost=metrics.lease_lost.inc)
+                                lost=metrics.lease_lost.inc, url=replica_url(values))
             fence = Fence(bucket, lease)
         pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None, fence=fence)
@@ -247,6 +251,16 @@ async def _pusher(values: dict, directory: Path, public: Path,
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
     return pusher, lease
+
+
+def replica_url(values: dict) -> str:
+    """Where the other replicas reach this one: ``--replica-url``, or the ``--listen`` address."""
+    if values["replica_url"]:
+        return str(values["replica_url"])
+    host, port = values["listen"]
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.getfqdn()
+    return f"{'https' if values['tls_cert'] else 'http'}://{host}:{port}/"
 
 
 def state_dir(directory: Path, cache_dir: Path | None) -> Path:
@@ -338,6 +352,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     served = listener.Listener(app.app(), listener.Limits.of(values), registry=metrics.registry)
     app.connections = served.connections
+    if lease is not None:
+        app.forwarder = Forwarder(lease, values["read_timeout"] + values["batch_window"] + 30)
     host, port = values["listen"]
     try:
         actual = await served.start(sock=sock, host=host, port=port, ssl_context=tls.context if tls is not None else None)
@@ -376,6 +392,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         if leasing is not None and lease is not None:
             leasing.cancel()
             await lease.release()
+        if app.forwarder is not None:
+            await app.forwarder.close()
         await gateway.prefetcher.cancel()
         await publisher.stop()
         await served.stop()

@@ -38,6 +38,7 @@ from aiohttp import web
 from packaging.utils import canonicalize_name
 
 from proxy.gateway.files import FileSource
+from proxy.gateway.forward import Forwarder
 from proxy.gateway.service import Gateway, NotListed
 from proxy.protocol import index, refusals
 from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
@@ -67,6 +68,7 @@ class GatewayApp:
         self.metrics = gateway.metrics
         self.started = started or time.time()
         self.connections: Connections | None = None  # the listener's, once it listens
+        self.forwarder: Forwarder | None = None  # a replica of a group (--leader-lease)
 
     def app(self) -> web.Application:
         middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
@@ -115,6 +117,10 @@ class GatewayApp:
         name = request.match_info["project"]
         if not is_valid_project_name(name):
             return web.json_response({"reason": "bad-project-name"}, status=400)
+        if self.forwarder is not None:
+            answer = await self.forwarder.publish(request.path, request.headers.get("Authorization"))
+            if answer is not None:
+                return web.Response(status=answer[0], body=answer[1], content_type="application/json")
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:

@@ -23,10 +23,11 @@ class LeaseRecord:
     holder: str
     generation: int
     expires: float
+    url: str = ""  # where the other replicas forward publish requests to the holder
 
     def encode(self) -> bytes:
-        return json.dumps({"holder": self.holder, "generation": self.generation, "expires": self.expires},
-                          sort_keys=True).encode()
+        return json.dumps({"holder": self.holder, "generation": self.generation, "expires": self.expires,
+                           "url": self.url}, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> LeaseRecord | None:
@@ -35,7 +36,7 @@ class LeaseRecord:
             return None
         try:
             raw = json.loads(data)
-            return cls(str(raw["holder"]), int(raw["generation"]), float(raw["expires"]))
+            return cls(str(raw["holder"]), int(raw["generation"]), float(raw["expires"]), str(raw.get("url", "")))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -54,10 +55,11 @@ def next_step(record: LeaseRecord | None, me: str, now: float) -> Step:
     return Step.FOLLOW
 
 
-def successor(record: LeaseRecord | None, step: Step, me: str, now: float, period: float) -> LeaseRecord:
+def successor(record: LeaseRecord | None, step: Step, me: str, now: float, period: float,
+              url: str = "") -> LeaseRecord:
     """The record to write for ``step`` (RENEW or TAKE)."""
     generation = record.generation if record is not None else 0
-    return LeaseRecord(me, generation if step is Step.RENEW else generation + 1, now + period)
+    return LeaseRecord(me, generation if step is Step.RENEW else generation + 1, now + period, url)
 
 
 def timestamp_version(data: bytes) -> int | None:

@@ -45,8 +45,10 @@ class LeaderLease:
 
     def __init__(self, bucket: Bucket, period: float, *, elected: Callable[[], Awaitable[None]] | None = None,
                  changed: Callable[[bool, int], None] | None = None, lost: Callable[[], None] | None = None,
-                 holder: str | None = None) -> None:
+                 holder: str | None = None, url: str = "") -> None:
         self.bucket = bucket
+        self.url = url
+        self.leader_url: str | None = None  # the holder's, as a follower last read it
         self.period = period
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.generation = 0
@@ -73,8 +75,9 @@ class LeaderLease:
             if action is Step.FOLLOW:
                 assert record is not None
                 self._follow(record.generation)
+                self.leader_url = record.url or None
                 return False
-            new = successor(record, action, self.holder, time.time(), self.period)
+            new = successor(record, action, self.holder, time.time(), self.period, self.url)
             etag = await self.bucket.put_if(LEASE_KEY, new.encode(), found[1] if found is not None else None)
         except BucketUnavailable as e:
             if self._leader and not self.leader:
