@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from proxy.repository import Repository
 from proxy.repository.sample import build_sdist, build_wheel
+from tests.support.seaweed import Seaweed
 from tests.support.upstream import Upstream
 
 
@@ -57,3 +59,13 @@ def sample_repo(tmp_path: Path, layout: str) -> SampleRepo:
 def upstream(sample_repo: SampleRepo):
     with Upstream(sample_repo.repo.public_dir) as up:
         yield up
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    """One SeaweedFS per session (``weed`` from the test extra); each test uses its own prefix of the bucket."""
+    server = Seaweed(tmp_path_factory.mktemp("seaweed")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -40,15 +40,6 @@ from tests.support.testindex import TestIndex
 BIG = 24 * 2**20
 
 
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
-    server = Seaweed(tmp_path_factory.mktemp("seaweed")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @dataclass
 class World:
     public: Path  # the signed tree the upstream serves

@@ -1,7 +1,7 @@
 """Gateway replicas on one bucket (``--leader-lease``) against a real SeaweedFS: the conditional PUT the
 lease and the fence stand on, the lease itself, and real gateway processes with an edge and pip.
 
-SeaweedFS starts once per module (``weed`` from the test extra); each test uses its own prefix.
+SeaweedFS starts once per session (the ``seaweed`` fixture of tests/conftest.py); each test uses its own prefix.
 """
 
 from __future__ import annotations
@@ -34,15 +34,6 @@ from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.seaweed import BUCKET, Seaweed
 from tests.support.testindex import TestIndex
-
-
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
-    server = Seaweed(tmp_path_factory.mktemp("seaweed")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def bucket(seaweed: Seaweed, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Bucket:
