@@ -21,11 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import obstore
 import pytest
 
 from proxy.protocol.lease import LEASE_KEY, LeaseRecord
 from proxy.repository.sample import build_wheel
-from proxy.storage.leader import Fence, LeaderLease, LeaseLost
+from proxy.storage.leader import GENERATION_META, Fence, LeaderLease, LeaseLost
 from proxy.transport.bucket import Bucket, BucketUnavailable
 from proxy.util.metrics import BucketMetrics
 from tests.support.clients import install
@@ -98,6 +99,8 @@ def test_one_leader_takeover_bumps_generation_and_a_woken_stale_leader_is_fenced
         assert not await a.step() and a.generation == 2  # it follows the new generation
         got = await b.read_tagged("metadata/timestamp.json")
         assert got is not None and json.loads(got[0])["signed"]["version"] == 6
+        stored = await obstore.get_async(b._store, "metadata/timestamp.json")
+        assert stored.attributes.get(GENERATION_META) == "2"  # written under c's lease
         with pytest.raises(LeaseLost):
             await fc.write(timestamp(6))  # never the same version or below, even by the leader
         await c.release()

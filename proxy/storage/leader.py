@@ -13,7 +13,8 @@ lease: a write is refused before it leaves if the lease is not held and
 valid, and is conditional on the ETag this leader last saw, so a leader
 that was frozen past its lease (SIGSTOP, a long pause, a partition) and
 wakes up cannot overwrite what its successor published: its write fails,
-it steps down.  A timestamp whose version is not above the bucket's is
+it steps down.  Each timestamp object carries the generation it was
+written under (user metadata ``tufproxy-lease-generation``).  A timestamp whose version is not above the bucket's is
 never written either.
 """
 
@@ -32,6 +33,7 @@ from proxy.transport.bucket import Bucket, BucketUnavailable
 
 log = logging.getLogger(__name__)
 TIMESTAMP_KEY = "metadata/timestamp.json"
+GENERATION_META = "tufproxy-lease-generation"  # stored with each timestamp: the lease it was written under
 
 
 class LeaseLost(BucketUnavailable):
@@ -172,7 +174,7 @@ class Fence:
         version = timestamp_version(data) or 0
         if version <= self.version:
             raise LeaseLost(f"timestamp v{version} is not above v{self.version} in {self.bucket.url}: not written")
-        etag = await self.bucket.put_if(TIMESTAMP_KEY, data, self._etag)
+        etag = await self.bucket.put_if(TIMESTAMP_KEY, data, self._etag, {GENERATION_META: str(self.lease.generation)})
         if etag is None:
             self.lease.step_down()
             raise LeaseLost(f"{self.bucket.url} timestamp changed under generation {self.lease.generation}: "

@@ -150,13 +150,15 @@ class Bucket:
             op.nbytes = len(data)
         return data, str(result.meta.get("e_tag") or "")
 
-    async def put_if(self, key: str, data: bytes, etag: str | None) -> str | None:
+    async def put_if(self, key: str, data: bytes, etag: str | None, meta: dict[str, str] | None = None) -> str | None:
         """Store ``data`` only if ``key`` still has ``etag`` (``If-Match``), or, with None, is absent
-        (``If-None-Match: *``); the new ETag, or None if another writer got there first."""
+        (``If-None-Match: *``); the new ETag, or None if another writer got there first.
+        ``meta``: user-defined metadata stored with the object."""
         mode: Any = "create" if etag is None else {"e_tag": etag}
         async with self._op("put") as op:
             try:
-                result = await self._obstore.put_async(self._store, key, data, mode=mode, use_multipart=False)
+                result = await self._obstore.put_async(self._store, key, data, mode=mode, use_multipart=False,
+                                                       attributes=meta)
             except (*self._taken, *self._missing):
                 return None
             op.nbytes = len(data)
