@@ -262,3 +262,32 @@ def test_random_kills_each_followed_by_an_install_with_no_rollback(
                 r = install("pip", edge.url, tmp_path / f"t{i}", project)
                 assert r.returncode == 0, r.stdout + r.stderr + edge.log() + leader.log()
             victim.start()
+
+
+def test_lease_decisions_and_a_damaged_record() -> None:
+    from proxy.protocol.lease import Step, next_step, successor
+
+    live = LeaseRecord("a", 4, expires=100.0, url="http://a:1/")
+    assert next_step(live, "a", 200.0) is Step.RENEW  # ours, even late: renewing keeps the generation
+    assert next_step(live, "b", 99.0) is Step.FOLLOW
+    assert next_step(live, "b", 100.0) is Step.TAKE
+    assert next_step(None, "b", 0.0) is Step.TAKE
+    assert successor(live, Step.RENEW, "a", 150.0, 5.0) == LeaseRecord("a", 4, 155.0)
+    assert successor(live, Step.TAKE, "b", 150.0, 5.0, "http://b:2/") == LeaseRecord("b", 5, 155.0, "http://b:2/")
+    assert successor(None, Step.TAKE, "b", 0.0, 5.0).generation == 1
+    assert LeaseRecord.decode(live.encode()) == live
+    for junk in (b"", b"{", b"[]", b'{"holder": "a"}', b"x" * 5000):
+        assert LeaseRecord.decode(junk) is None  # taken over as if expired
+
+
+@pytest.mark.slow
+def test_leader_lease_needs_a_store_and_one_worker(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for extra in ((), ("--store", "s3://bucket-name/p", "--workers", "2")):
+        r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "serve", str(tmp_path), "--index-url",
+                            "https://index.example/simple/", "--leader-lease", "5", *extra],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--leader-lease needs --store" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
