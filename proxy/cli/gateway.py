@@ -230,10 +230,14 @@ async def _pusher(values: dict, directory: Path, public: Path,
                 assert fence is not None
                 await asyncio.to_thread(_check_restore, directory, cache, await fence.load())
 
+            pushes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
+
             def changed(leader: bool, generation: int) -> None:
                 metrics.lease_changed(leader, generation)
-                if leader:
-                    asyncio.get_running_loop().create_task(pusher.push_logged())
+                if leader:  # publish at once what this replica holds, above the bucket's versions
+                    task = asyncio.get_running_loop().create_task(pusher.push_logged())
+                    pushes.add(task)
+                    task.add_done_callback(pushes.discard)
 
             lease = LeaderLease(bucket, values["leader_lease"], elected=elected, changed=changed,
                                 lost=metrics.lease_lost.inc, url=replica_url(values))
