@@ -92,8 +92,10 @@ def test_every_alert_fires_when_it_should_and_not_before(tmp_path: Path) -> None
         for check in case["alert_rule_test"]:
             tested.add(check["alertname"])
             for alert in check["exp_alerts"]:
+                labels = alert["exp_labels"]
                 alert["exp_annotations"] = {
-                    k: " ".join(v.replace("{{ $labels.instance }}", alert["exp_labels"]["instance"]).split())
+                    k: " ".join(v.replace("{{ $labels.instance }}", labels.get("instance", ""))
+                                .replace("{{ $labels.job }}", labels["job"]).split())
                     for k, v in alerts[check["alertname"]]["annotations"].items()}
     assert tested | {"TufproxyConnectionsNearCap"} == set(alerts), set(alerts) - tested  # that one: above
     (tmp_path / "rules.yml").write_text(RULES.read_text())
