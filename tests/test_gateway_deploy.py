@@ -78,3 +78,27 @@ def test_gateway_guide_commands_parse() -> None:
     assert any(c.startswith("tufproxy gateway serve") for c in commands)
     for command in commands:
         _parse(shlex.split(command)[1:])
+
+
+def test_the_replica_overlay_and_units_run_real_commands() -> None:
+    """deploy/gateway/k8s-ha and the replica unit: two replicas on one bucket, each with the lease, one process."""
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all((GATEWAY / "k8s-ha" / "replicas.yaml").read_text()))
+    (stateful,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert stateful["spec"]["replicas"] == 2
+    (container,) = stateful["spec"]["template"]["spec"]["containers"]
+    args = _parse([a.replace("$(POD_NAME)", "tufproxy-gateway-0") for a in container["args"]])
+    assert args.gateway_command == "serve" and args.workers == "1" and args.replica_url  # type: ignore[attr-defined]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    settings = tomllib.loads(cm["data"]["gateway.toml"])
+    assert set(settings) <= {o.name for o in OPTIONS} and settings["leader_lease"] > 0 and settings["store"]
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "Service"} == {"tufproxy-gateway",
+                                                                               "tufproxy-gateway-replicas"}
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string((GATEWAY / "systemd" / "tufproxy-gateway-replica.service").read_text())
+    argv = shlex.split(unit["Service"]["ExecStart"].replace("${REPLICA_URL}", "http://gw-a.internal:8081/"))[1:]
+    parsed = _parse(argv)
+    assert parsed.gateway_command == "serve" and parsed.workers == "1"  # type: ignore[attr-defined]
+    assert unit["Service"]["EnvironmentFile"] == "/etc/tufproxy/replica.env"
+    assert unit["Service"]["ProtectSystem"] == "strict"
