@@ -219,8 +219,7 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
             r = install("pip", edge.url, tmp_path / "t", "late")
             assert r.returncode == 0, r.stdout + r.stderr + edge.log() + follower.log()
             took = time.monotonic() - killed_at
-        # The issue's goal is 15 s; the bound is looser so a loaded CI machine does not fail it.
-        assert took < 45, took
+        assert took < 15, took  # the issue's goal with a 5 s lease (measured 5.0 s)
         print(f"kill -9 to installed: {took:.1f} s")
 
 
@@ -250,7 +249,7 @@ def test_bucket_unreachable_longer_than_the_lease_then_the_group_recovers_alone(
 @pytest.mark.slow
 def test_random_kills_each_followed_by_an_install_with_no_rollback(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rounds = 8  # the issue asks for 20: kept shorter for CI time; bench/ha.py runs more kills
+    rounds = 20
     rng = random.Random(32)
     projects = [f"round{i}" for i in range(rounds)]
     with group(seaweed, tmp_path, "ha-random", projects, 3, monkeypatch, 3.0) as g:
