@@ -299,6 +299,24 @@ class GatewayWorkers:
         return started
 
 
+# A token another worker is logging in to answers a generic error for a moment (SoftHSM2 does):
+# asked again within this many tries, a busy token is told from a broken one.
+_KEY_TRIES = 5
+
+
+async def _online_key_signs(repo: Repository) -> None:
+    """The online key signs before anything is served: a missing token, wrong PIN or missing key stops here."""
+    for attempt in range(_KEY_TRIES):
+        try:
+            await asyncio.to_thread(repo.check_key, ONLINE)
+            return
+        except KeyUnavailable as e:
+            if not e.transient or attempt == _KEY_TRIES - 1:
+                raise
+            log.info("the online key: %s (asking again)", e)
+            await asyncio.sleep(0.1 * 2 ** attempt)
+
+
 async def _start(directory: Path, values: dict, policy: Policy, sock: socket.socket | None,
                  shared: Path | None) -> tuple[Started, int]:
     """Start one gateway process (on ``sock`` if given); with ``shared``, one of several workers sharing DIR."""
@@ -314,8 +332,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     client = IndexClient(http, files_origins, max_page_size=values["max_page_size"])
     ledger = Ledger(ledger_dir(directory), quiet_start=True)  # serve's start-up check reported its junk
     try:
-        # The online key signs before anything is served: a missing token, wrong PIN or missing key stops here.
-        await asyncio.to_thread(repo.keys.check, ONLINE)
+        await _online_key_signs(repo)
     except KeyUnavailable as e:
         audit.close()
         raise CommandError(f"the online key: {e}") from None

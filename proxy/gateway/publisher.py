@@ -157,7 +157,7 @@ class Publisher:
         while self.signing_error is not None:
             await asyncio.sleep(max(0.0, self._retry_at - time.monotonic()))
             try:
-                await asyncio.to_thread(self.repo.keys.check, ONLINE)
+                await asyncio.to_thread(self.repo.check_key, ONLINE)
             except KeyUnavailable as e:
                 self._key_down(e)
                 if not e.retry:

@@ -48,15 +48,23 @@ _EXTRA = {"hsm": "hsm", PKCS11: "hsm", "awskms": "kms", "gcpkms": "kms", "azurek
 class KeyUnavailable(Exception):
     """A key URI that cannot sign now; one line naming the URI with the PIN elided.
 
-    ``retry`` is False when asking again could do harm (a wrong PIN counts towards locking the token).
+    ``retry`` is False when asking again could do harm (a wrong PIN counts towards locking the token);
+    ``transient`` is True when asking again a moment later is likely to succeed (a token busy with
+    another process).
     """
 
     reason = "signing-unavailable"
     fault = Fault.OURS  # our key's token or KMS, not the index nor the client
 
-    def __init__(self, message: str, retry: bool = True) -> None:
+    def __init__(self, message: str, retry: bool = True, transient: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
+        self.transient = transient
+
+    @classmethod
+    def of(cls, uri: str, e: BaseException) -> KeyUnavailable:
+        """``e``, any signer library's failure for ``uri``, as one of these."""
+        return cls(_describe(uri, e), getattr(e, "retry", True), getattr(e, "transient", False))
 
 
 class SigningError(KeyUnavailable):
@@ -122,7 +130,7 @@ def import_key(uri: str) -> tuple[str, SSlibKey]:
     try:
         return _import(uri)
     except Exception as e:  # noqa: BLE001 - every signer library has its own errors: all mean "cannot use this key"
-        raise KeyUnavailable(_describe(uri, e), getattr(e, "retry", True)) from None
+        raise KeyUnavailable.of(uri, e) from None
 
 
 class _Guarded(Signer):
@@ -144,7 +152,7 @@ class _Guarded(Signer):
         try:
             return self.inner.sign(payload)
         except Exception as e:  # noqa: BLE001 - any signer library's failure means "not signed"
-            raise SigningError(_describe(self.uri, e), getattr(e, "retry", True)) from None
+            raise SigningError.of(self.uri, e) from None
 
 
 def open_signer(uri: str, public_key: Key) -> Signer:
@@ -154,7 +162,7 @@ def open_signer(uri: str, public_key: Key) -> Signer:
         inner = Signer.from_priv_key_uri(uri, public_key, _pin)
         signature = inner.sign(_PROBE)
     except Exception as e:  # noqa: BLE001 - see import_key
-        raise KeyUnavailable(_describe(uri, e), getattr(e, "retry", True)) from None
+        raise KeyUnavailable.of(uri, e) from None
     try:
         public_key.verify_signature(signature, _PROBE)
     except Exception:  # noqa: BLE001 - securesystemslib's VerificationError and friends

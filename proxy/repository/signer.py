@@ -509,6 +509,12 @@ class Repository:
             return [self.keys.load(role)]
         raise ValueError(role)
 
+    def check_key(self, name: str) -> None:
+        """``Keys.check`` under the writers' lock: a token is then used by one process at a time (SoftHSM2
+        answers a generic error, or no token at all, to a process reading it while another logs in)."""
+        with self._locked():
+            self.keys.check(name)
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """One writer at a time (a cron refresh and an add may overlap)."""

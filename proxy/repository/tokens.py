@@ -35,15 +35,19 @@ class TokenError(Exception):
     """A token, key or PIN a ``pkcs11:`` URI names cannot be used; one line naming the URI (PIN elided).
 
     ``retry`` is False for a wrong or locked PIN: trying it again would count
-    against the token's PIN retry limit and lock it.
+    against the token's PIN retry limit and lock it. ``transient`` is True for
+    the module's generic failures (``CKR_GENERAL_ERROR`` and kin), which SoftHSM2
+    returns while another process logs in to the same token: asked again a moment
+    later, it answers.
     """
 
     reason = "signing-unavailable"
     fault = Fault.OURS
 
-    def __init__(self, message: str, retry: bool = True) -> None:
+    def __init__(self, message: str, retry: bool = True, transient: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
+        self.transient = transient
 
 
 def _pkcs11() -> Any:
@@ -70,10 +74,10 @@ class _Token:
             raise TokenError(f"{self.shown}: name the PKCS#11 module with module-path= (or set {MODULE_ENV})")
         self.module: str = module
 
-    def fail(self, why: str, stale: bool = False, retry: bool = True) -> TokenError:
+    def fail(self, why: str, stale: bool = False, retry: bool = True, transient: bool = False) -> TokenError:
         if stale:
             _STALE.add(self.module)
-        return TokenError(f"{self.shown}: {why}", retry)
+        return TokenError(f"{self.shown}: {why}", retry, transient)
 
     def pin(self, _what: str = "pin") -> str:
         if self.parts.pin_value is not None:
@@ -109,7 +113,7 @@ class _Token:
         except pkcs11.exceptions.MultipleTokensReturned:
             raise self.fail("more than one token matches: name it with token=LABEL") from None
         except pkcs11.exceptions.PKCS11Error as e:
-            raise self.fail(f"token not reachable ({type(e).__name__})", stale=True) from None
+            raise self.fail(f"token not reachable ({type(e).__name__})", stale=True, transient=True) from None
 
     def open(self) -> Any:
         """A logged-in session (a context manager)."""
@@ -122,7 +126,7 @@ class _Token:
         except pkcs11.exceptions.PinLocked:
             raise self.fail("the token's PIN is locked", retry=False) from None
         except pkcs11.exceptions.PKCS11Error as e:
-            raise self.fail(f"cannot log in to the token ({type(e).__name__})", stale=True) from None
+            raise self.fail(f"cannot log in to the token ({type(e).__name__})", stale=True, transient=True) from None
 
     def find(self, session: Any, object_class: Any) -> Any:
         pkcs11 = _pkcs11()
@@ -192,4 +196,4 @@ class Pkcs11Signer(HSMSigner):
         except (pkcs11.exceptions.PinIncorrect, pkcs11.exceptions.PinLenRange):
             raise self._token.fail("wrong PIN", retry=False) from None
         except pkcs11.exceptions.PKCS11Error as e:
-            raise self._token.fail(f"signing failed ({type(e).__name__})", stale=True) from None
+            raise self._token.fail(f"signing failed ({type(e).__name__})", stale=True, transient=True) from None
