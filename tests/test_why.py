@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,6 +38,12 @@ def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path
                 via_edge = tufproxy(["why", "lib>=2", "--edge", edge.base], tmp_path)
                 assert via_edge.returncode == 1 and "hidden  lib-2.0-py3-none-any.whl: by min-release-age" \
                     in via_edge.stdout, via_edge.stdout + via_edge.stderr
+                # A client asking for the hidden file itself (a lock made elsewhere) is told why, and what to ask.
+                status, body = _get(f"{edge.base}packages/lib/lib-2.0-py3-none-any.whl")
+                assert status == 404 and "lib-2.0-py3-none-any.whl: hidden by the gateway's policy (min-release-age);" \
+                    " `tufproxy why 'lib==2.0' --edge URL` says more" in body, body
+                status, body = _get(f"{edge.base}packages/lib/lib-3.0-py3-none-any.whl")
+                assert status == 404 and "lib-3.0-py3-none-any.whl: the index does not list it for lib" in body, body
                 bad = tufproxy(["why", "lib", "--edge", edge.base, "--gateway", gw.base], tmp_path)
                 assert bad.returncode == 2 and "give --gateway URL or --edge URL" in bad.stderr
             # An edge whose gateways are all down says so, in one line.
@@ -58,3 +66,11 @@ def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path
                 in done.stdout, done.stdout
             done = tufproxy(["why", "nothing-here", "--gateway", gw.base], tmp_path)
             assert done.returncode == 1 and "nothing-here: not offered: " in done.stdout, done.stdout
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()

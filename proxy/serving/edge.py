@@ -18,6 +18,12 @@ deadline well under pip's 15 s read timeout; past it the request is a
 
 The gateway's answer is a hint: the page is still verified from the
 root, so a lying gateway can only make an edge wait (or say 404).
+
+:meth:`MissProtocol.missing` says why a file is not on a project's signed
+page (its 404's detail): the gateway's ``why`` account, asked at most once
+per project per :data:`EXPLAIN_TTL` and within :data:`EXPLAIN_DEADLINE`, so
+a client asking for absent files cannot make the edge ask the gateway (and
+the gateway the index) more than that.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import json
 import logging
 import re
 import ssl
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import aiohttp
+from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
 from proxy.transport.credentials import OriginAuth
@@ -47,6 +56,9 @@ MAX_DETAIL = 240
 MAX_BODY = 4096
 MAX_WHY = 4 << 20
 WHY_DEADLINE = 60.0  # the gateway reads the index page first
+EXPLAIN_TTL = 60.0
+EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
+EXPLAIN_PROJECTS = 1024
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -73,6 +85,8 @@ class MissProtocol:
         self.trust = trust
         self.locks = locks
         self.deadline = deadline
+        # project -> (when asked, the gateway's account or None), the newest last, bounded.
+        self._accounts: OrderedDict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = OrderedDict()
 
     async def on_miss(self, project: str) -> bool:
         """True once the edge trusts a timestamp carrying the project (the gateway's 404 raises UnknownTarget)."""
@@ -151,6 +165,55 @@ class MissProtocol:
             return await failover(self.gateway_urls, ask)
         except Exhausted as e:
             raise UpstreamUnreachable(f"why {project}", e.tried.failures) from None
+
+
+    async def missing(self, project: str, filename: str) -> str:
+        """Why ``filename`` is not on ``project``'s signed page, as the gateway accounts for it (a 404's detail)."""
+        ask = f"`tufproxy why '{project}=={version_of(filename)}' --edge URL`" if version_of(filename) else \
+            f"`tufproxy why {project} --edge URL`"
+        account = await self._account(project)
+        hidden = next((h for h in (account or {}).get("hidden", ()) if isinstance(h, dict)
+                       and h.get("filename") == filename), None)
+        if hidden is not None:
+            rule = _UNPRINTABLE.sub("?", str(hidden.get("rule")))[:64]
+            return f"{filename}: hidden by the gateway's policy ({rule}); {ask} says more"
+        if account is not None and account.get("refused"):
+            why = _UNPRINTABLE.sub("?", str(account["refused"]))[:MAX_DETAIL]
+            return f"{filename}: the gateway does not offer {project}: {why}"
+        if account is not None and filename not in account.get("offered", ()):
+            return f"{filename}: the index does not list it for {project}"
+        return f"{filename}: not on the gateway's signed page of {project}; {ask} says why"
+
+    async def _account(self, project: str) -> dict[str, Any] | None:
+        """The gateway's ``why`` answer for ``project`` (None if none came in time), shared for EXPLAIN_TTL."""
+        loop = asyncio.get_running_loop()
+        kept = self._accounts.get(project)
+        if kept is None or loop.time() - kept[0] > EXPLAIN_TTL:
+            kept = self._accounts[project] = (loop.time(), loop.create_task(self._ask_why(project)))
+            self._accounts.move_to_end(project)
+            while len(self._accounts) > EXPLAIN_PROJECTS:
+                self._accounts.popitem(last=False)
+        try:
+            return await asyncio.wait_for(asyncio.shield(kept[1]), EXPLAIN_DEADLINE)
+        except TimeoutError:
+            return None
+
+    async def _ask_why(self, project: str) -> dict[str, Any] | None:
+        try:
+            return await self.why(project)
+        except TrustError as e:
+            log.info("no account of %s from the gateway: %s", project, e)
+            return None
+
+
+def version_of(filename: str) -> str | None:
+    """The version a distribution's file name carries, if it is one."""
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[1])
+        return str(parse_sdist_filename(filename)[1])
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
 
 
 def _refusal(body: bytes) -> tuple[str | None, str | None]:

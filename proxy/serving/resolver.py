@@ -99,6 +99,8 @@ _READY_PLANS_SIZE = 8192
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
+# Why a file is not on its project's signed page (project, filename) -> the 404's detail.
+Missing = Callable[[str, str], Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,7 @@ class Resolver:
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
         on_miss: OnMiss | None = None,
+        missing: Missing | None = None,
         page_fetcher: Fetcher | None = None,
         shared: SharedTier | None = None,
         provenance: EdgeProvenance | None = None,
@@ -249,6 +252,7 @@ class Resolver:
         self.settings = settings
         self.profile = profile
         self.on_miss = on_miss
+        self.missing = missing
         self.refusals = Refusals(audit, metrics, trust)
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
         # and any file host the operator named. Anything else is never fetched.
@@ -546,7 +550,7 @@ class Resolver:
             raise _Malformed(page_target.path, str(e)) from e
         dist = next((f for f in page.files if f.filename == req.filename), None)
         if dist is None:
-            raise UnknownTarget(path)
+            raise UnknownTarget(path, await self.missing(req.project, req.filename) if self.missing else None)
         core = req.kind is TargetKind.CORE_METADATA
         want = file_want(path, page_target, dist, core=core, max_file_size=self.settings.max_file_size,
                          max_core_metadata_size=self.settings.max_core_metadata_size)

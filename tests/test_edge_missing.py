@@ -1,0 +1,69 @@
+"""The edge's account of a file missing from a signed page: the gateway's ``why`` asked once per project per
+minute however many clients ask, and never waited for past its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from proxy.serving import edge
+from proxy.serving.edge import MissProtocol
+
+
+class _Gateway:
+    """Stands in for the gateways' ``why`` answer (the HTTP side is tested in test_why with a real gateway)."""
+
+    def __init__(self, answer: dict[str, Any], hang: bool = False) -> None:
+        self.answer, self.hang, self.asked = answer, hang, 0
+
+    async def why(self, project: str) -> dict[str, Any]:
+        self.asked += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        return self.answer
+
+
+def _protocol(gateway: _Gateway) -> MissProtocol:
+    protocol = MissProtocol(["http://127.0.0.1:9/"], trust=None, locks=None)  # type: ignore[arg-type]
+    protocol.why = gateway.why  # type: ignore[method-assign]
+    return protocol
+
+
+def test_many_clients_asking_for_absent_files_ask_the_gateway_once() -> None:
+    gateway = _Gateway({"project": "lib", "offered": ["lib-1.0.tar.gz"],
+                        "hidden": [{"filename": "lib-2.0.tar.gz", "rule": "deny-version"}]})
+    protocol = _protocol(gateway)
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(protocol.missing("lib", f"lib-{i}.0.tar.gz") for i in range(2, 200)))
+
+    answers = asyncio.run(main())
+    assert gateway.asked == 1
+    assert answers[0] == ("lib-2.0.tar.gz: hidden by the gateway's policy (deny-version); "
+                          "`tufproxy why 'lib==2.0' --edge URL` says more")
+    assert answers[1] == "lib-3.0.tar.gz: the index does not list it for lib"
+
+
+def test_a_gateway_that_does_not_answer_in_time_gets_the_generic_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge, "EXPLAIN_DEADLINE", 0.05)
+    gateway = _Gateway({}, hang=True)
+    protocol = _protocol(gateway)
+
+    async def main() -> str:
+        first = await protocol.missing("lib", "lib-2.0-py3-none-any.whl")
+        second = await protocol.missing("lib", "not-a-distribution.zip")
+        assert gateway.asked == 1  # the pending question is shared, not asked again
+        return first + "\n" + second
+
+    first, second = asyncio.run(main()).splitlines()
+    assert first == ("lib-2.0-py3-none-any.whl: not on the gateway's signed page of lib; "
+                     "`tufproxy why 'lib==2.0' --edge URL` says why")
+    assert second.endswith("`tufproxy why lib --edge URL` says why")
+
+
+def test_a_refused_project_is_named_with_the_gateways_reason() -> None:
+    protocol = _protocol(_Gateway({"project": "evil", "refused": "evil: denied by policy\x1b[31m"}))
+    answer = asyncio.run(protocol.missing("evil", "evil-1.0.tar.gz"))
+    assert answer == "evil-1.0.tar.gz: the gateway does not offer evil: evil: denied by policy?[31m"
