@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import tempfile
@@ -12,18 +13,23 @@ from urllib.parse import urlsplit
 
 from proxy.mirror.lockfiles import read_lock
 from proxy.mirror.progress import Progress
+from proxy.mirror.resolve import resolve
 from proxy.mirror.select import (
     FileFilter,
     SelectionError,
+    Wanted,
     merge,
     parse_requirement,
     read_requirements,
 )
 from proxy.mirror.sync import MirrorError, SyncOptions, sync
 from proxy.mirror.verify import verify_tree
-from proxy.protocol.errors import CommandError
+from proxy.protocol.errors import CommandError, TrustError
 from proxy.protocol.options import ConfigError, parse_datetime, parse_size, parsed
 from proxy.protocol.profiles import get_profile
+from proxy.serving.config import add_arguments as add_serve_arguments
+from proxy.serving.config import resolve as serve_config
+from proxy.serving.serve import start as start_edge
 from proxy.storage.audit import redact_url
 from proxy.transport.credentials import OriginAuth
 from proxy.trust.provenance import SigstoreTrust, parse_trust_root
@@ -70,9 +76,54 @@ def _options(args: argparse.Namespace) -> SyncOptions:
     )
 
 
+def _resolving(args: argparse.Namespace, options: SyncOptions) -> list[str]:
+    """The requirement lines ``--resolve`` hands to pip: --requirements' by default, --project's too if asked."""
+    if args.resolve == "no":
+        return []
+    named = set() if args.resolve == "yes" else {line for p in args.project or () for line in
+                                                 parse_requirement(p).requirements}
+    return [line for w in options.projects for line in w.requirements if line not in named]
+
+
+async def _closure(args: argparse.Namespace, requirements: list[str]) -> list[Wanted]:
+    """``requirements``' dependency closure, resolved by pip through a temporary edge on 127.0.0.1 that verifies
+    what it serves against --root (so pip reads only verified pages and metadata)."""
+    with tempfile.TemporaryDirectory(prefix="tufproxy-resolve-edge-") as cache:
+        argv = ["--root", args.root, "--cache-dir", cache, "--listen", "127.0.0.1:0", "--workers", "1"]
+        if Path(args.upstream).is_dir():
+            argv += ["--repository", args.upstream]
+        else:
+            argv += ["--upstream", args.upstream, "--metadata-path", args.metadata_path]
+            argv += ["--ca-bundle", args.ca_bundle] if args.ca_bundle else []
+        argv += ["--profile", args.profile] if args.profile else []
+        parser = argparse.ArgumentParser(allow_abbrev=False)
+        add_serve_arguments(parser)
+        try:
+            config = serve_config(parser.parse_args(argv), environ={})
+            running = await start_edge(config)
+        except (ConfigError, OSError, TrustError) as e:
+            raise CommandError(f"--resolve: cannot start the edge pip resolves through: {e}") from None
+        try:
+            return await asyncio.to_thread(
+                resolve, f"http://127.0.0.1:{running.port}/simple/", requirements, args.python_version or (),
+                args.platform or (), args.abi or ())
+        except SelectionError as e:
+            raise CommandError(f"--resolve: {e}") from None
+        finally:
+            await running.stop()
+
+
 def _cmd_sync(args: argparse.Namespace) -> int:
     options = _options(args)
     progress = Progress(sys.stderr)
+    requirements = _resolving(args, options)
+    if requirements:
+        closure = asyncio.run(_closure(args, requirements))
+        added = {w.project for w in closure} - {w.project for w in options.projects}
+        options = dataclasses.replace(options, projects=tuple(merge([*options.projects, *closure])))
+        progress.note(f"resolved {len(requirements)} requirement(s) with pip: {len(added)} more project(s) "
+                      f"their dependencies need" + (f" ({', '.join(sorted(added)[:10])}"
+                                                    f"{', ...' if len(added) > 10 else ''})" if added else ""))
     try:
         result = asyncio.run(sync(options, progress))
     except MirrorError as e:
@@ -198,6 +249,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pylock.toml (PEP 751), uv.lock, or a requirements file with == and --hash on every line; repeatable",
     )
     sel.add_argument("--all", action="store_true", help="mirror every project of the upstream's root list")
+    sel.add_argument(
+        "--resolve", choices=("auto", "yes", "no"), default="auto",
+        help="add the dependency closure of the requirements, extras included, at the versions pip's resolver "
+        "chooses (pip install --dry-run --report, through a temporary edge verifying the upstream), once for each "
+        "--python-version x --platform given (none: this Python; with either, wheels only): 'auto' resolves "
+        "--requirements lines, 'yes' --project ones too (default: auto)",
+    )
     flt = p.add_argument_group("filters")
     flt.add_argument("--version-spec", metavar="SPEC", help="only versions matching this PEP 440 specifier, e.g. '>=2.0'")
     flt.add_argument(

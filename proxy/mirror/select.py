@@ -52,11 +52,18 @@ class Locked:
 
 @dataclass(frozen=True)
 class Wanted:
-    """One project to mirror, with the versions asked for (empty: all), or exactly the files ``locked``."""
+    """One project to mirror, with the versions asked for (empty: all), or exactly the files ``locked``.
+
+    ``requirements``: the requirement lines it came from, extras and markers kept, for a resolver to
+    follow; ``versions``: the versions a resolver chose for a dependency nobody named (empty: any
+    ``spec`` allows).
+    """
 
     project: str  # normalised
     spec: SpecifierSet = field(default_factory=SpecifierSet)
     locked: tuple[Locked, ...] = ()
+    requirements: tuple[str, ...] = ()
+    versions: frozenset[Version] = frozenset()
 
 
 _PINNED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*===?\s*([^\s;\\]+)")
@@ -89,7 +96,7 @@ def parse_requirement(text: str) -> Wanted:
         raise SelectionError(f"{text.strip()!r}: direct URL requirements cannot be mirrored")
     if not is_valid_project_name(req.name):
         raise SelectionError(f"not a project name: {req.name!r}")
-    return Wanted(canonicalize_name(req.name), req.specifier)
+    return Wanted(canonicalize_name(req.name), req.specifier, requirements=(str(req),))
 
 
 # Nested ``-r`` includes deeper than this are a mistake (or a trap), not a requirements set.
@@ -134,11 +141,14 @@ def read_requirements(path: Path, _including: tuple[Path, ...] = ()) -> list[Wan
 
 
 def merge(wanted: Iterable[Wanted]) -> list[Wanted]:
-    """One entry per project; specifiers of repeated projects are combined (all must hold), locked files joined."""
+    """One entry per project; specifiers of repeated projects are combined (all must hold), locked files and
+    requirement lines joined, resolved versions joined (or dropped when an entry takes any version)."""
     merged: dict[str, Wanted] = {}
     for w in wanted:
         seen = merged.get(w.project)
-        merged[w.project] = w if seen is None else Wanted(w.project, seen.spec & w.spec, seen.locked + w.locked)
+        merged[w.project] = w if seen is None else Wanted(
+            w.project, seen.spec & w.spec, seen.locked + w.locked, seen.requirements + w.requirements,
+            seen.versions | w.versions if seen.versions and w.versions else frozenset())
     return list(merged.values())
 
 
@@ -203,6 +213,8 @@ class FileFilter:
             return False
         version, tags = read_filename(dist.filename)
         if version is None:
+            return False
+        if wanted.versions and version not in wanted.versions:
             return False
         spec = self.spec & wanted.spec
         # Pre-releases are mirrored unless a specifier rules them out (pip decides at install time).

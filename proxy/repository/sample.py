@@ -12,6 +12,7 @@ import base64
 import gzip
 import hashlib
 import io
+import re
 import tarfile
 import zipfile
 from collections.abc import Sequence
@@ -28,6 +29,9 @@ def _metadata(name: str, version: str, requires: Sequence[str], requires_python:
     lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: test package {name}"]
     if requires_python:
         lines.append(f"Requires-Python: {requires_python}")
+    # Installers honour an extra only if the metadata declares it (pip ignores undeclared ones, with a warning).
+    extras = dict.fromkeys(e for r in requires for e in re.findall(r"""extra\s*==\s*['"]([^'"]+)['"]""", r))
+    lines += [f"Provides-Extra: {e}" for e in extras]
     lines += [f"Requires-Dist: {r}" for r in requires]
     return "\n".join(lines) + "\n\n"
 
