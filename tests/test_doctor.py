@@ -81,3 +81,23 @@ def test_what_the_metrics_say_becomes_a_line_with_its_fix() -> None:
                "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds": [({}, now.timestamp() - 30)]}
     assert [c.status for c in metric_checks("gateway", gateway, now)] == ["warning", "ok"]
     assert metric_checks("gateway", None, now)[0].status == "warning"
+
+
+@pytest.mark.slow
+def test_an_index_linking_files_on_an_origin_not_allowed(tmp_path: Path) -> None:
+    with TestIndex(separate_files_host=True, root_page=True) as index:  # a root page: the start-up check reads it
+        index.add(build_wheel(tmp_path / "dists", "app", "1.0"))
+        gateway_init(tmp_path / "gw")
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:  # no --files-origin
+            done = tufproxy(["doctor", "--gateway", gw.base], tmp_path)
+            assert done.returncode == 1, done.stdout
+            line = _lines(done.stdout)["files origin"]
+            assert line.startswith("problem  files origin: ") and f"--files-origin {index.files_url}" in line, line
+            assert "foreign origins" not in _lines(done.stdout)
+            assert gw.publish("app")[0] == 502  # a publish meets it too: counted, and doctor says how often
+            done = tufproxy(["doctor", "--gateway", gw.base], tmp_path)
+            assert _lines(done.stdout)["foreign origins"].startswith(
+                "problem  foreign origins: 1 page(s) refused since start"), done.stdout
+        with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--files-origin", index.files_url) as gw:
+            done = tufproxy(["doctor", "--gateway", gw.base], tmp_path)
+            assert _lines(done.stdout)["files origin"].startswith("ok "), done.stdout

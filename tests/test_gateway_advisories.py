@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -195,6 +196,16 @@ def test_hash_blocks_a_file_whatever_its_version_says(tmp_path: Path, evil_index
     assert tufproxy("gateway", "advisories", "import", str(tmp_path / "gw"), str(tmp_path / "MAL-2024-3.json")).returncode == 0
     with _gateway(tmp_path, evil_index) as gw, edge_for(tmp_path, gw) as edge:
         assert _edge_offers(edge.url, "evil-pkg") == {"evil_pkg-2.0-py3-none-any.whl"}
+        # A client asking for the blocked file by name (an old lock) is told which advisory keeps it out.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{edge.base}packages/evil-pkg/evil_pkg-1.0-py3-none-any.whl", timeout=30)
+        body = refused.value.read().decode()
+        assert refused.value.code == 404 and "evil_pkg-1.0-py3-none-any.whl: hidden by the gateway's policy " \
+            "(advisory-malicious MAL-2024-3)" in body, body
+        why = subprocess.run([sys.executable, "-m", "proxy", "why", "evil-pkg==1.0", "--gateway", gw.base],
+                             capture_output=True, text=True, timeout=120)
+        assert why.returncode == 1 and why.stdout.startswith(
+            "hidden  evil_pkg-1.0-py3-none-any.whl: by advisory-malicious MAL-2024-3"), why.stdout
 
 
 @pytest.mark.slow

@@ -28,6 +28,8 @@ def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path
         index.add(build_wheel(tmp_path / "d", "lib", "1.0"), upload_time=old)
         index.add(build_wheel(tmp_path / "d", "lib", "2.0"), upload_time=fresh)
         index.add(build_wheel(tmp_path / "d", "evil", "1.0"), upload_time=old)
+        index.add(build_wheel(tmp_path / "d", "gone", "1.0"), upload_time=old)
+        index.add(build_wheel(tmp_path / "d", "gone", "1.1"), upload_time=old)
         gateway_init(tmp_path / "gw")
         with GatewayProcess(tmp_path / "gw", "--index-url", index.url, "--min-release-age", "30d",
                             "--deny-project", "evil") as gw:
@@ -44,6 +46,16 @@ def test_why_names_the_cooldown_the_deny_rule_and_what_is_offered(tmp_path: Path
                     " `tufproxy why 'lib==2.0' --edge URL` says more" in body, body
                 status, body = _get(f"{edge.base}packages/lib/lib-3.0-py3-none-any.whl")
                 assert status == 404 and "lib-3.0-py3-none-any.whl: the index does not list it for lib" in body, body
+                # A revoked file: its 404 and why say so, whoever asks first.
+                revoked = tufproxy(["gateway", "revoke", str(tmp_path / "gw"), "gone", "gone-1.0-py3-none-any.whl",
+                                    "--reason", "malware report"], tmp_path)
+                assert revoked.returncode == 0, revoked.stderr
+                status, body = _get(f"{edge.base}packages/gone/gone-1.0-py3-none-any.whl")
+                assert status == 404 and "gone-1.0-py3-none-any.whl: hidden by the gateway's policy (revoked)" in body, body
+                done = tufproxy(["why", "gone==1.0", "--edge", edge.base], tmp_path)
+                assert done.returncode == 1 and done.stdout.startswith(
+                    "hidden  gone-1.0-py3-none-any.whl: by revoked, uploaded "), done.stdout
+                assert "held back" not in done.stdout
                 bad = tufproxy(["why", "lib", "--edge", edge.base, "--gateway", gw.base], tmp_path)
                 assert bad.returncode == 2 and "give --gateway URL or --edge URL" in bad.stderr
             # An edge whose gateways are all down says so, in one line.

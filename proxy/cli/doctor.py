@@ -163,6 +163,11 @@ def metric_checks(part: str, samples: Samples | None, now: datetime) -> list[Che
                                 f"last successful metadata refresh {age:.0f} s ago"
                                 + ("" if age < 3600 else ": is its upstream reachable? (tufproxy_refresh_failures_total)")))
     else:
+        foreign = _value(samples, "tufproxy_gateway_refusals_total", reason="foreign-origin") or 0
+        if foreign:
+            checks.append(Check("problem", "foreign origins", f"{foreign:.0f} page(s) refused since start for linking "
+                                "files on an origin not allowed: add it with --files-origin (the gateway's audit "
+                                "log names it: tufproxy audit)"))
         errors = _value(samples, "tufproxy_gateway_signing_errors_total") or 0
         checks.append(Check("ok", "signing", "no signing errors since start") if not errors else
                           Check("warning", "signing", f"{errors:.0f} signing error(s) since start: is the token or KMS "
@@ -187,6 +192,9 @@ def _gateway_checks(base: str, root: Path | None, now: datetime) -> list[Check]:
     if ready is None:
         return checks
     checks.append(skew_check("gateway", ready.date, now))
+    origin = _json(ready.body).get("files_origin_problem")
+    checks.append(Check("problem", "files origin", str(origin)[:400]) if origin else
+                  Check("ok", "files origin", "none found at start-up (the files of the index's first pages)"))
     timestamp = _get(f"{base}metadata/timestamp.json")
     try:
         expires = datetime.fromisoformat(_json(timestamp.body)["signed"]["expires"].replace("Z", "+00:00"))

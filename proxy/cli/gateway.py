@@ -371,6 +371,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
+    app.files_origin_problem = values.get("files_origin_problem")
     served = listener.Listener(app.app(), listener.Limits.of(values), registry=metrics.registry)
     app.connections = served.connections
     if lease is not None:
@@ -504,7 +505,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           f"{' (offline)' if values['sigstore_offline'] else ''}", flush=True)
     _check_restore(directory, values["cache_dir"])
     _check_ledger(directory)
-    problem = asyncio.run(_files_origin_problem(values))
+    # Checked once, before the workers start; /readyz repeats it for tufproxy doctor.
+    values["files_origin_problem"] = problem = asyncio.run(_files_origin_problem(values))
     if problem is not None:
         log.warning("foreign-origin: %s", problem)
     if values["workers"] > 1:

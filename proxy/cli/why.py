@@ -21,6 +21,7 @@ from urllib.parse import quote
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from proxy.gateway.policy import FILE_RULES
 from proxy.mirror.select import read_filename
 from proxy.protocol.errors import CommandError
 
@@ -41,9 +42,10 @@ def explain(requirement: Requirement, answer: dict[str, Any]) -> tuple[list[str]
     offered = [f for f in answer.get("offered", []) if allowed(f)]
     hidden = [h for h in answer.get("hidden", []) if allowed(str(h.get("filename")))]
     cutoff = answer.get("cutoff")
-    lines = [f"hidden  {h['filename']}: by {h['rule']}" + (f", uploaded {h['upload_time']}" if h.get("upload_time")
-                                                            else ", no upload-time")
-             + (f" (files uploaded after {cutoff} are held back)" if cutoff else "") for h in hidden]
+    lines = [f"hidden  {h['filename']}: by {h['rule']}" + (f" {h['advisory']}" if h.get("advisory") else "")
+             + (f", uploaded {h['upload_time']}" if h.get("upload_time") else ", no upload-time")
+             + (f" (files uploaded after {cutoff} are held back)" if cutoff and h["rule"] in FILE_RULES else "")
+             for h in hidden]
     versions = sorted({str(read_filename(f)[0]) for f in offered})
     if offered:
         lines.append(f"offered {len(offered)} file(s) of {requirement}: {', '.join(versions)}")

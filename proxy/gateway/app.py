@@ -69,6 +69,8 @@ class GatewayApp:
         self.started = started or time.time()
         self.connections: Connections | None = None  # the listener's, once it listens
         self.forwarder: Forwarder | None = None  # a replica of a group (--leader-lease)
+        # The start-up check's fix when the index links files where the gateway may not fetch them.
+        self.files_origin_problem: str | None = None
 
     def app(self) -> web.Application:
         middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
@@ -217,7 +219,10 @@ class GatewayApp:
         # A key that cannot sign alone leaves the gateway ready: what it serves is still valid, and a
         # load balancer that dropped it would stop edges from reading that too.
         signing = None if publisher.signing_error is None else str(publisher.signing_error)
+        # Not a readiness problem: pages on allowed origins are still served, and a load balancer
+        # dropping the gateway would not help the others.
         return web.json_response({"ready": not problems, "problems": problems, "signing_error": signing,
+                                  "files_origin_problem": self.files_origin_problem,
                                   "timestamp_version": publisher.timestamp_version}, status=status)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -260,8 +260,19 @@ class Gateway:
                 refusal = listing
             else:
                 trimmed = self.policy.apply(listing.page, datetime.now(UTC))
-                return {**answer, "offered": [f.filename for f in trimmed.page.files],
-                        "hidden": [dataclasses.asdict(h) for h in trimmed.hidden],
+                hidden = [dataclasses.asdict(h) for h in trimmed.hidden]
+                offered = []
+                advisories = self.advisories.advisories if self.advisories is not None else None
+                for dist in trimmed.page.files:
+                    block = withheld(advisories, self.policy, project, dist, self.ledger.pins.get((project, dist.filename)))
+                    if self.ledger.is_revoked(project, dist.filename):
+                        hidden.append({"filename": dist.filename, "rule": "revoked", "upload_time": dist.upload_time})
+                    elif block is not None and not block.allowed:
+                        hidden.append({"filename": dist.filename, "rule": block.rule, "advisory": block.id,
+                                       "upload_time": dist.upload_time})
+                    else:
+                        offered.append(dist.filename)
+                return {**answer, "offered": offered, "hidden": hidden,
                         "cutoff": trimmed.cutoff.when.isoformat() if trimmed.cutoff else None}
         return {**answer, "refused": refusal.message, "rule": refusal.rule}
 

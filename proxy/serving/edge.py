@@ -176,6 +176,8 @@ class MissProtocol:
                        and h.get("filename") == filename), None)
         if hidden is not None:
             rule = _UNPRINTABLE.sub("?", str(hidden.get("rule")))[:64]
+            if hidden.get("advisory"):
+                rule += f" {_UNPRINTABLE.sub('?', str(hidden['advisory']))[:64]}"
             return f"{filename}: hidden by the gateway's policy ({rule}); {ask} says more"
         if account is not None and account.get("refused"):
             why = _UNPRINTABLE.sub("?", str(account["refused"]))[:MAX_DETAIL]
