@@ -43,6 +43,8 @@ import corpus as corpus_mod  # noqa: E402
 import measure as M  # noqa: E402
 import report  # noqa: E402
 
+from proxy.util.progress import Meter  # noqa: E402  (corpus put the checkout on sys.path)
+
 CONCURRENCY = (1, 16, 64)
 # The warm-path issue's file scenario: a 16 MB wheel over this many keep-alive connections.
 MID_PROJECT, MID_CONNECTIONS = "numpy", 8
@@ -86,8 +88,14 @@ class Result:
         return statistics.median(values) if values else None
 
 
+# The run's progress (scenarios done of all planned, their rate, the time left); lines go above its bar.
+# Made in main(): on a terminal, making one draws the bar.
+_METER = Meter("benchmark", unit="scenarios", quiet=True)
+SCENARIOS = 5  # per contender, in bench_contender
+
+
 def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    _METER.note(msg)
 
 
 def _scenario(result: Result, label: str, fn) -> None:  # type: ignore[no-untyped-def]
@@ -97,6 +105,8 @@ def _scenario(result: Result, label: str, fn) -> None:  # type: ignore[no-untype
     except (M.MeasureError, C.Unavailable) as e:
         _log(f"  {result.name}: {label} failed: {e}")
         result.errors.append(f"{label}: {str(e)[:200]}")
+    finally:
+        _METER.advance()
 
 
 def bench_contender(contender: C.Contender, corp: corpus_mod.Corpus, plan: Plan, workdir: Path) -> Result:
@@ -190,6 +200,8 @@ def main() -> int:
     args = parser.parse_args()
     plan = FULL if args.full else QUICK
     wanted = [c for c in C.ALL if not args.only or c.name in args.only.split(",")]
+    global _METER
+    _METER = Meter("benchmark", len(wanted) * SCENARIOS, "scenarios")
 
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -228,6 +240,7 @@ def main() -> int:
         finally:
             upstream.stop()
         shutil.rmtree(work, ignore_errors=True)
+    _METER.close()
     elapsed = time.monotonic() - started
     run = report.Run(
         source=_describe(args.tufproxy_src.resolve()),

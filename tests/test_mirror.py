@@ -244,14 +244,18 @@ def test_twenty_projects_progress_and_summary(tmp_path: Path, capsys: pytest.Cap
     assert len(fetched) == 20 and all(re.search(r"\(\d+(\.\d)? (B|kB)\) \[\d+/82\]$", line) for line in fetched)
 
 
-def test_terminal_progress_line_shows_rate_and_eta() -> None:
+def test_terminal_progress_is_a_bar_with_rate_and_time_left_and_no_line_per_file() -> None:
     stream = io.StringIO()
     progress = Progress(stream, tty=True)
     progress.planned(10, 10_000)
     progress.fetched("packages/a/a-1.0-py3-none-any.whl", 2_000)
-    line = progress.status_line()
-    assert re.fullmatch(r"\[1/10\] files  2\.0 kB/10\.0 kB  [\d.]+ [kMG]?B/s  ETA \d+:\d\d:\d\d", line), line
-    assert "\r\x1b[K" in stream.getvalue() and "\n" not in stream.getvalue()  # redrawn in place, no log lines
+    progress.refused("packages/b/b-1.0.tar.gz", "hash-mismatch: ...")
+    assert re.fullmatch(r"sync: 2\.0 kB/10\.0 kB \(20%\), [\d.]+ [kMG]?B/s, \d+:\d\d:\d\d left", progress.meter.status())
+    summary = progress.summary()
+    drawn = stream.getvalue()
+    assert "\x1b[" in drawn and "━" in drawn  # rich's bar, redrawn in place
+    assert "REFUSED packages/b/b-1.0.tar.gz: hash-mismatch" in drawn and "fetched " not in drawn
+    assert summary.startswith("synced 0 project(s): 1 target(s), 1 fetched (2.0 kB)")
 
 
 @pytest.mark.slow

@@ -25,8 +25,9 @@ from proxy.protocol import index
 from proxy.protocol.errors import CommandError
 from proxy.protocol.osv import Block
 from proxy.repository import Repository, RepositoryError
+from proxy.util.progress import Meter
 
-USAGE = "tufproxy gateway advisories [-h] [--json] (import DIR FILE... | DIR)"
+USAGE = "tufproxy gateway advisories [-h] [--json] [--quiet] (import DIR FILE... | DIR)"
 
 
 def _policy(policy_path: Path) -> Policy:
@@ -81,14 +82,15 @@ def _show(gateway_dir: Path, policy_path: Path, as_json: bool) -> int:
     return 0
 
 
-def _import(gateway_dir: Path, files: list[str]) -> int:
+def _import(gateway_dir: Path, files: list[str], quiet: bool = False) -> int:
     if not files:
         raise CommandError("import: give DIR and at least one FILE (an OSV record, a directory of them, or a zip)")
     if not gateway_dir.is_dir():
         raise CommandError(f"{gateway_dir.parent} is not a gateway (no {gateway_dir.name}/); create one with "
                            "'tufproxy gateway init'")
     try:
-        store, report = import_into(store_path(gateway_dir), [Path(f) for f in files])
+        with Meter("importing advisories", unit="records", quiet=quiet) as meter:
+            store, report = import_into(store_path(gateway_dir), [Path(f) for f in files], meter=meter)
         sign_store(Repository.open(gateway_dir.parent), store_path(gateway_dir))
     except SourceError as e:
         raise CommandError(str(e)) from None
@@ -119,12 +121,13 @@ def register(sub: argparse._SubParsersAction, gateway_dir: Callable[[Path], Path
     )
     p.add_argument("words", nargs="+", metavar="import DIR FILE... | DIR", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable listing")
+    p.add_argument("--quiet", action="store_true", help="import: no progress bar or line while records are read")
 
     def run(args: argparse.Namespace) -> int:
         words = args.words
         if words[0] == "import" and len(words) > 1:
             directory = Path(words[1])
-            return _import(gateway_dir(directory), words[2:])
+            return _import(gateway_dir(directory), words[2:], args.quiet)
         if len(words) != 1:
             raise CommandError(f"give 'import DIR FILE...' or one DIR (usage: {USAGE})")
         directory = Path(words[0])

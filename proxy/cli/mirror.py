@@ -115,7 +115,7 @@ async def _closure(args: argparse.Namespace, requirements: list[str]) -> list[Wa
 
 def _cmd_sync(args: argparse.Namespace) -> int:
     options = _options(args)
-    progress = Progress(sys.stderr)
+    progress = Progress(sys.stderr, quiet=args.quiet)
     requirements = _resolving(args, options)
     if requirements:
         closure = asyncio.run(_closure(args, requirements))
@@ -288,6 +288,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="re-check every selected project (default: only those whose signing bins moved since "
                      "the last sync)")
     run.add_argument("--audit-log", metavar="FILE", help="where refusals are recorded (default: DEST/.mirror/audit.log)")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress (bar, per-file lines); refusals, failures and the summary still print")
     run.add_argument("--max-file-size", default="4G", metavar="SIZE", help="largest file taken (default: 4G)")
     p.set_defaults(func=_cmd_sync)
 

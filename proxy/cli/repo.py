@@ -14,6 +14,7 @@ from proxy.protocol.profiles import PROFILES, get_profile
 from proxy.repository.keys import KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.signer import ChangeReport, Expiry, Repository, RepositoryError
+from proxy.util.progress import Meter
 
 LAYOUT_HELP = """\
 Layout of DIR:
@@ -88,6 +89,7 @@ def add_key_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-key", metavar="URI", help="the key for timestamp, snapshot and every bin-n, by URI")
     p.add_argument("--targets-key", metavar="URI", help="the targets key, by URI")
     p.add_argument("--bins-key", metavar="URI", help="the bins key, by URI")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or line while the first metadata is signed")
 
 
 BINS_HELP = """\
@@ -130,8 +132,10 @@ def init_repository(args: argparse.Namespace, **settings: object) -> Repository:
     )
     uris = KeyURIs(online=args.online_key, targets=args.targets_key, bins=args.bins_key, root=tuple(args.root_key))
     bins = chosen_bins(args, str(settings.get("layout", "tufproxy")))
-    return Repository.init(Path(args.dir), bins=bins, root_keys=args.root_keys or 1, root_threshold=args.root_threshold,
-                           expiry=expiry, key_uris=uris, **settings)  # type: ignore[arg-type]
+    with Meter("signing the first metadata", unit="roles", quiet=args.quiet) as meter:
+        return Repository.init(Path(args.dir), bins=bins, root_keys=args.root_keys or 1,
+                               root_threshold=args.root_threshold, expiry=expiry, key_uris=uris, meter=meter,
+                               **settings)  # type: ignore[arg-type]
 
 
 def describe_keys(repo: Repository, args: argparse.Namespace) -> str:

@@ -28,6 +28,7 @@ from proxy.protocol.errors import Fault
 from proxy.protocol.osv import ADVISORY_TARGET, Advisory, AdvisorySet, RecordError, parse_record, read_store
 from proxy.repository import Repository
 from proxy.util.atomic import atomic_write
+from proxy.util.progress import Meter
 
 log = logging.getLogger(__name__)
 STORE_NAME = "advisories.json"
@@ -93,10 +94,12 @@ def _records(paths: Iterable[Path]) -> Iterator[tuple[str, bytes | str]]:
             raise SourceError(f"{path}: no such file or directory")
 
 
-def parse_sources(paths: Iterable[Path], report: ImportReport) -> Iterator[Advisory]:
+def parse_sources(paths: Iterable[Path], report: ImportReport, meter: Meter | None = None) -> Iterator[Advisory]:
     """The PyPI advisories in ``paths``; malformed records are counted and named in ``report``."""
     for name, data in _records(paths):
         report.read += 1
+        if meter is not None:
+            meter.advance()
         if isinstance(data, str):
             report.skipped.append(f"{name} ({data})")
             continue
@@ -148,8 +151,10 @@ def sign_store(repo: Repository, path: Path) -> None:
     repo.publish_target(ADVISORY_TARGET, path.read_bytes())
 
 
-def import_into(path: Path, sources: Iterable[Path], label: str | None = None) -> tuple[Store, ImportReport]:
-    """Merge the records of ``sources`` into the store at ``path`` and write it (once, atomically)."""
+def import_into(path: Path, sources: Iterable[Path], label: str | None = None,
+                meter: Meter | None = None) -> tuple[Store, ImportReport]:
+    """Merge the records of ``sources`` into the store at ``path`` and write it (once, atomically);
+    ``meter`` counts the records read."""
     sources = list(sources)
     # One import at a time (the CLI beside a feed refresh): each reads what the other wrote.
     fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o640)
@@ -157,7 +162,7 @@ def import_into(path: Path, sources: Iterable[Path], label: str | None = None) -
         fcntl.flock(fd, fcntl.LOCK_EX)
         store = load(path)
         report = ImportReport()
-        report.kept = store.advisories.add(parse_sources(sources, report))
+        report.kept = store.advisories.add(parse_sources(sources, report, meter))
         store.imported = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         store.sources.append(label or ", ".join(str(s) for s in sources)[:500])
         write(path, store)

@@ -77,6 +77,7 @@ from proxy.repository.distributions import Distribution, NotADistribution, inspe
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
 from proxy.util.atomic import Batch, atomic_link, atomic_write
+from proxy.util.progress import Meter
 
 BINS_ROLE = "bins"
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
@@ -357,8 +358,9 @@ class Repository:
         layout: str = "tufproxy",
         clock_versions: bool = False,
         key_uris: KeyURIs | None = None,
+        meter: Meter | None = None,
     ) -> Repository:
-        """Create keys and the first signed metadata (empty targets) in ``path``.
+        """Create keys and the first signed metadata (empty targets) in ``path``; ``meter`` counts the roles signed.
 
         ``layout`` is a :mod:`proxy.protocol.profiles` name: ``tufproxy`` or ``warehouse``.
         A role ``key_uris`` names keeps its key where the URI says (a token, a
@@ -423,9 +425,13 @@ class Repository:
         signers = {"root": roots, "targets": [targets_key], BINS_ROLE: [bins_key]}
         repo.metadata_dir.mkdir(parents=True, exist_ok=True)
         batch = Batch()
+        if meter is not None:
+            meter.retotal(len(files))
         for name, md in files:
             for s in signers.get(name, [online]):
                 md.sign(s, append=True)
+            if meter is not None:
+                meter.advance()
             batch.write(repo.metadata_dir / metadata_filename(name, 1), md.to_bytes(_SERIALIZER))
             if name != "root":
                 snapshot.meta[f"{name}.json"] = MetaFile(version=1)
