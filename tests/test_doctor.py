@@ -78,8 +78,17 @@ def test_what_the_metrics_say_becomes_a_line_with_its_fix() -> None:
                         "reachable? (tufproxy_refresh_failures_total)")
     assert lines[2].startswith("warning  edge bucket: 90 request(s), 4 failed since start")
     gateway = {"tufproxy_gateway_signing_errors_total": [({}, 2.0)],
-               "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds": [({}, now.timestamp() - 30)]}
-    assert [c.status for c in metric_checks("gateway", gateway, now)] == ["warning", "ok"]
+               "tufproxy_gateway_advisory_feeds_answered_timestamp_seconds": [({}, now.timestamp() - 30)],
+               "tufproxy_gateway_refusals_total": [({"kind": "repository", "reason": "provenance-invalid"}, 2.0),
+                                                   ({"kind": "repository", "reason": "publisher-changed"}, 1.0),
+                                                   ({"kind": "upstream", "reason": "upstream-unreachable"}, 5.0)],
+               "tufproxy_gateway_advisory_blocked_files": [({"rule": "advisory-malicious"}, 2.0),
+                                                          ({"rule": "advisory-vulnerable"}, 1.0)]}
+    checks = {c.name: c for c in metric_checks("gateway", gateway, now)}
+    assert [c.status for c in checks.values()] == ["warning", "ok", "warning", "ok"]
+    assert checks["provenance"].line().startswith("warning  provenance: 3 file(s) refused since start for their "
+                                                  "provenance")
+    assert checks["advisory blocks"].line() == "ok       advisory blocks: 3 file(s) kept out by advisories now"
     assert metric_checks("gateway", None, now)[0].status == "warning"
 
 
