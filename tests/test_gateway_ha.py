@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -35,6 +38,7 @@ from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.seaweed import BUCKET, Seaweed
 from tests.support.testindex import TestIndex
+from tests.test_osv import mal
 
 
 def bucket(seaweed: Seaweed, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Bucket:
@@ -223,6 +227,63 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
         print(f"kill -9 to installed: {took:.1f} s")
 
 
+def _ledger_has(gw: GatewayProcess, **fields: str) -> bool:
+    path = gw.directory / "gateway" / "ledger.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return any(all(json.loads(line).get(k) == v for k, v in fields.items()) for line in lines if line.strip())
+
+
+@pytest.mark.slow
+def test_pins_revocations_and_advisories_are_the_buckets_and_hold_after_failover(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease = 3.0
+    with group(seaweed, tmp_path, "ha-state", ["lib", "gone", "evil"], 2, monkeypatch, lease) as g:
+        leader = g.leader()
+        follower = next(x for x in g.gateways if x is not leader)
+        b = bucket(seaweed, "ha-state", monkeypatch)
+        original = g.index.file("lib-1.0-py3-none-any.whl").data
+        # The leader publishes lib and serves its file once (so the bucket holds the original bytes too).
+        with g.edge(tmp_path / "edge1", "ha-state", leader) as edge:
+            r = install("pip", edge.url, tmp_path / "t1", "lib")
+            assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: b"lib-1.0-py3-none-any.whl" in (asyncio.run(b.read("state/ledger.jsonl")) or b""),
+                 "the leader's pin of lib in the bucket's ledger", timeout=30)
+        wait_for(lambda: _ledger_has(follower, kind="pin", project="lib"), "the follower to cache the pin", timeout=30)
+        # On the follower's host: a revocation and an advisory import reach the leader through the follower's inbox.
+        done = subprocess.run([sys.executable, "-m", "proxy", "gateway", "revoke", str(follower.directory), "gone",
+                               "--reason", "malware report"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        record = tmp_path / "MAL-2026-9.json"
+        record.write_text(json.dumps(mal(ident="MAL-2026-9", name="evil", versions=("1.0",))))
+        done = subprocess.run([sys.executable, "-m", "proxy", "gateway", "advisories", "import", str(follower.directory),
+                               str(record), "--quiet"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        wait_for(lambda: _ledger_has(leader, kind="revoke", project="gone"), "the leader to take the revocation in",
+                 timeout=30)
+        wait_for(lambda: b"MAL-2026-9" in (leader.directory / "gateway" / "advisories.json").read_bytes()
+                 if (leader.directory / "gateway" / "advisories.json").exists() else False,
+                 "the leader to take the advisory in", timeout=30)
+        # The index swaps lib's file; the leader dies; the survivor signs from the bucket's ledger.
+        g.index.file("lib-1.0-py3-none-any.whl").data = original[:-1] + bytes([original[-1] ^ 1])
+        leader.kill()
+        wait_for(lambda: is_leader(follower), "failover", timeout=lease + 10)
+        with g.edge(tmp_path / "edge2", "ha-state", follower) as edge:
+            r = install("pip", edge.url, tmp_path / "t2", "lib")
+            assert r.returncode == 0, r.stdout + r.stderr + follower.log()
+            # What the survivor signed for lib-1.0 is the pinned original, not the index's new bytes.
+            page = urllib.request.Request(f"{edge.url}lib/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            with urllib.request.urlopen(page, timeout=30) as answer:
+                [entry] = [f for f in json.loads(answer.read())["files"] if f["filename"] == "lib-1.0-py3-none-any.whl"]
+            assert entry["hashes"]["sha256"] == hashlib.sha256(original).hexdigest()
+            for project, why in (("gone", "revoked"), ("evil", "advisory")):
+                r = install("pip", edge.url, tmp_path / f"t-{project}", project)
+                assert r.returncode != 0, f"{project} ({why}) installed after failover"
+        installed = next((tmp_path / "t2").glob("lib/__init__.py")).read_text()
+        assert "VERSION = '1.0'" in installed
+        assert any(a.get("reason") == "upstream-changed-file" and "lib-1.0" in str(a.get("target"))
+                   for a in follower.audit()), follower.audit()
+
+
 @pytest.mark.slow
 def test_bucket_unreachable_longer_than_the_lease_then_the_group_recovers_alone(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,6 +322,13 @@ def test_random_kills_each_followed_by_an_install_with_no_rollback(
                 r = install("pip", edge.url, tmp_path / f"t{i}", project)
                 assert r.returncode == 0, r.stdout + r.stderr + edge.log() + leader.log()
             victim.start()
+        # Nothing lost from the ledger: every project's pin is in the bucket's, whoever led when it was published.
+        b = bucket(seaweed, "ha-random", monkeypatch)
+
+        def pinned() -> set[str]:
+            data = asyncio.run(b.read("state/ledger.jsonl")) or b""
+            return {json.loads(line)["project"] for line in data.splitlines() if b'"kind": "pin"' in line}
+        wait_for(lambda: pinned() >= set(projects), "every round's pin in the bucket's ledger", timeout=30)
 
 
 def test_lease_decisions_and_a_damaged_record() -> None:

@@ -54,6 +54,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
 from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
+from proxy.gateway.shared import SharedState
 from proxy.gateway.startcheck import files_origin_problem
 from proxy.protocol import index
 from proxy.protocol.access import AUTHENTICATED, Rules
@@ -214,7 +215,7 @@ def _open(directory: Path) -> Repository:
     return repo
 
 
-async def _pusher(values: dict, directory: Path, public: Path,
+async def _pusher(values: dict, directory: Path, repo: Repository, ledger: Ledger,
                   metrics: GatewayMetrics) -> tuple[TreePush | None, LeaderLease | None]:
     """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
     brought up to date before serving; with ``--leader-lease``, the lease that decides who pushes."""
@@ -223,12 +224,14 @@ async def _pusher(values: dict, directory: Path, public: Path,
     cache = values["cache_dir"]
     try:
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
-        lease = fence = None
+        lease = fence = shared = None
         if values["leader_lease"] is not None:
             async def elected() -> None:
-                # Versions continue from the bucket's, never from this replica's disk.
-                assert fence is not None
+                # Versions continue from the bucket's, never from this replica's disk; so do the ledger and
+                # advisories (with what followers offered).
+                assert fence is not None and shared is not None
                 await asyncio.to_thread(_check_restore, directory, cache, await fence.load())
+                await shared.elected()
 
             pushes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps only weak references)
 
@@ -242,8 +245,10 @@ async def _pusher(values: dict, directory: Path, public: Path,
             lease = LeaderLease(bucket, values["leader_lease"], elected=elected, changed=changed,
                                 lost=metrics.lease_lost.inc, url=replica_url(values))
             fence = Fence(bucket, lease)
-        pusher = TreePush(bucket, public, ledger_dir(directory) / "push.lock",
-                          {"packages": Path(cache) / "packages"} if cache is not None else None, fence=fence)
+            shared = SharedState(bucket, lease, ledger, store_path(ledger_dir(directory)), repo, replica_url(values))
+        pusher = TreePush(bucket, repo.public_dir, ledger_dir(directory) / "push.lock",
+                          {"packages": Path(cache) / "packages"} if cache is not None else None, fence=fence,
+                          state=shared.sync if shared is not None else None)
         # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
         published = await bucket.read("metadata/timestamp.json")
         if published is not None:
@@ -336,7 +341,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except KeyUnavailable as e:
         audit.close()
         raise CommandError(f"the online key: {e}") from None
-    pusher, lease = await _pusher(values, directory, repo.public_dir, metrics)
+    pusher, lease = await _pusher(values, directory, repo, ledger, metrics)
     private_indexes = set(_private_indexes(values))
 
     def private(project: str) -> bool:

@@ -12,6 +12,7 @@ of each record, written atomically; parsing and matching are
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -142,8 +143,38 @@ def load(path: Path) -> Store:
         raw = path.read_bytes()
     except FileNotFoundError:
         return Store(AdvisorySet())
+    return parse_store(raw)
+
+
+def parse_store(raw: bytes) -> Store:
+    """A store's bytes as a :class:`Store` (ValueError if they are not one)."""
     data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("not an advisory store")
     return Store(read_store(data), data.get("imported"), list(data.get("sources", [])))
+
+
+@contextlib.contextmanager
+def _store_locked(path: Path) -> Iterator[None]:
+    """One writer of the store at a time (an import, a feed refresh, a replica's merge)."""
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def merge_into(path: Path, other: Store) -> int:
+    """Take ``other``'s advisories into the store at ``path`` (a newer ``modified`` wins); how many changed."""
+    with _store_locked(path):
+        store = load(path)
+        kept = store.advisories.add(other.advisories.by_id.values())
+        if kept:
+            store.imported = max(filter(None, (store.imported, other.imported)), default=None)
+            store.sources += [s for s in other.sources if s not in store.sources]
+            write(path, store)
+    return kept
 
 
 def sign_store(repo: Repository, path: Path) -> None:
@@ -157,17 +188,13 @@ def import_into(path: Path, sources: Iterable[Path], label: str | None = None,
     ``meter`` counts the records read."""
     sources = list(sources)
     # One import at a time (the CLI beside a feed refresh): each reads what the other wrote.
-    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o640)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with _store_locked(path):
         store = load(path)
         report = ImportReport()
         report.kept = store.advisories.add(parse_sources(sources, report, meter))
         store.imported = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         store.sources.append(label or ", ".join(str(s) for s in sources)[:500])
         write(path, store)
-    finally:
-        os.close(fd)
     return store, report
 
 

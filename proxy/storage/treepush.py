@@ -27,7 +27,9 @@ collected meanwhile stays: a lifecycle rule may expire it).  Workers of one gate
 files are uploaded as they were when scanned: a push never uploads a
 timestamp newer than the snapshot it scanned, and a later push never an
 older one.  With a :class:`~proxy.storage.leader.Fence` (``--leader-lease``),
-only the leader pushes and ``timestamp.json`` goes through the fence.
+only the leader pushes and ``timestamp.json`` goes through the fence; a
+replica's shared state (:mod:`proxy.gateway.shared`) is synced before anything
+else, on followers too.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 from proxy.storage.leader import TIMESTAMP_KEY, Fence
@@ -75,9 +77,10 @@ class TreePush:
     """
 
     def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None,
-                 fence: Fence | None = None) -> None:
+                 fence: Fence | None = None, state: Callable[[], Awaitable[None]] | None = None) -> None:
         self.bucket = bucket
         self.fence = fence
+        self.state = state  # a replica's shared state, synced first (the leader's before the pages relying on it)
         self.root = root
         self.lock_path = lock_path
         self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
@@ -117,6 +120,8 @@ class TreePush:
     async def push(self) -> int:
         """Upload what changed, in order; how many files.  BucketUnavailable if the bucket fails (retried next push)."""
         async with self._lock, _flock(self.lock_path):
+            if self.state is not None:
+                await self.state()
             if self.fence is not None and not self.fence.lease.leader:
                 return 0  # a follower: the leader publishes
             changed, gone = await asyncio.to_thread(self._changed)

@@ -172,6 +172,17 @@ class Bucket:
             await self._obstore.put_async(self._store, key, data, use_multipart=False)
             op.nbytes = size
 
+    async def list(self, prefix: str, limit: int = 1000) -> list[tuple[str, str]]:
+        """(key, ETag) of the objects whose keys start with ``prefix``, at most ``limit`` of them."""
+        found: list[tuple[str, str]] = []
+        async with self._op("list"):
+            async for batch in self._obstore.list(self._store, prefix=prefix):
+                for meta in batch:
+                    found.append((str(meta["path"]), str(meta.get("e_tag") or "")))
+                    if len(found) >= limit:
+                        return found
+        return found
+
     async def delete(self, key: str) -> None:
         async with self._op("delete"):
             try:
