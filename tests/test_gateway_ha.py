@@ -30,6 +30,7 @@ import pytest
 from proxy.protocol.lease import LEASE_KEY, LeaseRecord
 from proxy.repository.sample import build_wheel
 from proxy.storage.leader import GENERATION_META, Fence, LeaderLease, LeaseLost
+from proxy.storage.treepush import TreePush
 from proxy.transport.bucket import Bucket, BucketUnavailable
 from proxy.util.metrics import BucketMetrics
 from tests.support.clients import install
@@ -111,6 +112,39 @@ def test_one_leader_takeover_bumps_generation_and_a_woken_stale_leader_is_fenced
         assert await a.step() and a.generation == 3  # a released lease is taken at once
         raw = await b.read_tagged(LEASE_KEY)
         assert raw is not None and LeaseRecord.decode(raw[0]) is not None
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_leader_whose_lease_runs_out_mid_push_writes_no_more_metadata(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bucket(seaweed, "midpush", monkeypatch)
+    tree = tmp_path / "public"
+    (tree / "metadata").mkdir(parents=True)
+    (tree / "simple").mkdir()
+    (tree / "simple" / "index.html").write_text("<html></html>")
+    (tree / "metadata" / "3.bin-0.json").write_text("{}")
+    (tree / "metadata" / "3.snapshot.json").write_text("{}")
+    (tree / "metadata" / "timestamp.json").write_bytes(timestamp(3))
+
+    async def scenario() -> None:
+        lease = LeaderLease(b, 30.0, holder="frozen")
+        assert await lease.step()
+        fence = Fence(b, lease)
+        await fence.load()
+        pusher = TreePush(b, tree, tmp_path / "push.lock", fence=fence)
+        real = b.replace
+
+        async def replace_then_freeze(key: str, data: Path | bytes) -> None:
+            await real(key, data)
+            lease._valid_until = 0.0  # the process froze here; it wakes past its lease
+
+        monkeypatch.setattr(b, "replace", replace_then_freeze)
+        with pytest.raises(LeaseLost):
+            await pusher.push()
+        assert await b.exists("simple/index.html")  # pages went first, under the lease
+        assert not await b.exists("metadata/3.bin-0.json") and not await b.exists("metadata/3.snapshot.json")
+        assert not await b.exists("metadata/timestamp.json")
     asyncio.run(scenario())
 
 
@@ -202,6 +236,21 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
         assert generation >= 1
         with urllib.request.urlopen(f"{follower.base}readyz", timeout=10) as ready:
             assert ready.status == 200  # a follower serves reads
+        # ... the leader's published tree, from the bucket: its metadata and pages, byte for byte.
+        for path in ("metadata/timestamp.json", "metadata/1.root.json", "simple/app/index.html"):
+            with urllib.request.urlopen(f"{follower.base}{path}", timeout=10) as via_follower, \
+                    urllib.request.urlopen(f"{leader.base}{path}", timeout=10) as via_leader:
+                assert via_follower.read() == via_leader.read(), path
+        with urllib.request.urlopen(f"{follower.base}simple/late/", timeout=30) as page:  # published by the leader
+            assert b"late-1.0-py3-none-any.whl" in page.read()
+        assert (leader.directory / "public" / "simple" / "late").is_dir()
+        assert not (follower.directory / "public" / "simple" / "late").exists()
+        # An edge that reads only the follower installs from what the leader signed.
+        only = ProxyProcess(tmp_path / "edge-f", "--profile", "gateway", "--upstream", follower.base, "--root",
+                            str(follower.root), "--workers", "1")
+        with only:
+            r = install("pip", only.url, tmp_path / "via-follower", "app")
+            assert r.returncode == 0, r.stdout + r.stderr + only.log() + follower.log()
 
         # SIGSTOP the leader: the follower takes over; woken, the old leader steps down and never writes.
         assert leader.proc is not None

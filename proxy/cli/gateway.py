@@ -216,11 +216,11 @@ def _open(directory: Path) -> Repository:
 
 
 async def _pusher(values: dict, directory: Path, repo: Repository, ledger: Ledger,
-                  metrics: GatewayMetrics) -> tuple[TreePush | None, LeaderLease | None]:
+                  metrics: GatewayMetrics) -> tuple[TreePush | None, LeaderLease | None, SharedState | None]:
     """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
     brought up to date before serving; with ``--leader-lease``, the lease that decides who pushes."""
     if values["store"] is None:
-        return None, None
+        return None, None, None
     cache = values["cache_dir"]
     try:
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
@@ -259,7 +259,7 @@ async def _pusher(values: dict, directory: Path, repo: Repository, ledger: Ledge
         await pusher.push()
     except (BucketConfigError, BucketUnavailable) as e:
         raise CommandError(str(e)) from e
-    return pusher, lease
+    return pusher, lease, shared
 
 
 def replica_url(values: dict) -> str:
@@ -341,7 +341,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except KeyUnavailable as e:
         audit.close()
         raise CommandError(f"the online key: {e}") from None
-    pusher, lease = await _pusher(values, directory, repo, ledger, metrics)
+    pusher, lease, state = await _pusher(values, directory, repo, ledger, metrics)
     private_indexes = set(_private_indexes(values))
 
     def private(project: str) -> bool:
@@ -373,7 +373,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
                       advisories=AdvisoryWatch(store_path(ledger_dir(directory))), provenance=gate,
                       fetch_times=state_dir(directory, values["cache_dir"]) / "run" / "fetched.jsonl")
-    files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"], Pace(stall=values["read_timeout"]))
+    files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"],
+                       Pace(stall=values["read_timeout"]), pins_elsewhere=state.refresh if state is not None else None)
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     app.files_origin_problem = values.get("files_origin_problem")

@@ -10,6 +10,11 @@ Routes:
   published first).
 * ``GET /packages/<p>/<file>[.metadata]``: from the tree, else streamed from
   the index and checked against its pin (:mod:`proxy.gateway.files`).
+
+A follower of a replica group (``--leader-lease``) answers metadata and
+pages from the group's bucket, where the leader publishes, not from its own
+directory (which the leader's tree is not); an unpublished project's plain
+page is published by the leader first.
 * ``GET /_tufproxy/why/<project>``: what a publish would offer and what the
   policy hides, by rule (``tufproxy why``).
 * ``POST /_tufproxy/publish/<project>``: the miss protocol (docs/concepts/gateway-design.md):
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mimetypes
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -44,6 +50,8 @@ from proxy.protocol import index, refusals
 from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
 from proxy.serving.access import AccessMiddleware, Resource
 from proxy.serving.listener import Connections
+from proxy.transport.bucket import Bucket
+from proxy.transport.upstream import DownloadHTTPError
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -53,6 +61,7 @@ PUBLISH_PREFIX = "/_tufproxy/publish/"
 WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _NO_CACHE = {"Cache-Control": "no-cache"}
+MAX_TREE_OBJECT = 256 << 20  # a signed page or metadata file read from the bucket (the root list is the largest)
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
 
 
@@ -149,11 +158,40 @@ class GatewayApp:
     def _file(self, *segments: str, headers: dict[str, str] | None = None) -> web.FileResponse:
         return web.FileResponse(self._path(*segments), headers=headers)
 
+    def _following(self) -> Bucket | None:
+        """The group's bucket while this replica follows (the published tree is the leader's there), else None."""
+        forwarder = self.forwarder
+        return forwarder.lease.bucket if forwarder is not None and not forwarder.lease.leader else None
+
+    async def _tree(self, request: web.Request, *segments: str,
+                    headers: dict[str, str] | None = None) -> web.StreamResponse:
+        """A file of the published tree: this replica's own, or the bucket's while it follows."""
+        bucket = self._following()
+        if bucket is None:
+            return self._file(*segments, headers=headers)
+        if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
+            raise web.HTTPNotFound()
+        try:
+            async with bucket.stream("/".join(segments), MAX_TREE_OBJECT) as body:
+                response = web.StreamResponse(headers=headers)
+                if "Content-Type" not in (headers or {}):
+                    response.content_type = mimetypes.guess_type(segments[-1])[0] or "application/octet-stream"
+                response.content_length = body.content_length
+                await response.prepare(request)
+                async for chunk in body:
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except DownloadHTTPError as e:
+            if e.status == 404:
+                raise web.HTTPNotFound() from None
+            raise
+
     async def _metadata(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         headers = _NO_CACHE if name in ("timestamp.json", "root.json") else _IMMUTABLE
-        if not name.endswith(".snapshot.json"):
-            return self._file("metadata", name, headers=headers)
+        if not name.endswith(".snapshot.json") or self._following() is not None:
+            return await self._tree(request, "metadata", name, headers=headers)
         # The snapshot is the one file every edge reads after every publish: gzip it for those who accept it.
         response = web.Response(body=self._path("metadata", name).read_bytes(), content_type="application/json", headers=headers)
         response.enable_compression()
@@ -161,12 +199,13 @@ class GatewayApp:
 
     async def _root_page(self, request: web.Request) -> web.StreamResponse:
         name, content_type = _plain_page(request)
-        return self._file("simple", name, headers={**_NO_CACHE, "Content-Type": content_type})
+        return await self._tree(request, "simple", name, headers={**_NO_CACHE, "Content-Type": content_type})
 
     async def _root_file(self, request: web.Request) -> web.StreamResponse:
         """The root list under a hash name: the signed target edges and mirror syncs fetch."""
         name = request.match_info["name"]
-        return self._file("simple", name, headers=_NO_CACHE if name in ("index.html", "index.json") else _IMMUTABLE)
+        return await self._tree(request, "simple", name,
+                                headers=_NO_CACHE if name in ("index.html", "index.json") else _IMMUTABLE)
 
     async def _project_page(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["project"]
@@ -176,23 +215,28 @@ class GatewayApp:
         if project != name:
             raise web.HTTPMovedPermanently(f"../{project}/")
         self.gateway.touch(project)
-        if not (self.public_dir / "simple" / project / "index.html").is_file():
+        bucket = self._following()
+        if bucket is not None and self.forwarder is not None:
+            if not await bucket.exists(f"simple/{project}/index.html"):
+                # The leader publishes (and answers once the bucket has it); none answering, this replica does.
+                await self.forwarder.publish(f"{PUBLISH_PREFIX}{project}", request.headers.get("Authorization"))
+        elif not (self.public_dir / "simple" / project / "index.html").is_file():
             await self.gateway.ensure(project)
         name, content_type = _plain_page(request)
-        return self._file("simple", project, name, headers={**_NO_CACHE, "Content-Type": content_type})
+        return await self._tree(request, "simple", project, name, headers={**_NO_CACHE, "Content-Type": content_type})
 
     async def _page_file(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
         self.gateway.touch(project)
         plain = name in ("index.html", "index.json")
-        return self._file("simple", project, name, headers=_NO_CACHE if plain else _IMMUTABLE)
+        return await self._tree(request, "simple", project, name, headers=_NO_CACHE if plain else _IMMUTABLE)
 
     async def _package(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
         if not is_valid_project_name(project) or canonicalize_name(project) != project or not is_valid_filename(name):
             raise web.HTTPNotFound()
         if name.endswith(PROVENANCE_SUFFIX):  # a signed target, beside the page (PEP 740 provenance)
-            return self._file("simple", project, name, headers=_IMMUTABLE)
+            return await self._tree(request, "simple", project, name, headers=_IMMUTABLE)
         core = name.endswith(".metadata")
         return await self.files.serve(request, project, name.removesuffix(".metadata") if core else name, core)
 

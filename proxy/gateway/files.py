@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -66,9 +67,12 @@ class FileSource:
     """Streams pinned files into ``files_dir``; see the module docstring."""
 
     def __init__(self, files_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
-                 max_file_size: int, pace: Pace = Pace()) -> None:
+                 max_file_size: int, pace: Pace = Pace(),
+                 pins_elsewhere: Callable[[], Awaitable[None]] | None = None) -> None:
         self.files_dir = files_dir
         self.ledger = ledger
+        # A replica follower's: take in the group's ledger now (a pin the leader wrote a moment ago).
+        self.pins_elsewhere = pins_elsewhere
         self.http = http
         self.audit = audit
         self.metrics = metrics
@@ -82,6 +86,9 @@ class FileSource:
         path = self.files_dir / target
         self.ledger.reload()  # a revocation from 'tufproxy gateway revoke' applies at once
         pin = self.ledger.pins.get((project, filename))
+        if pin is None and self.pins_elsewhere is not None:
+            await self.pins_elsewhere()
+            pin = self.ledger.pins.get((project, filename))
         if pin is None or self.ledger.is_revoked(project, filename):
             raise web.HTTPNotFound(reason="not published by this gateway")
         download = self._inflight.get(target)

@@ -41,7 +41,7 @@ from proxy.gateway.advisories import Store, merge_into, parse_store, sign_store
 from proxy.gateway.ledger import Ledger
 from proxy.repository import Repository
 from proxy.storage.leader import LeaderLease, LeaseLost
-from proxy.transport.bucket import Bucket
+from proxy.transport.bucket import Bucket, BucketUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ STATE = "state/"
 LEDGER_KEY = STATE + "ledger.jsonl"
 ADVISORIES_KEY = STATE + "advisories.json"
 INBOX = STATE + "inbox/"
+REFRESH_EVERY = 1.0
 
 
 def record_key(line: bytes) -> bytes | None:
@@ -101,6 +102,7 @@ class SharedState:
         self._published: dict[str, bytes | None] = {}  # key -> the sha256 of the bytes this leader last wrote
         self._bucket_keys: set[bytes] = set()  # the records of the bucket's ledger as last read
         self._lock = asyncio.Lock()
+        self._refreshed = float("-inf")  # loop time of the last out-of-turn pull
 
     def _local_keys(self) -> set[bytes]:
         try:
@@ -218,6 +220,19 @@ class SharedState:
             return None
         probe = Store(theirs.advisories)
         return local if probe.advisories.add(ours.advisories.by_id.values()) else None
+
+    async def refresh(self) -> None:
+        """A follower's pull out of turn (a file whose pin the leader wrote a moment ago), at most once a second:
+        a client asking for unknown files cannot make it read the bucket's ledger more often."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._refreshed < REFRESH_EVERY or self.lease.leader:
+            return
+        self._refreshed = loop.time()
+        try:
+            async with self._lock:
+                await self.pull()
+        except BucketUnavailable as e:
+            log.warning("cannot read the group's state from %s: %s", self.bucket.url, e)
 
     async def elected(self) -> None:
         """Before a new leader signs: the bucket's state and every offer, taken in."""

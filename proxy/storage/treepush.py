@@ -43,7 +43,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
-from proxy.storage.leader import TIMESTAMP_KEY, Fence
+from proxy.storage.leader import TIMESTAMP_KEY, Fence, LeaseLost
 from proxy.transport.bucket import Bucket
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,9 @@ class TreePush:
                 return 0  # a follower: the leader publishes
             changed, gone = await asyncio.to_thread(self._changed)
             for relative, data, stamp in changed:
+                if self.fence is not None and _rank(relative) and not self.fence.lease.leader:
+                    # A leader frozen mid-push that wakes past its lease writes no more metadata.
+                    raise LeaseLost(f"lease of {self.bucket.url} lost during a push: {relative} not written")
                 try:
                     if self.fence is not None and relative == TIMESTAMP_KEY and isinstance(data, bytes):
                         await self.fence.write(data)
