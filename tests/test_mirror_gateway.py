@@ -27,6 +27,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_sdist, build_wheel
 from tests.support.clients import install, uv_path
 from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.net import free_port
 from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
@@ -193,6 +194,22 @@ def test_a_file_the_index_changed_after_pinning_is_not_synced(setup: Setup, tmp_
     entry.data = original
     assert sync(gw, dest, "--project", "swapped") == 0
     assert (dest / "packages/swapped/swapped-1.0-py3-none-any.whl").read_bytes() == original
+
+
+def test_every_upstream_is_tried_in_order(setup: Setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A group's gateways, the first of them down: the sync reads, publishes and fetches through the next."""
+    gw = setup.gateway
+    down = f"http://127.0.0.1:{free_port()}/"
+    dest = tmp_path / "mirror"
+    assert main(["mirror", "sync", "--upstream", down, "--upstream", gw.base, "--root", str(gw.root), "--dest",
+                 str(dest), "--project", "app", "--resolve", "yes"]) == 0, capsys.readouterr()
+    assert {"packages/app/app-1.0-py3-none-any.whl", "packages/lib/lib-1.0-py3-none-any.whl",
+            "packages/base/base-2.0-py3-none-any.whl"} <= served(dest)
+    assert verify(dest, gw.root) == 0
+    # A directory is a whole upstream: it does not repeat.
+    assert main(["mirror", "sync", "--upstream", str(dest), "--upstream", gw.base, "--root", str(gw.root), "--dest",
+                 str(tmp_path / "other"), "--project", "app"]) == 2
+    assert "--upstream repeats only with URLs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -48,9 +48,12 @@ def _upstream(value: str) -> str:
 
 def _options(args: argparse.Namespace) -> SyncOptions:
     auth = OriginAuth()
-    upstream = _upstream(args.upstream)
-    if urlsplit(upstream).scheme in ("http", "https"):
-        upstream = auth.add(upstream)  # user:password@ or netrc: sent to that origin only, never printed
+    upstreams = [_upstream(u) for u in args.upstream]
+    if len(upstreams) > 1 and not all(urlsplit(u).scheme in ("http", "https") for u in upstreams):
+        raise CommandError("--upstream repeats only with URLs (the gateways or mirrors of one repository): "
+                           "a directory is the whole upstream")
+    # user:password@ or netrc: sent to that origin only, never printed
+    upstreams = [auth.add(u) if urlsplit(u).scheme in ("http", "https") else u for u in upstreams]
     try:
         wanted = [parse_requirement(p) for p in args.project or ()]
         for req_file in args.requirements or ():
@@ -67,7 +70,7 @@ def _options(args: argparse.Namespace) -> SyncOptions:
     except (SelectionError, ConfigError) as e:
         raise CommandError(str(e)) from e
     return SyncOptions(
-        upstream=upstream, root=Path(args.root), dest=Path(args.dest), projects=tuple(merge(wanted)),
+        upstream=tuple(upstreams), root=Path(args.root), dest=Path(args.dest), projects=tuple(merge(wanted)),
         all_projects=args.all, filter=file_filter, jobs=args.jobs, keep_going=args.keep_going,
         resign_with=Path(args.resign_with) if args.resign_with else None,
         audit_log=Path(args.audit_log) if args.audit_log else None, max_file_size=max_file_size,
@@ -90,10 +93,10 @@ async def _closure(args: argparse.Namespace, requirements: list[str]) -> list[Wa
     what it serves against --root (so pip reads only verified pages and metadata)."""
     with tempfile.TemporaryDirectory(prefix="tufproxy-resolve-edge-") as cache:
         argv = ["--root", args.root, "--cache-dir", cache, "--listen", "127.0.0.1:0", "--workers", "1"]
-        if Path(args.upstream).is_dir():
-            argv += ["--repository", args.upstream]
+        if Path(args.upstream[0]).is_dir():
+            argv += ["--repository", args.upstream[0]]
         else:
-            argv += ["--upstream", args.upstream, "--metadata-path", args.metadata_path]
+            argv += [*(w for u in args.upstream for w in ("--upstream", u)), "--metadata-path", args.metadata_path]
             argv += ["--ca-bundle", args.ca_bundle] if args.ca_bundle else []
         argv += ["--profile", args.profile] if args.profile else []
         parser = argparse.ArgumentParser(allow_abbrev=False)
@@ -210,8 +213,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "published first, and each file is verified against its signed page's hashes.",
     )
     p.add_argument(
-        "--upstream", required=True, metavar="URL|DIR", help="base URL of the signed index (or a directory holding a "
-        "synced tree); user:password@ in it (or netrc) authenticates to that origin only"
+        "--upstream", required=True, action="append", metavar="URL|DIR", help="base URL of the signed index (or a "
+        "directory holding a synced tree); user:password@ in it (or netrc) authenticates to that origin only; "
+        "repeat for every gateway of a replica group or mirror of the repository, tried in order (one that is down "
+        "or failing is passed over)"
     )
     p.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the upstream's TLS with (a private CA)")
     p.add_argument("--root", required=True, metavar="FILE", help="the upstream's root.json to pin")

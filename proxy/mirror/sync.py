@@ -68,6 +68,7 @@ from proxy.protocol.errors import (
     RepositoryError,
     TrustError,
     UnknownTarget,
+    UpstreamUnreachable,
 )
 from proxy.protocol.layout import (
     PageFormat,
@@ -89,6 +90,7 @@ from proxy.repository import RepositoryError as SignerError
 from proxy.serving.edge import MissProtocol
 from proxy.storage.audit import AuditLog
 from proxy.transport.credentials import OriginAuth
+from proxy.transport.failover import Exhausted, failover
 from proxy.transport.local import LocalFetcher
 from proxy.transport.tls import client_context
 from proxy.transport.upstream import AiohttpFetcher, DownloadError, Fetcher
@@ -116,7 +118,7 @@ class MirrorError(Exception):
 class SyncOptions:
     """What ``tufproxy mirror sync`` was asked to do."""
 
-    upstream: str  # http(s) base URL, or a local directory holding a signed tree
+    upstream: tuple[str, ...]  # http(s) base URLs, tried in order; or one local directory holding a signed tree
     root: Path  # the pinned upstream root.json
     dest: Path
     projects: tuple[Wanted, ...] = ()
@@ -162,15 +164,19 @@ def _tls(options: SyncOptions) -> ssl.SSLContext | None:
     return client_context(options.ca_bundle) if options.ca_bundle is not None else None
 
 
-def _upstream(options: SyncOptions) -> tuple[Fetcher, Mirror]:
-    if re.match(r"https?://", options.upstream):
-        base = options.upstream if options.upstream.endswith("/") else f"{options.upstream}/"
+def _upstream(options: SyncOptions) -> tuple[Fetcher, list[Mirror]]:
+    """The fetcher and the mirrors, in order (every ``--upstream`` goes through the one failover loop)."""
+    if all(re.match(r"https?://", u) for u in options.upstream):
+        bases = [u if u.endswith("/") else f"{u}/" for u in options.upstream]
         fetcher: Fetcher = AiohttpFetcher(auth=options.auth, ssl_context=_tls(options))
     else:
-        local = LocalFetcher(Path(options.upstream))
-        base, fetcher = local.base_url(), local
-    meta = options.metadata_path if re.match(r"https?://", options.metadata_path) else f"{base}{options.metadata_path}"
-    return fetcher, Mirror(meta if meta.endswith("/") else f"{meta}/", base)
+        local = LocalFetcher(Path(options.upstream[0]))
+        bases, fetcher = [local.base_url()], local
+    mirrors = []
+    for base in bases:
+        meta = options.metadata_path if re.match(r"https?://", options.metadata_path) else f"{base}{options.metadata_path}"
+        mirrors.append(Mirror(meta if meta.endswith("/") else f"{meta}/", base))
+    return fetcher, mirrors
 
 
 class _RefusedAt(Observer):
@@ -195,7 +201,7 @@ class _Selected:
 
 class _Sync:
     def __init__(self, options: SyncOptions, progress: Progress, tree: MirrorTree, trust: TrustedClient,
-                 fetcher: Fetcher, audit: AuditLog, mirror: Mirror) -> None:
+                 fetcher: Fetcher, audit: AuditLog, mirrors: list[Mirror]) -> None:
         self.options = options
         assert options.profile is not None  # decided by _layout
         self.profile: Profile = options.profile
@@ -204,7 +210,7 @@ class _Sync:
         self.trust = trust
         self.fetcher = fetcher
         self.audit = audit
-        self.mirror = mirror
+        self.mirrors = mirrors
         self.limit = asyncio.Semaphore(options.jobs)
         self.stopped = False  # a refusal without keep_going: schedule nothing new
         self.mirrored: list[Want] = []  # every target (or page-covered file) now in the tree, for plain names
@@ -329,9 +335,9 @@ class _Sync:
         here and left out.  Only then is anything looked up or fetched, so
         the whole sync works from the snapshot the last publish reached.
         """
-        if not self.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirror.targets_url):
+        if not self.profile.miss_protocol or not wanted or not re.match(r"https?://", self.mirrors[0].targets_url):
             return wanted  # a synced tree on disk has no gateway to ask: what it lacks is not found
-        protocol = MissProtocol([self.mirror.targets_url], self.trust, FetchLocks(self.tree.state / "locks"),
+        protocol = MissProtocol([m.targets_url for m in self.mirrors], self.trust, FetchLocks(self.tree.state / "locks"),
                                 _PUBLISH_DEADLINE, auth=self.options.auth, ssl_context=_tls(self.options))
         asking = asyncio.Semaphore(self.options.jobs)
 
@@ -411,8 +417,12 @@ class _Sync:
             self._refuse(path, e)
             return None
 
-    async def root_chain(self, mirror: Mirror) -> list[bytes]:
-        """The verified roots from the pinned one to the one the sync trusts now."""
+    async def _first_root(self, name: str) -> bytes:
+        return await _fail_over_root(self.fetcher, self.mirrors, name)
+
+    async def root_chain(self) -> list[bytes]:
+        """The verified roots from the pinned one to the one the sync trusts now (each read from the tree, else
+        from the first mirror that has it)."""
         pinned = self.options.root.read_bytes()
         latest = (self.tree.trust_dir / "root.json").read_bytes()
         first, last = Metadata.from_bytes(pinned).signed.version, Metadata.from_bytes(latest).signed.version
@@ -420,12 +430,21 @@ class _Sync:
         for v in range(first + 1, last + 1):
             data = self.tree.published_root(v)
             if data is None:
-                data = await self.fetcher.fetch_bytes(mirror.metadata(f"{v}.root.json"), _ROOT_MAX_LENGTH)
+                data = await self._first_root(f"{v}.root.json")
             versions.append(data)
         chain = verify_root_chain(pinned, versions)
         if chain[-1] != latest:
             raise BadMetadata("the root chain from the pinned root does not end at the trusted root", role="root")
         return chain
+
+
+async def _fail_over_root(fetcher: Fetcher, mirrors: list[Mirror], name: str) -> bytes:
+    """``name`` from the first mirror that answers (the one failover loop)."""
+    try:
+        return await failover([m.metadata(name) for m in mirrors],
+                              lambda _i, url: fetcher.fetch_bytes(url, _ROOT_MAX_LENGTH))
+    except Exhausted as e:
+        raise UpstreamUnreachable(name, e.tried.failures) from None
 
 
 def _project_of(path: str) -> str | None:
@@ -553,7 +572,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         raise MirrorError(f"cannot read the pinned root {options.root}: {e.strerror}") from e
     tree = MirrorTree(options.dest)
     previous = tree.read_manifest()
-    fetcher, mirror = _upstream(options)
+    fetcher, mirrors = _upstream(options)
     audit = AuditLog(options.audit_log or tree.state / "audit.log")
     trust: TrustedClient | None = None
     try:
@@ -564,7 +583,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
                 raise MirrorError(f"{options.root} is not a valid self-signed root: {e}") from e
         try:
             trust = TrustedClient(
-                tree.trust_dir, [mirror], fetcher, TrustConfig(refresh_interval=_ONE_SNAPSHOT, persist_bins=True)
+                tree.trust_dir, mirrors, fetcher, TrustConfig(refresh_interval=_ONE_SNAPSHOT, persist_bins=True)
             )
             await trust.refresh(force=True)
         except RepositoryError as e:
@@ -574,14 +593,14 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
                 role=e.role,
                 expected=e.expected,
                 actual=e.actual,
-                upstream_url=mirror.metadata_url,
+                upstream_url=mirrors[0].metadata_url,
                 detail=str(e),
             )
             raise MirrorError(f"upstream metadata refused ({e.reason}): {e}") from e
         except TrustError as e:
             raise MirrorError(f"cannot load upstream metadata: {e}") from e
         options, layout = _layout(options, trust)
-        run = _Sync(options, progress, tree, trust, fetcher, audit, mirror)
+        run = _Sync(options, progress, tree, trust, fetcher, audit, mirrors)
         wanted = await run.wanted(await run.published(list(options.projects)))
         same = _unchanged(previous, options, trust.snapshot_versions())
         kept = {w.project: same[w.project] for w in wanted if w.project in same}
@@ -596,7 +615,7 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
         if run.stopped or ((c.refused or c.failed) and not options.keep_going):
             return result
         try:
-            chain = await run.root_chain(mirror)
+            chain = await run.root_chain()
         except (TrustError, DownloadError) as e:
             raise MirrorError(f"cannot publish the root chain: {e}") from e
         result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
