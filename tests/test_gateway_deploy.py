@@ -94,6 +94,30 @@ def test_the_replica_overlay_and_units_run_real_commands() -> None:
     assert set(settings) <= {o.name for o in OPTIONS} and settings["leader_lease"] > 0 and settings["store"]
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "Service"} == {"tufproxy-gateway",
                                                                                "tufproxy-gateway-replicas"}
+    # The overlay runs the bucket too, and the replicas' endpoint names its Service.
+    kustomization = yaml.safe_load((GATEWAY / "k8s-ha" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["replicas.yaml", "bucket.yaml"]
+    bucket_docs = list(yaml.safe_load_all((GATEWAY / "k8s-ha" / "bucket.yaml").read_text()))
+    (store,) = [d for d in bucket_docs if d["kind"] == "StatefulSet"]
+    (service,) = [d for d in bucket_docs if d["kind"] == "Service"]
+    pods = store["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pods.items()
+    assert settings["s3_endpoint_url"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    assert "-s3" in store["spec"]["template"]["spec"]["containers"][0]["args"]
+    gateway_selectors = [d["spec"]["selector"] for d in docs if d["kind"] == "Service"]
+    assert not any(sel.items() <= pods.items() for sel in gateway_selectors)  # the gateways' Services miss it
+    # The compose file: two replicas on the bucket, an edge that knows both.
+    compose = yaml.safe_load((GATEWAY / "compose-ha.yaml").read_text())["services"]
+    urls = []
+    for name in ("gateway-a", "gateway-b"):
+        replica = _parse(compose[name]["command"])
+        assert replica.gateway_command == "serve" and replica.workers == "1"  # type: ignore[attr-defined]
+        assert replica.leader_lease and replica.store and replica.s3_endpoint_url == "http://bucket:8333"  # type: ignore[attr-defined]
+        urls.append(replica.replica_url)  # type: ignore[attr-defined]
+        assert set(compose[name]["environment"]) <= {o.env for o in OPTIONS} | {"TUFPROXY_AUDIT_LOG"}
+    assert urls == ["http://gateway-a:8081/", "http://gateway-b:8081/"]
+    edge = _parse(compose["edge"]["command"])
+    assert edge.command == "serve" and edge.gateway_url == urls and edge.upstream == urls  # type: ignore[attr-defined]
     unit = configparser.ConfigParser(interpolation=None, strict=False)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read_string((GATEWAY / "systemd" / "tufproxy-gateway-replica.service").read_text())
