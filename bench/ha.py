@@ -13,7 +13,7 @@ SeaweedFS (``weed`` from the test extra) and a test index on 127.0.0.1.
   group of two, and through its follower (which forwards to the leader):
   medians, and what forwarding adds.
 
-    python -m bench.ha [--kills 10] [--lease 5] [--publishes 15]
+    python -m bench.ha [--kills 20] [--lease 5] [--publishes 15]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def publish_times(gw: GatewayProcess, projects: list[str]) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--kills", type=int, default=20)  # the issue's count
     ap.add_argument("--lease", type=float, default=5.0)
     ap.add_argument("--publishes", type=int, default=15)
     args = ap.parse_args()
