@@ -148,6 +148,34 @@ def test_a_leader_whose_lease_runs_out_mid_push_writes_no_more_metadata(
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
+def test_a_metadata_version_is_written_once_and_other_bytes_under_it_step_the_writer_down(
+        seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = bucket(seaweed, "once", monkeypatch)
+    tree = tmp_path / "public"
+    (tree / "metadata").mkdir(parents=True)
+    (tree / "metadata" / "7.snapshot.json").write_text('{"mine": 1}')
+    (tree / "metadata" / "7.bin-3.json").write_text('{"bin": 3}')
+
+    async def scenario() -> None:
+        lease = LeaderLease(b, 30.0, holder="writer")
+        assert await lease.step()
+        fence = Fence(b, lease)
+        await fence.load()
+        await b.replace("metadata/7.bin-3.json", b'{"bin": 3}')  # the same bytes, pushed before a restart: fine
+        await b.replace("metadata/7.snapshot.json", b'{"theirs": 1}')  # another leader's version 7
+        with pytest.raises(LeaseLost, match=r"7\.snapshot\.json holds another writer's bytes"):
+            await TreePush(b, tree, tmp_path / "push.lock", fence=fence).push()
+        assert not lease.leader
+        assert await b.read("metadata/7.snapshot.json") == b'{"theirs": 1}'  # never overwritten
+        # Led again (its own lease record), with the other bytes gone: the version is created, once.
+        assert await lease.step()
+        await b.delete("metadata/7.snapshot.json")
+        assert await TreePush(b, tree, tmp_path / "push.lock", fence=fence).push() == 2
+        assert await b.read("metadata/7.snapshot.json") == b'{"mine": 1}'
+    asyncio.run(scenario())
+
+
 def is_leader(gw: GatewayProcess) -> bool:
     return metric(gw.base, "tufproxy_gateway_leader") == 1.0
 
@@ -312,8 +340,14 @@ def test_pins_revocations_and_advisories_are_the_buckets_and_hold_after_failover
         wait_for(lambda: b"MAL-2026-9" in (leader.directory / "gateway" / "advisories.json").read_bytes()
                  if (leader.directory / "gateway" / "advisories.json").exists() else False,
                  "the leader to take the advisory in", timeout=30)
-        # The index swaps lib's file; the leader dies; the survivor signs from the bucket's ledger.
+        # The index swaps lib's file. A follower serves the bucket's copy (the leader pushed it), checked
+        # against the group's pin, not the index's new bytes.
         g.index.file("lib-1.0-py3-none-any.whl").data = original[:-1] + bytes([original[-1] ^ 1])
+        wait_for(lambda: asyncio.run(b.exists("packages/lib/lib-1.0-py3-none-any.whl")), "lib's file in the bucket",
+                 timeout=30)
+        with urllib.request.urlopen(f"{follower.base}packages/lib/lib-1.0-py3-none-any.whl", timeout=30) as got:
+            assert got.read() == original
+        # The leader dies; the survivor signs from the bucket's ledger.
         leader.kill()
         wait_for(lambda: is_leader(follower), "failover", timeout=lease + 10)
         with g.edge(tmp_path / "edge2", "ha-state", follower) as edge:

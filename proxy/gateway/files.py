@@ -53,7 +53,9 @@ from proxy.serving.streaming import first_bytes, over_tls, send_download, send_f
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download, Tee
 from proxy.storage.store import Blob
+from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
+from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
 
 log = logging.getLogger(__name__)
@@ -68,11 +70,14 @@ class FileSource:
 
     def __init__(self, files_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
                  max_file_size: int, pace: Pace = Pace(),
-                 pins_elsewhere: Callable[[], Awaitable[None]] | None = None) -> None:
+                 pins_elsewhere: Callable[[], Awaitable[None]] | None = None,
+                 shared_copy: Callable[[], Bucket | None] | None = None) -> None:
         self.files_dir = files_dir
         self.ledger = ledger
         # A replica follower's: take in the group's ledger now (a pin the leader wrote a moment ago).
         self.pins_elsewhere = pins_elsewhere
+        # A replica follower's: the group's bucket, whose copy (the leader pushed it) is asked before the index.
+        self.shared_copy = shared_copy
         self.http = http
         self.audit = audit
         self.metrics = metrics
@@ -150,7 +155,11 @@ class FileSource:
             length = pin.size if pin.size is not None else self.max_file_size
             want, url = Want(target, pin.hashes, length, pin.size is not None, f"gateway pin from {pin.index}"), pin.url
         download = self._inflight[target] = Download(target, want)
-        task = asyncio.ensure_future(self._fetch(download, url, path, request.remote, request.path))
+        bucket = self.shared_copy() if self.shared_copy is not None else None
+        # The bucket's copy first, checked against the same pin; the index if it has none (or it does not match).
+        fetcher, urls = (BucketFetcher(bucket, self.http), [bucket.key_url(target), url]) if bucket is not None \
+            else (self.http, [url])
+        task = asyncio.ensure_future(self._fetch(download, fetcher, urls, path, request.remote, request.path))
         task.add_done_callback(lambda t: self._finished(download, t))
         return download
 
@@ -159,7 +168,8 @@ class FileSource:
             del self._inflight[download.key]
         download.finish(task)
 
-    async def _fetch(self, download: Download, url: str, path: Path, client: str | None, request_path: str) -> Blob:
+    async def _fetch(self, download: Download, fetcher: Fetcher, urls: list[str], path: Path, client: str | None,
+                     request_path: str) -> Blob:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -167,7 +177,7 @@ class FileSource:
             download.writing(tmp)
             try:
                 digests = await fetch_verified(
-                    self.http, download.want, [url], Tee(FileSink(fd), download), pace=self.pace, also=("sha256",)
+                    fetcher, download.want, urls, Tee(FileSink(fd), download), pace=self.pace, also=("sha256",)
                 )
             except TrustError as e:  # the index lied, or could not be reached: one audit record, one count
                 log.warning("refused %s: %s", download.key, e)
@@ -177,7 +187,7 @@ class FileSource:
                     reason=e.reason,
                     fault=fault.value,
                     target=download.key,
-                    upstream_url=url,
+                    upstream_url=urls[-1],
                     client=client,
                     request_path=request_path,
                     expected=e.expected,

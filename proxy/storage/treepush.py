@@ -27,7 +27,9 @@ collected meanwhile stays: a lifecycle rule may expire it).  Workers of one gate
 files are uploaded as they were when scanned: a push never uploads a
 timestamp newer than the snapshot it scanned, and a later push never an
 older one.  With a :class:`~proxy.storage.leader.Fence` (``--leader-lease``),
-only the leader pushes and ``timestamp.json`` goes through the fence; a
+only the leader pushes, ``timestamp.json`` goes through the fence, and
+versioned metadata is created only where absent (``If-None-Match: *``; the
+same bytes already there are fine, other bytes step the leader down); a
 replica's shared state (:mod:`proxy.gateway.shared`) is synced before anything
 else, on followers too.
 """
@@ -132,6 +134,12 @@ class TreePush:
                 try:
                     if self.fence is not None and relative == TIMESTAMP_KEY and isinstance(data, bytes):
                         await self.fence.write(data)
+                    elif self.fence is not None and _rank(relative) in (1, 2):
+                        # A version is written once: other bytes under its name are another leader's.
+                        if not await self.bucket.create_or_same(relative, data):
+                            self.fence.lease.step_down()
+                            raise LeaseLost(f"{self.bucket.url}{relative} holds another writer's bytes: another "
+                                            "replica leads; stepped down")
                     else:
                         await self.bucket.replace(relative, data)
                 except FileNotFoundError:

@@ -19,6 +19,7 @@ caller would fail over from.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -138,6 +139,24 @@ class Bucket:
                 return False
             op.nbytes = data.stat().st_size if isinstance(data, Path) else len(data)
         return True
+
+    async def create_or_same(self, key: str, data: bytes | Path) -> bool:
+        """:meth:`create`, or True if ``key`` already holds exactly ``data``; False if it holds other bytes."""
+        if await self.create(key, data):
+            return True
+        body = data.read_bytes() if isinstance(data, Path) else data
+        async with self._op("head"):
+            try:
+                meta = await self._obstore.head_async(self._store, key)
+            except self._missing:
+                meta = None
+        if meta is None:  # deleted between the two requests: try once more
+            return await self.create(key, data)
+        etag = str(meta.get("e_tag") or "").strip('"')
+        # A single PUT's ETag is the MD5 of its bytes (S3, SeaweedFS, MinIO); other stores' are read and compared.
+        if re.fullmatch(r"[0-9a-f]{32}", etag):
+            return etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
+        return await self.read(key) == body
 
     async def read_tagged(self, key: str) -> tuple[bytes, str] | None:
         """A small object's bytes and ETag, or None: what a conditional :meth:`put_if` names."""
