@@ -115,23 +115,33 @@ def test_one_leader_takeover_bumps_generation_and_a_woken_stale_leader_is_fenced
     asyncio.run(scenario())
 
 
+def _tree(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    """A signed tree's layout with ``files`` (relative path -> bytes) in it."""
+    tree = tmp_path / "public"
+    for relative, data in files.items():
+        (tree / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tree / relative).write_bytes(data)
+    return tree
+
+
+async def _leading(b: Bucket, holder: str) -> tuple[LeaderLease, Fence]:
+    """A lease ``holder`` takes on ``b`` (a long one), and its fence, loaded."""
+    lease = LeaderLease(b, 30.0, holder=holder)
+    assert await lease.step()
+    fence = Fence(b, lease)
+    await fence.load()
+    return lease, fence
+
+
 @pytest.mark.slow
 def test_a_leader_whose_lease_runs_out_mid_push_writes_no_more_metadata(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = bucket(seaweed, "midpush", monkeypatch)
-    tree = tmp_path / "public"
-    (tree / "metadata").mkdir(parents=True)
-    (tree / "simple").mkdir()
-    (tree / "simple" / "index.html").write_text("<html></html>")
-    (tree / "metadata" / "3.bin-0.json").write_text("{}")
-    (tree / "metadata" / "3.snapshot.json").write_text("{}")
-    (tree / "metadata" / "timestamp.json").write_bytes(timestamp(3))
+    tree = _tree(tmp_path, {"simple/index.html": b"<html></html>", "metadata/3.bin-0.json": b"{}",
+                            "metadata/3.snapshot.json": b"{}", "metadata/timestamp.json": timestamp(3)})
 
     async def scenario() -> None:
-        lease = LeaderLease(b, 30.0, holder="frozen")
-        assert await lease.step()
-        fence = Fence(b, lease)
-        await fence.load()
+        lease, fence = await _leading(b, "frozen")
         pusher = TreePush(b, tree, tmp_path / "push.lock", fence=fence)
         real = b.replace
 
@@ -152,16 +162,10 @@ def test_a_leader_whose_lease_runs_out_mid_push_writes_no_more_metadata(
 def test_a_metadata_version_is_written_once_and_other_bytes_under_it_step_the_writer_down(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = bucket(seaweed, "once", monkeypatch)
-    tree = tmp_path / "public"
-    (tree / "metadata").mkdir(parents=True)
-    (tree / "metadata" / "7.snapshot.json").write_text('{"mine": 1}')
-    (tree / "metadata" / "7.bin-3.json").write_text('{"bin": 3}')
+    tree = _tree(tmp_path, {"metadata/7.snapshot.json": b'{"mine": 1}', "metadata/7.bin-3.json": b'{"bin": 3}'})
 
     async def scenario() -> None:
-        lease = LeaderLease(b, 30.0, holder="writer")
-        assert await lease.step()
-        fence = Fence(b, lease)
-        await fence.load()
+        lease, fence = await _leading(b, "writer")
         await b.replace("metadata/7.bin-3.json", b'{"bin": 3}')  # the same bytes, pushed before a restart: fine
         await b.replace("metadata/7.snapshot.json", b'{"theirs": 1}')  # another leader's version 7
         with pytest.raises(LeaseLost, match=r"7\.snapshot\.json holds another writer's bytes"):
