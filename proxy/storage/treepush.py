@@ -45,7 +45,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
-from proxy.storage.leader import TIMESTAMP_KEY, Fence, LeaseLost
+from proxy.storage.leader import GENERATION_META, TIMESTAMP_KEY, Fence, LeaseLost
 from proxy.transport.bucket import Bucket
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,8 @@ class TreePush:
                         await self.fence.write(data)
                     elif self.fence is not None and _rank(relative) in (1, 2):
                         # A version is written once: other bytes under its name are another leader's.
-                        if not await self.bucket.create_or_same(relative, data):
+                        meta = {GENERATION_META: str(self.fence.lease.generation)}
+                        if not await self.bucket.create_or_same(relative, data, meta):
                             self.fence.lease.step_down()
                             raise LeaseLost(f"{self.bucket.url}{relative} holds another writer's bytes: another "
                                             "replica leads; stepped down")

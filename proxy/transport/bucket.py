@@ -140,19 +140,20 @@ class Bucket:
             op.nbytes = data.stat().st_size if isinstance(data, Path) else len(data)
         return True
 
-    async def create_or_same(self, key: str, data: bytes | Path) -> bool:
-        """:meth:`create`, or True if ``key`` already holds exactly ``data``; False if it holds other bytes."""
-        if await self.create(key, data):
-            return True
+    async def create_or_same(self, key: str, data: bytes | Path, meta: dict[str, str] | None = None) -> bool:
+        """Store ``data`` (with user metadata ``meta``) only if ``key`` is absent, or True if it already holds
+        exactly ``data``; False if it holds other bytes."""
         body = data.read_bytes() if isinstance(data, Path) else data
+        if await self.put_if(key, body, None, meta) is not None:
+            return True
         async with self._op("head"):
             try:
-                meta = await self._obstore.head_async(self._store, key)
+                found = await self._obstore.head_async(self._store, key)
             except self._missing:
-                meta = None
-        if meta is None:  # deleted between the two requests: try once more
-            return await self.create(key, data)
-        etag = str(meta.get("e_tag") or "").strip('"')
+                found = None
+        if found is None:  # deleted between the two requests: try once more
+            return await self.put_if(key, body, None, meta) is not None
+        etag = str(found.get("e_tag") or "").strip('"')
         # A single PUT's ETag is the MD5 of its bytes (S3, SeaweedFS, MinIO); other stores' are read and compared.
         if re.fullmatch(r"[0-9a-f]{32}", etag):
             return etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
