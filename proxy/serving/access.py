@@ -6,7 +6,7 @@ the repository as a whole), whether it is a publish, and whether it is
 private.  A refusal is answered here with its status, ``X-Tufproxy-Reason``,
 ``WWW-Authenticate`` on a 401, one audit record and one count in
 ``tufproxy_access_refusals_total{reason}``; the request's user is left in
-``request["user"]`` for the handler.  Password checks run in threads, a
+``request[USER]`` for the handler.  Password checks run in threads, a
 few at a time, so bcrypt never stalls the event loop.
 """
 
@@ -24,6 +24,8 @@ from proxy.serving.guard import BAD_CREDENTIALS, Guard, Pending, Refusal, User
 from proxy.storage.audit import AuditLog, AuditWriteError
 
 log = logging.getLogger(__name__)
+# Where the middleware leaves the authorized user for the handler (typed: aiohttp's request storage keys).
+USER = web.RequestKey("user", User)
 # Concurrent password checks: each is a few ms of one core by design; more only queue.
 CHECKS = 4
 
@@ -78,7 +80,7 @@ class AccessMiddleware:
         if isinstance(found, User):
             refusal = self.guard.authorize(found, asked.project, publish=asked.publish, private=asked.private)
             if refusal is None:
-                request["user"] = found
+                request[USER] = found
                 return await handler(request)
             found = refusal
         return self.refuse(request, found)

@@ -30,7 +30,7 @@ from proxy.protocol.errors import StoreError, TrustError
 from proxy.protocol.layout import is_valid_project_name
 from proxy.protocol.requesthead import SimpleHead
 from proxy.serving import hotpath
-from proxy.serving.access import AccessMiddleware, Resource, refusals_counter
+from proxy.serving.access import USER, AccessMiddleware, Resource, refusals_counter
 from proxy.serving.guard import ANONYMOUS_USER, Guard, User
 from proxy.serving.listener import Limits, Listener
 from proxy.serving.refusals import Answer
@@ -50,6 +50,8 @@ from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
+# The route a request resolved to (the resolver knows it better than the router), for the request metrics.
+ROUTE = web.RequestKey("route", str)
 # Headers that need the whole file on disk (FileResponse answers them): no streaming then.
 _WHOLE_FILE_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Range", "If-Match", "If-Unmodified-Since")
 _FILE_HEADERS = {
@@ -133,7 +135,7 @@ class Proxy:
             response = e
         finally:
             request_id.reset(token)
-        route = request.get("route", request.match_info.route.name or "other")
+        route = request.get(ROUTE, request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
         self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):
@@ -145,9 +147,9 @@ class Proxy:
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
                   accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
                   whole=request.method == "HEAD" or _asks_whole_file(headers),
-                  private_ok=self._private_ok(request.get("user", ANONYMOUS_USER)))
+                  private_ok=self._private_ok(request.get(USER, ANONYMOUS_USER)))
         decision = await self.resolver.resolve(ask)
-        request["route"] = ask.route
+        request[ROUTE] = ask.route
         if isinstance(decision, Refused):
             return self._refused(ask, decision.error)
         if isinstance(decision, Redirect):
