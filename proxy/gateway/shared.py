@@ -33,12 +33,14 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from proxy.gateway.advisories import Store, merge_into, parse_store, sign_store
 from proxy.gateway.ledger import Ledger
+from proxy.protocol.osv import AdvisorySet
 from proxy.repository import Repository
 from proxy.storage.leader import LeaderLease, LeaseLost
 from proxy.transport.bucket import Bucket, BucketUnavailable
@@ -103,12 +105,20 @@ class SharedState:
         self._bucket_keys: set[bytes] = set()  # the records of the bucket's ledger as last read
         self._lock = asyncio.Lock()
         self._refreshed = float("-inf")  # loop time of the last out-of-turn pull
+        self._local_cache: tuple[tuple[int, int, int] | None, list[tuple[bytes, dict[str, Any]]]] = (None, [])
+        self._theirs: Store | None = None  # the bucket's advisory store as last read
+        # What a follower offered, decided again only when its files or the bucket's changed.
+        self._offer_basis: tuple[object, ...] | None = None
+
+    def _local(self) -> list[tuple[bytes, dict[str, Any]]]:
+        """This replica's ledger records, parsed again only when the file changed."""
+        stamp = _stamp(self.ledger.path)
+        if self._local_cache[0] != stamp:
+            self._local_cache = (stamp, records(_read(self.ledger.path) or b""))
+        return self._local_cache[1]
 
     def _local_keys(self) -> set[bytes]:
-        try:
-            return {key for key, _ in records(self.ledger.path.read_bytes())}
-        except FileNotFoundError:
-            return set()
+        return {key for key, _ in self._local()}
 
     async def pull(self) -> int:
         """Take in the bucket's ledger and advisories (if they changed); how many records and advisories."""
@@ -128,17 +138,22 @@ class SharedState:
         if found is None:
             self._etags[ADVISORIES_KEY] = None
         elif found[1] != self._etags.get(ADVISORIES_KEY):
-            taken += await self._merge_advisories(found[0], ADVISORIES_KEY)
+            self._theirs = await asyncio.to_thread(self._parse_advisories, found[0], ADVISORIES_KEY)
+            if self._theirs is not None:
+                taken += await asyncio.to_thread(merge_into, self.advisories, self._theirs)
             self._etags[ADVISORIES_KEY] = found[1]
         return taken
 
-    async def _merge_advisories(self, data: bytes, key: str) -> int:
+    def _parse_advisories(self, data: bytes, key: str) -> Store | None:
         try:
-            store: Store = parse_store(data)
+            return parse_store(data)
         except ValueError as e:
             log.warning("%s%s is not an advisory store (%s): left out", self.bucket.url, key, e)
-            return 0
-        return await asyncio.to_thread(merge_into, self.advisories, store)
+            return None
+
+    async def _merge_advisories(self, data: bytes, key: str) -> int:
+        store = await asyncio.to_thread(self._parse_advisories, data, key)
+        return await asyncio.to_thread(merge_into, self.advisories, store) if store is not None else 0
 
     async def take_inboxes(self) -> tuple[int, int]:
         """The leader takes in what followers offered; how many records, and advisories, were new."""
@@ -200,26 +215,30 @@ class SharedState:
                         self._published[key] = digest  # the same bytes are not sent again
                 return
             await self.pull()
-            local = await asyncio.to_thread(lambda: records(_read(self.ledger.path) or b""))
-            offer = lacking(local, self._bucket_keys)
+            basis = (_stamp(self.ledger.path), _stamp(self.advisories), self._etags.get(LEDGER_KEY),
+                     self._etags.get(ADVISORIES_KEY))
+            if basis == self._offer_basis:
+                return  # nothing changed here or there since the last offer
+            offer = await asyncio.to_thread(lambda: lacking(self._local(), self._bucket_keys))
             await self._offer(self.inbox + "ledger.jsonl",
                               b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in offer) or None)
-            await self._offer(self.inbox + "advisories.json", await self._advisories_to_offer())
+            await self._offer(self.inbox + "advisories.json", await asyncio.to_thread(self._advisories_to_offer))
+            self._offer_basis = basis
 
-    async def _advisories_to_offer(self) -> bytes | None:
+    def _advisories_to_offer(self) -> bytes | None:
         """The local store, if it holds an advisory the bucket's lacks or has older."""
-        local = await asyncio.to_thread(_read, self.advisories)
+        local = _read(self.advisories)
         if local is None:
             return None
-        found = await self.bucket.read(ADVISORIES_KEY)
-        if found is None:
+        if self._etags.get(ADVISORIES_KEY) is None or self._theirs is None:
             return local
         try:
-            theirs, ours = parse_store(found), parse_store(local)
+            ours = parse_store(local)
         except ValueError:
             return None
-        probe = Store(theirs.advisories)
-        return local if probe.advisories.add(ours.advisories.by_id.values()) else None
+        probe = AdvisorySet()
+        probe.add(self._theirs.advisories.by_id.values())
+        return local if probe.add(ours.advisories.by_id.values()) else None
 
     async def refresh(self) -> None:
         """A follower's pull out of turn (a file whose pin the leader wrote a moment ago), at most once a second:
@@ -242,6 +261,15 @@ class SharedState:
         if pulled or offered:
             log.info("leader: took in %d record(s) and advisories from the bucket and %d offered by followers",
                      pulled, offered)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file's versions apart without reading it (None: absent)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _read(path: Path) -> bytes | None:
