@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -55,7 +54,7 @@ from proxy.protocol import index, lease
 from proxy.repository import Repository
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
-from proxy.util.atomic import atomic_write
+from proxy.util.atomic import atomic_write, file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ class Publisher:
 
     def reload(self) -> None:
         """Take up what other processes signed (other workers, ``tufproxy gateway revoke``); cheap when nothing did."""
-        seen = (_stamp(self.repo.public_dir / "simple" / "index.json"), _stamp(self.repo.metadata_dir / "timestamp.json"))
+        seen = (file_stamp(self.repo.public_dir / "simple" / "index.json"), file_stamp(self.repo.metadata_dir / "timestamp.json"))
         if seen == self._seen:
             return
         published = set(self._read_published())
@@ -318,11 +317,3 @@ def signed_page(public_dir: Path, project: str) -> index.ProjectPage | None:
     except (OSError, index.IndexParseError):
         return None
 
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What changes when a file is replaced or rewritten."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_size

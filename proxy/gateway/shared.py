@@ -33,7 +33,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from proxy.protocol.osv import AdvisorySet
 from proxy.repository import Repository
 from proxy.storage.leader import LeaderLease, LeaseLost
 from proxy.transport.bucket import Bucket, BucketUnavailable
+from proxy.util.atomic import file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class SharedState:
 
     def _local(self) -> list[tuple[bytes, dict[str, Any]]]:
         """This replica's ledger records, parsed again only when the file changed."""
-        stamp = _stamp(self.ledger.path)
+        stamp = file_stamp(self.ledger.path)
         if self._local_cache[0] != stamp:
             self._local_cache = (stamp, records(_read(self.ledger.path) or b""))
         return self._local_cache[1]
@@ -215,7 +215,7 @@ class SharedState:
                         self._published[key] = digest  # the same bytes are not sent again
                 return
             await self.pull()
-            basis = (_stamp(self.ledger.path), _stamp(self.advisories), self._etags.get(LEDGER_KEY),
+            basis = (file_stamp(self.ledger.path), file_stamp(self.advisories), self._etags.get(LEDGER_KEY),
                      self._etags.get(ADVISORIES_KEY))
             if basis == self._offer_basis:
                 return  # nothing changed here or there since the last offer
@@ -261,15 +261,6 @@ class SharedState:
         if pulled or offered:
             log.info("leader: took in %d record(s) and advisories from the bucket and %d offered by followers",
                      pulled, offered)
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What tells a file's versions apart without reading it (None: absent)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _read(path: Path) -> bytes | None:

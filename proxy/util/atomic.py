@@ -13,6 +13,15 @@ import tempfile
 from pathlib import Path
 
 
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file published here is replaced or rewritten (None: absent), without reading it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
