@@ -375,7 +375,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                       fetch_times=state_dir(directory, values["cache_dir"]) / "run" / "fetched.jsonl")
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"],
                        Pace(stall=values["read_timeout"]), pins_elsewhere=state.refresh if state is not None else None,
-                       shared_copy=(lambda: lease.bucket if not lease.leader else None) if lease is not None else None)
+                       shared_copy=lease.following if lease is not None else None)
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     app.files_origin_problem = values.get("files_origin_problem")

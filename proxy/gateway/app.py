@@ -148,9 +148,7 @@ class GatewayApp:
     # -- the tree ------------------------------------------------------
     def _path(self, *segments: str) -> Path:
         """The file of the tree a request names; 404 unless every segment is a plain name and it exists."""
-        if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
-            raise web.HTTPNotFound()
-        path = self.public_dir.joinpath(*segments)
+        path = self.public_dir.joinpath(*_plain(segments))
         if not path.is_file():
             raise web.HTTPNotFound()
         return path
@@ -159,9 +157,7 @@ class GatewayApp:
         return web.FileResponse(self._path(*segments), headers=headers)
 
     def _following(self) -> Bucket | None:
-        """The group's bucket while this replica follows (the published tree is the leader's there), else None."""
-        forwarder = self.forwarder
-        return forwarder.lease.bucket if forwarder is not None and not forwarder.lease.leader else None
+        return self.forwarder.lease.following() if self.forwarder is not None else None
 
     async def _tree(self, request: web.Request, *segments: str,
                     headers: dict[str, str] | None = None) -> web.StreamResponse:
@@ -169,10 +165,8 @@ class GatewayApp:
         bucket = self._following()
         if bucket is None:
             return self._file(*segments, headers=headers)
-        if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
-            raise web.HTTPNotFound()
         try:
-            async with bucket.stream("/".join(segments), MAX_TREE_OBJECT) as body:
+            async with bucket.stream("/".join(_plain(segments)), MAX_TREE_OBJECT) as body:
                 response = web.StreamResponse(headers=headers)
                 if "Content-Type" not in (headers or {}):
                     response.content_type = mimetypes.guess_type(segments[-1])[0] or "application/octet-stream"
@@ -303,6 +297,13 @@ def gateway_resource(private: Callable[[str], bool], any_private: bool) -> Calla
             return Resource(project, publish=route == "publish", private=private(project))
         return Resource(None, private=any_private)
     return resource
+
+
+def _plain(segments: tuple[str, ...]) -> tuple[str, ...]:
+    """``segments`` of a path into the tree, or 404 unless each is a plain name."""
+    if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
+        raise web.HTTPNotFound()
+    return segments
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:

@@ -264,10 +264,11 @@ class Gateway:
                 offered = []
                 advisories = self.advisories.advisories if self.advisories is not None else None
                 for dist in trimmed.page.files:
-                    block = withheld(advisories, self.policy, project, dist, self.ledger.pins.get((project, dist.filename)))
                     if self.ledger.is_revoked(project, dist.filename):
                         hidden.append({"filename": dist.filename, "rule": "revoked", "upload_time": dist.upload_time})
-                    elif block is not None and not block.allowed:
+                    elif (block := withheld(advisories, self.policy, project, dist,
+                                            self.ledger.pins.get((project, dist.filename)))) is not None \
+                            and not block.allowed:
                         hidden.append({"filename": dist.filename, "rule": block.rule, "advisory": block.id,
                                        "upload_time": dist.upload_time})
                     else:

@@ -417,8 +417,14 @@ class _Sync:
             self._refuse(path, e)
             return None
 
-    async def _first_root(self, name: str) -> bytes:
-        return await _fail_over_root(self.fetcher, self.mirrors, name)
+    async def _root(self, name: str) -> bytes:
+        """``name`` from the first mirror that answers (the one failover loop); its signatures are checked by
+        :func:`verify_root_chain`."""
+        try:
+            return await failover([m.metadata(name) for m in self.mirrors],
+                                  lambda _i, url: self.fetcher.fetch_bytes(url, _ROOT_MAX_LENGTH))
+        except Exhausted as e:
+            raise UpstreamUnreachable(name, e.tried.failures) from None
 
     async def root_chain(self) -> list[bytes]:
         """The verified roots from the pinned one to the one the sync trusts now (each read from the tree, else
@@ -430,21 +436,12 @@ class _Sync:
         for v in range(first + 1, last + 1):
             data = self.tree.published_root(v)
             if data is None:
-                data = await self._first_root(f"{v}.root.json")
+                data = await self._root(f"{v}.root.json")
             versions.append(data)
         chain = verify_root_chain(pinned, versions)
         if chain[-1] != latest:
             raise BadMetadata("the root chain from the pinned root does not end at the trusted root", role="root")
         return chain
-
-
-async def _fail_over_root(fetcher: Fetcher, mirrors: list[Mirror], name: str) -> bytes:
-    """``name`` from the first mirror that answers (the one failover loop)."""
-    try:
-        return await failover([m.metadata(name) for m in mirrors],
-                              lambda _i, url: fetcher.fetch_bytes(url, _ROOT_MAX_LENGTH))
-    except Exhausted as e:
-        raise UpstreamUnreachable(name, e.tried.failures) from None
 
 
 def _project_of(path: str) -> str | None:

@@ -38,10 +38,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import aiohttp
-from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
-from packaging.version import InvalidVersion
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
+from proxy.protocol.layout import version_of_filename
 from proxy.transport.credentials import OriginAuth
 from proxy.transport.failover import Exhausted, failover
 from proxy.transport.upstream import DownloadError, DownloadHTTPError
@@ -169,8 +168,8 @@ class MissProtocol:
 
     async def missing(self, project: str, filename: str) -> str:
         """Why ``filename`` is not on ``project``'s signed page, as the gateway accounts for it (a 404's detail)."""
-        ask = f"`tufproxy why '{project}=={version_of(filename)}' --edge URL`" if version_of(filename) else \
-            f"`tufproxy why {project} --edge URL`"
+        version = version_of_filename(filename)
+        ask = f"`tufproxy why '{project}=={version}' --edge URL`" if version else f"`tufproxy why {project} --edge URL`"
         account = await self._account(project)
         hidden = next((h for h in (account or {}).get("hidden", ()) if isinstance(h, dict)
                        and h.get("filename") == filename), None)
@@ -206,16 +205,6 @@ class MissProtocol:
         except TrustError as e:
             log.info("no account of %s from the gateway: %s", project, e)
             return None
-
-
-def version_of(filename: str) -> str | None:
-    """The version a distribution's file name carries, if it is one."""
-    try:
-        if filename.endswith(".whl"):
-            return str(parse_wheel_filename(filename)[1])
-        return str(parse_sdist_filename(filename)[1])
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None
 
 
 def _refusal(body: bytes) -> tuple[str | None, str | None]:

@@ -67,6 +67,10 @@ class LeaderLease:
         """Leader now: the lease is ours and, by our own clock, not near its end."""
         return self._leader and time.monotonic() < self._valid_until
 
+    def following(self) -> Bucket | None:
+        """The group's bucket while this replica follows (the published tree is the leader's there), else None."""
+        return None if self.leader else self.bucket
+
     async def step(self) -> bool:
         """One read-and-decide; whether this replica leads afterwards."""
         asked = time.monotonic()
