@@ -66,6 +66,8 @@ def test_seaweedfs_honours_if_none_match_and_if_match_on_put(seaweed: Seaweed, m
         assert second and second != first
         assert await b.put_if("k", b"four", first) is None  # If-Match on a stale ETag
         assert await b.read_tagged("k") == (b"three", second)
+        assert await b.read_tagged("k", unless=second) == (b"", second)  # If-None-Match: not downloaded again
+        assert await b.read_tagged("k", unless=first) == (b"three", second)
     asyncio.run(probe())
 
 

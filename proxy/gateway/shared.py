@@ -52,6 +52,7 @@ LEDGER_KEY = STATE + "ledger.jsonl"
 ADVISORIES_KEY = STATE + "advisories.json"
 INBOX = STATE + "inbox/"
 REFRESH_EVERY = 1.0
+OFFERS_EVERY = 5.0
 
 
 def record_key(line: bytes) -> bytes | None:
@@ -105,6 +106,7 @@ class SharedState:
         self._bucket_keys: set[bytes] = set()  # the records of the bucket's ledger as last read
         self._lock = asyncio.Lock()
         self._refreshed = float("-inf")  # loop time of the last out-of-turn pull
+        self._took = float("-inf")  # loop time the leader last listed the offers
         self._local_cache: tuple[tuple[int, int, int] | None, list[tuple[bytes, dict[str, Any]]]] = (None, [])
         self._theirs: Store | None = None  # the bucket's advisory store as last read
         # What a follower offered, decided again only when its files or the bucket's changed.
@@ -123,7 +125,7 @@ class SharedState:
     async def pull(self) -> int:
         """Take in the bucket's ledger and advisories (if they changed); how many records and advisories."""
         taken = 0
-        found = await self.bucket.read_tagged(LEDGER_KEY)
+        found = await self.bucket.read_tagged(LEDGER_KEY, unless=self._etags.get(LEDGER_KEY))
         if found is None:
             self._etags[LEDGER_KEY] = None
         elif found[1] != self._etags.get(LEDGER_KEY):
@@ -134,7 +136,7 @@ class SharedState:
                 await asyncio.to_thread(self.ledger.append, new)
                 taken += len(new)
             self._etags[LEDGER_KEY] = found[1]
-        found = await self.bucket.read_tagged(ADVISORIES_KEY)
+        found = await self.bucket.read_tagged(ADVISORIES_KEY, unless=self._etags.get(ADVISORIES_KEY))
         if found is None:
             self._etags[ADVISORIES_KEY] = None
         elif found[1] != self._etags.get(ADVISORIES_KEY):
@@ -204,9 +206,13 @@ class SharedState:
         what the bucket lacks.  :class:`~proxy.transport.bucket.BucketUnavailable` is the caller's to retry."""
         async with self._lock:
             if self.lease.leader:
-                if (await self.take_inboxes())[1]:
-                    # Signed as the advisory target, as an import here would (mirror sync carries it).
-                    await asyncio.to_thread(sign_store, self.repo, self.advisories)
+                # Offers are rare: listed at most every OFFERS_EVERY, not at each publish's push.
+                now = asyncio.get_running_loop().time()
+                if now - self._took >= OFFERS_EVERY:
+                    self._took = now
+                    if (await self.take_inboxes())[1]:
+                        # Signed as the advisory target, as an import here would (mirror sync carries it).
+                        await asyncio.to_thread(sign_store, self.repo, self.advisories)
                 for key, path in ((LEDGER_KEY, self.ledger.path), (ADVISORIES_KEY, self.advisories)):
                     data = await asyncio.to_thread(_read, path)
                     digest = hashlib.sha256(data).digest() if data is not None else None

@@ -75,6 +75,7 @@ class Bucket:
         from obstore.exceptions import (
             AlreadyExistsError,
             NotFoundError,
+            NotModifiedError,
             PermissionDeniedError,
             PreconditionError,
             UnauthenticatedError,
@@ -84,6 +85,7 @@ class Bucket:
         # obstore raises the built-in FileNotFoundError/FileExistsError for some calls, its own for others.
         self._missing = (NotFoundError, FileNotFoundError)
         self._taken = (AlreadyExistsError, PreconditionError, FileExistsError)
+        self._unchanged = (NotModifiedError,)
         self.name, self.prefix = parse_store_url(url)
         self.url = f"s3://{self.name}/{self.prefix}/" if self.prefix else f"s3://{self.name}/"
         self.metrics = metrics
@@ -159,14 +161,21 @@ class Bucket:
             return etag == hashlib.md5(body, usedforsecurity=False).hexdigest()
         return await self.read(key) == body
 
-    async def read_tagged(self, key: str) -> tuple[bytes, str] | None:
-        """A small object's bytes and ETag, or None: what a conditional :meth:`put_if` names."""
+    async def read_tagged(self, key: str, unless: str | None = None) -> tuple[bytes, str] | None:
+        """A small object's bytes and ETag, or None: what a conditional :meth:`put_if` names.
+
+        ``unless``: an ETag the caller holds the bytes of; an object still carrying it is not downloaded
+        (``If-None-Match``) and the answer is ``(b"", unless)``, which a caller comparing ETags passes over.
+        """
         async with self._op("get") as op:
             try:
-                result = await self._obstore.get_async(self._store, key)
+                options: Any = {"if_none_match": unless} if unless else None
+                result = await self._obstore.get_async(self._store, key, options=options)
                 data = bytes(await result.bytes_async())
             except self._missing:
                 return None
+            except self._unchanged:
+                return b"", str(unless)
             op.nbytes = len(data)
         return data, str(result.meta.get("e_tag") or "")
 
