@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -134,14 +135,17 @@ def test_allow_list_blocks_everything_else(tmp_path: Path, test_index: TestIndex
 def test_deny_rule_added_later_unpublishes(tmp_path: Path, test_index: TestIndex) -> None:
     page = tmp_path / "gw" / "public" / "simple" / "fresh" / "index.json"
     with _gateway(tmp_path, test_index, args=()) as gw:
-        assert gw.publish("fresh")[0] == 200
+        assert gw.publish("fresh")[0] == 200 and gw.publish("cool")[0] == 200
     assert page.exists()
     with _gateway(tmp_path, test_index, args=("--deny-project", "fresh")) as gw, edge_for(tmp_path, gw) as edge:
         wait_for(lambda: not page.exists(), what="fresh unpublished at its next refresh")
-        root = json.loads((gw.directory / "public" / "simple" / "index.json").read_bytes())
-        assert "fresh" not in {p["name"] for p in root["projects"]}
+        assert gw.listed() == {"cool"}
         # The edge trusts the timestamp that dropped it within its --refresh-interval (0.5 s).
         wait_for(lambda: http_status(f"{edge.url}fresh/") == 404, what="the edge no longer offering fresh")
+        # Its root page is rendered from the bins it verified: exactly what they still vouch for.
+        root = urllib.request.Request(edge.url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(root, timeout=30) as r:
+            assert [p["name"] for p in json.loads(r.read())["projects"]] == ["cool"]
         assert install("pip", edge.url, tmp_path / "t", "fresh").returncode != 0
         assert any(a.get("reason") == "deny-project" and a.get("target") == "simple/fresh/" for a in gw.audit())
 

@@ -44,9 +44,8 @@ def _gateway(tmp_path: Path, index: TestIndex, *args: str) -> GatewayProcess:
 
 
 def _published(gw: GatewayProcess, project: str) -> bool:
-    """Whether the signed root list names ``project`` (read from disk: asking the gateway would publish it)."""
-    listed = gw.directory / "public" / "simple" / "index.json"
-    return listed.exists() and project in {p["name"] for p in json.loads(listed.read_bytes())["projects"]}
+    """Whether the gateway's root page lists ``project`` (asking for the project's page would publish it)."""
+    return project in gw.listed()
 
 
 def _pages_asked(index: TestIndex) -> set[str]:

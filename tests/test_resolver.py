@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -258,3 +259,66 @@ async def test_a_ready_answer_needs_the_live_trusted_state_and_a_kept_page(
     assert ready("/simple/base/", JSON, None) is None
     refused = await world.ask("/simple/base/", accept=JSON)
     assert isinstance(refused, Refused) and isinstance(refused.error, ExpiredMetadata)
+
+
+class _Counting(LocalFetcher):
+    """The repository on disk, counting the bin-n roles fetched (what a listing costs)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.bins: list[str] = []
+
+    def stream(self, url: str, max_length: int, start: int = 0):  # type: ignore[no-untyped-def]
+        if re.fullmatch(r"[0-9]+\.bins?-[0-9a-f]+\.json", url.rsplit("/", 1)[-1]):
+            self.bins.append(url.rsplit("/", 1)[-1])
+        return super().stream(url, max_length, start)
+
+
+def _listed(page: object) -> list[str]:
+    assert isinstance(page, Page), page
+    return [p["name"] for p in json.loads(page.body)["projects"]]
+
+
+@pytest.mark.parametrize("layout", ["gateway", "warehouse"], indirect=True)
+async def test_a_layout_with_no_signed_root_list_lists_exactly_the_pages_the_bins_vouch_for(
+        world: World, tmp_path: Path) -> None:
+    repo = world.repo
+    counting = _Counting(repo.public_dir)
+    world.trust._fetcher = counting
+    world.resolver.fetcher = counting
+    first = await world.ask("/simple/", accept=JSON)
+    assert _listed(first) == ["app", "base", "future-only", "lib"]
+    html = await world.ask("/simple/", accept="text/html")
+    assert isinstance(html, Page) and b'<a href="future-only/">future-only</a>' in html.body
+    assert isinstance(first, Page) and first.etag != html.etag
+    again = await world.resolver.resolve(Ask("rid", "127.0.0.1", "/simple/", accept=JSON, if_none_match=first.etag))
+    assert isinstance(again, NotModified) and again.headers["ETag"] == first.etag
+    assert world.resolver.ready("/simple/", JSON, first.etag) is None  # never answered without a look
+    assert len(counting.bins) == 16  # every bin once, for both renderings
+
+    # A page target signed into a bin its hash does not name: no lookup would find it, so it is not listed.
+    fmt = repo.profile.signed_formats[0]
+    stray = repo.profile.page_target("stray", fmt)
+    with repo._locked():
+        change = _Change(repo, datetime.now(UTC).replace(microsecond=0))
+        right = change.bin_for(stray)
+        wrong = next(n for n in (f"{repo.profile.bin_prefix}-{i:x}" for i in range(16)) if n != right)
+        change.role(wrong).signed.targets[stray] = change.put_target("simple/elsewhere/x", b"x")
+        change.role(wrong).signed.targets[stray].path = stray
+        change.dirty.add(wrong)
+        change.commit()
+    counting.bins.clear()
+    await world.trust.refresh(force=True)
+    assert _listed(await world.ask("/simple/", accept=JSON)) == ["app", "base", "future-only", "lib"]
+    assert len(counting.bins) <= 2  # the bins that publish re-signed, not all 16
+
+    if repo.profile.files_are_targets or repo.profile.name == "warehouse":
+        return
+    page = repo.current_page("base")
+    assert page is not None
+    repo.publish_pages({"lib": None, "new": dataclasses.replace(page, name="new", files=()),
+                        "secret": dataclasses.replace(page, name="secret", files=())},
+                       private=lambda p: p == "secret")
+    await world.trust.refresh(force=True)
+    assert _listed(await world.ask("/simple/", accept=JSON)) == ["app", "base", "future-only", "new"]
+    assert isinstance(await world.ask("/simple/secret/", accept=JSON), Refused)  # private: as if absent here

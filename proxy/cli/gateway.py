@@ -52,7 +52,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import POLICY_KEYS, Policy, add_policy_arguments, resolve_policy
-from proxy.gateway.publisher import Publisher, resign_after_restore, signed_projects, timestamp_version
+from proxy.gateway.publisher import Publisher, resign_after_restore, timestamp_version
 from proxy.gateway.service import Gateway, rebuild_pins
 from proxy.gateway.shared import SharedState
 from proxy.gateway.startcheck import files_origin_problem
@@ -64,6 +64,7 @@ from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
 from proxy.repository import Repository, RepositoryError
+from proxy.repository.catalog import Catalog
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
 from proxy.serving import listener
@@ -547,7 +548,10 @@ def _check_ledger(directory: Path) -> None:
     ledger = Ledger(ledger_dir(directory))
     existed = ledger.path.exists()
     public = Path(directory) / "public"
-    published = [*signed_projects(public), *_open(directory).private_projects()]
+    try:
+        published = sorted(Catalog(_open(directory)).update().projects)
+    except RepositoryError as e:
+        raise CommandError(str(e)) from e
     try:
         rebuilt, projects = rebuild_pins(ledger, public, published)
     except OSError as e:

@@ -80,6 +80,8 @@ class GatewayApp:
         self.forwarder: Forwarder | None = None  # a replica of a group (--leader-lease)
         # The start-up check's fix when the index links files where the gateway may not fetch them.
         self.files_origin_problem: str | None = None
+        # The root page, rendered from the catalog (no root list is signed): ((timestamp version, name), bytes).
+        self._root_list: tuple[tuple[int, str], bytes] | None = None
 
     def app(self) -> web.Application:
         middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
@@ -193,7 +195,20 @@ class GatewayApp:
 
     async def _root_page(self, request: web.Request) -> web.StreamResponse:
         name, content_type = _plain_page(request)
-        return await self._tree(request, "simple", name, headers={**_NO_CACHE, "Content-Type": content_type})
+        headers = {**_NO_CACHE, "Content-Type": content_type}
+        publisher = self.gateway.publisher
+        if publisher.repo.profile.root_list_signed:
+            return await self._tree(request, "simple", name, headers=headers)
+        leader = self.forwarder.lease.leader_url if self._following() is not None and self.forwarder else None
+        if leader:  # a follower's own directory is not what the group publishes
+            raise web.HTTPTemporaryRedirect(leader.rstrip("/") + "/simple/")
+        publisher.reload()
+        key = (publisher.timestamp_version, name)
+        if self._root_list is None or self._root_list[0] != key:
+            plist = index.ProjectList(projects=tuple(publisher.catalog.public))
+            render = index.render_project_list_json if name == "index.json" else index.render_project_list_html
+            self._root_list = (key, await asyncio.to_thread(render, plist))
+        return web.Response(body=self._root_list[1], headers=headers)
 
     async def _root_file(self, request: web.Request) -> web.StreamResponse:
         """The root list under a hash name: the signed target edges and mirror syncs fetch."""

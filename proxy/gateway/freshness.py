@@ -8,10 +8,10 @@ page is older than ``page_ttl`` (fetch times survive restarts:
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
 lifetime, so the timestamp never expires even when nothing changes.
-After that, :func:`collect_garbage` drops metadata versions and page
-files nothing current references, once they are older than ``grace``
+After that, :class:`Collector` drops metadata versions and page
+files nothing current references, ``grace`` after they were superseded
 (an edge that read the previous timestamp a moment ago can still finish
-its refresh).  Under ``--workers N`` only the worker holding the
+its refresh), looking only at the projects re-signed since its last run.  Under ``--workers N`` only the worker holding the
 :class:`~proxy.util.locks.Leadership` lock does this (another takes over if it
 dies); it first takes up what the other workers signed.  Its "most
 recently used" is what its own requests touched: workers share no touches
@@ -22,10 +22,12 @@ every due page is still refreshed at the rate bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tuf.api.metadata import Metadata, Snapshot, Timestamp
@@ -48,6 +50,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
     last_resign = -float("inf")
     seen: set[str] | None = None
     queue = DueQueue(page_ttl)
+    collector = Collector(repo, grace)
     while True:
         if leader is not None and not leader.held():
             await asyncio.sleep(tick)
@@ -69,7 +72,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()
-                await asyncio.to_thread(collect_garbage, repo, grace)
+                await asyncio.to_thread(collector.collect, gateway.publisher.catalog.take_touched())
             except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("re-signing online roles failed: %s", e)
             else:
@@ -87,9 +90,49 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         await asyncio.sleep(tick)
 
 
-def collect_garbage(repo: Repository, grace: float) -> int:
-    """Remove metadata versions and hashed pages no current metadata references; how many files."""
-    cutoff = time.time() - grace
+class Collector:
+    """Garbage collection that costs what changed, not what is published.
+
+    Metadata: versions older than the newest superseded one of each role, once older than ``grace`` (a
+    scan of the metadata directory, whose size follows the bin count, not the projects).  Pages: a hashed
+    page name no plain page of its project names any more is noted the first time a collection sees it
+    unreferenced, and deleted ``grace`` seconds later if still unreferenced, so an edge that read the
+    previous timestamp within ``grace`` still finds every page it names.  Only the projects whose bins were
+    re-signed since the last collection (``touched``) are looked at, every project once at the first.
+    """
+
+    def __init__(self, repo: Repository, grace: float) -> None:
+        self.repo = repo
+        self.grace = grace
+        self._unreferenced: dict[Path, float] = {}  # hashed page -> when first seen unreferenced (wall clock)
+        self._first = True
+
+    def collect(self, touched: Iterable[str], now: float | None = None) -> int:
+        """One collection; how many files it removed."""
+        now = time.time() if now is None else now
+        cutoff = now - self.grace
+        removed = _collect_metadata(self.repo, cutoff)
+        simple = self.repo.public_dir / "simple"
+        if self._first:
+            touched = [entry.name for entry in os.scandir(simple) if entry.is_dir()] if simple.is_dir() else []
+            self._first = False
+        for project in touched:
+            for path in _unreferenced(simple / project):
+                self._unreferenced.setdefault(path, now)
+        for path, since in list(self._unreferenced.items()):
+            if since > cutoff:
+                continue
+            del self._unreferenced[path]
+            # Looked at again: a page can be current again (a revoked file put back gives the same bytes).
+            if path in _unreferenced(path.parent):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed += 1
+        return removed
+
+
+def _collect_metadata(repo: Repository, cutoff: float) -> int:
+    """Remove metadata versions no current metadata references (but the newest superseded one)."""
     timestamp: Metadata[Timestamp] = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
     snapshot_version = timestamp.signed.snapshot_meta.version
     snapshot: Metadata[Snapshot] = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes())
@@ -111,22 +154,18 @@ def collect_garbage(repo: Repository, grace: float) -> int:
         if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.stat().st_mtime < cutoff:
             os.unlink(entry.path)
             removed += 1
-    simple = repo.public_dir / "simple"
-    for project in (simple.iterdir() if simple.is_dir() else ()):
-        if project.is_dir():
-            removed += _collect_pages(project, cutoff)
     return removed
 
 
-def _collect_pages(project_dir: Path, cutoff: float) -> int:
+def _unreferenced(project_dir: Path) -> list[Path]:
+    """The hashed pages of a project that its plain pages (the signed ones) do not name."""
     keep = set()
     for plain in ("index.html", "index.json"):
         path = project_dir / plain
-        if path.is_file():
+        with contextlib.suppress(FileNotFoundError):
             keep |= {f"{file_digest(a, path)}.{plain}" for a in ("sha256", "sha512")}
-    removed = 0
-    for entry in os.scandir(project_dir):
-        if _HASHED_PAGE.fullmatch(entry.name) and entry.name not in keep and entry.stat().st_mtime < cutoff:
-            os.unlink(entry.path)
-            removed += 1
-    return removed
+    try:
+        entries = list(os.scandir(project_dir))
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if _HASHED_PAGE.fullmatch(e.name) and e.name not in keep]

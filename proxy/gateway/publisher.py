@@ -52,6 +52,7 @@ from typing import Any
 
 from proxy.protocol import index, lease
 from proxy.repository import Repository
+from proxy.repository.catalog import Catalog
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
 from proxy.util.atomic import atomic_write, file_stamp
@@ -92,23 +93,25 @@ class Publisher:
         self._preparing = 0  # pages being fetched that a publish will follow
         self._task: asyncio.Task[None] | None = None
         self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
-        self._seen: tuple[object, ...] = ()
-        self.published: set[str] = set()
+        self._seen: object = None
+        self.catalog = Catalog(repo)
+        # Every published project: the catalog's own set, current after each batch and reload().
+        self.published: set[str] = self.catalog.projects
         # Project -> the timestamp version that last carried a new signature of its page (signed here).
         self.resigned_at: dict[str, int] = {}
         self.timestamp_version, self.timestamp_expires = 0, 0.0
         self.reload()
 
     def reload(self) -> None:
-        """Take up what other processes signed (other workers, ``tufproxy gateway revoke``); cheap when nothing did."""
-        seen = (file_stamp(self.repo.public_dir / "simple" / "index.json"), file_stamp(self.repo.metadata_dir / "timestamp.json"))
+        """Take up what other processes signed (other workers, ``tufproxy gateway revoke``); cheap when nothing did
+        (the bins another process re-signed are read, not every project)."""
+        seen = file_stamp(self.repo.metadata_dir / "timestamp.json")
         if seen == self._seen:
             return
-        published = set(self._read_published())
         version, expires = self._read_timestamp()
         with self._view:
+            self.catalog.update()
             self._seen = seen
-            self.published = published
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
             restored = version < self.timestamp_version and not self._resign_all
@@ -119,9 +122,6 @@ class Publisher:
             self._resign_all = True
             task = asyncio.get_running_loop().create_task(self.resign())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is logged by _run
-
-    def _read_published(self) -> list[str]:
-        return [*signed_projects(self.repo.public_dir), *self.repo.private_projects()]
 
     def _read_timestamp(self) -> tuple[int, float]:
         md = self.repo.load_metadata("timestamp")
@@ -256,8 +256,8 @@ class Publisher:
             self._resign_all = False
         version, expires = self._read_timestamp()
         with self._view:
-            for project, page in pages.items():
-                (self.published.add if page is not None else self.published.discard)(project)
+            self.catalog.update()
+            for project in pages:
                 self.resigned_at.pop(project, None)
             self.resigned_at.update(dict.fromkeys(resigned, version))
             if version > self.timestamp_version:
@@ -300,14 +300,6 @@ def resign_after_restore(repo: Repository, high_water: Path, remembered: int = 0
 def timestamp_version(data: bytes) -> int:
     """The version a ``timestamp.json`` claims (0 if unreadable); only ever a reason to re-sign higher."""
     return lease.timestamp_version(data) or 0
-
-
-def signed_projects(public_dir: Path) -> list[str]:
-    """The projects the signed root list names."""
-    try:
-        return list(index.parse_project_list_json((public_dir / "simple" / "index.json").read_bytes()).projects)
-    except (OSError, index.IndexParseError):
-        return []
 
 
 def signed_page(public_dir: Path, project: str) -> index.ProjectPage | None:

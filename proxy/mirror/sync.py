@@ -62,6 +62,7 @@ from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
 from proxy.protocol import index
+from proxy.protocol.access import marked_private
 from proxy.protocol.errors import (
     BadMetadata,
     Fault,
@@ -79,7 +80,7 @@ from proxy.protocol.layout import (
     root_page_target,
 )
 from proxy.protocol.osv import ADVISORY_TARGET
-from proxy.protocol.profiles import LayoutError, Profile, choose_profile, detect_profile
+from proxy.protocol.profiles import PROFILES, LayoutError, Profile, choose_profile, detect_profile
 from proxy.repository import (
     ChangeReport,
     NotADistribution,
@@ -103,6 +104,8 @@ from proxy.util.locks import FetchLocks
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
 _PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
+# One page_project per layout for the process's life: TrustedClient.listed keeps its work under it.
+_page_project = {name: profile.page_project for name, profile in PROFILES.items()}
 # A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
 _PUBLISH_DEADLINE = 60.0
 
@@ -367,19 +370,26 @@ class _Sync:
         return [w for w in await asyncio.gather(*(one(w) for w in wanted)) if w is not None]
 
     async def wanted(self, given: list[Wanted]) -> list[Wanted]:
-        """The projects to mirror: ``given``, or every project of the (verified) root list."""
-        pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
-        if not self.options.all_projects:
-            return given
-        data = None if pages[0] is None else self.read_page(pages[0])
-        if data is None:
-            raise MirrorError("the root project list could not be mirrored: --all needs it")
-        try:
-            plist = index.parse_project_list_json(data)
-        except index.IndexParseError as e:
-            raise MirrorError(f"the signed root project list does not parse: {e}") from e
+        """The projects to mirror: ``given``, or every project of the (verified) root list, or where none is
+        signed (the gateway's layout) every public project whose page the verified bins hold."""
+        if not self.profile.root_list_signed:
+            if not self.options.all_projects:
+                return given
+            listed = await self.trust.listed(_page_project[self.profile.name])
+            names = [project for project, target in listed if not marked_private(target.custom)]
+        else:
+            pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
+            if not self.options.all_projects:
+                return given
+            data = None if pages[0] is None else self.read_page(pages[0])
+            if data is None:
+                raise MirrorError("the root project list could not be mirrored: --all needs it")
+            try:
+                names = list(index.parse_project_list_json(data).projects)
+            except index.IndexParseError as e:
+                raise MirrorError(f"the signed root project list does not parse: {e}") from e
         specs = {w.project: w for w in given}
-        return [specs.get(canonicalize_name(p), Wanted(canonicalize_name(p))) for p in plist.projects]
+        return [specs.get(canonicalize_name(p), Wanted(canonicalize_name(p))) for p in names]
 
     async def files(self, selected: list[_Selected]) -> None:
         """Look up and fetch every kept file and its ``.metadata``."""
@@ -551,8 +561,8 @@ def _layout(options: SyncOptions, trust: TrustedClient) -> tuple[SyncOptions, st
         profile = choose_profile(detect_profile(targets), options.profile)
     except LayoutError as e:
         raise MirrorError(str(e)) from None
-    if not profile.root_list_signed or PageFormat.JSON not in profile.signed_formats:
-        raise MirrorError(f"the {profile.name} layout signs no root list or JSON page: it cannot be mirrored")
+    if PageFormat.JSON not in profile.signed_formats:
+        raise MirrorError(f"the {profile.name} layout signs no JSON page: it cannot be mirrored")
     how = "given" if options.profile is not None else "detected from the signed metadata"
     return replace(options, profile=profile), f"layout {profile.name} ({how})"
 

@@ -62,6 +62,9 @@ class TrustConfig:
     snapshot_max_length: int = 16_000_000
     targets_max_length: int = 16_000_000
     bin_cache_size: int = 4096
+    # A listing of every target (a root page no list is signed for) visits at most this many roles:
+    # PEP 458's 16,384 bins and their delegators, and a repository delegating to millions is refused.
+    max_listed_roles: int = 65_536
     # Also persist roles reached through hash-bin delegations (one file per
     # bin); the server keeps those in memory only, ``tufproxy client`` stores all.
     persist_bins: bool = False

@@ -11,7 +11,9 @@ every distribution and ``.metadata`` file are targets, with sha256 and
 sha512; metadata under ``metadata/``.
 
 ``gateway`` (what ``tufproxy gateway`` publishes): the ``tufproxy``
-layout, except that distribution and ``.metadata`` files are not targets:
+layout, except that no root list is signed (edges list the projects the
+verified bins hold: a publish costs the same however many projects there
+are), and distribution and ``.metadata`` files are not targets:
 they are trusted through the signed page's sha256 (and its PEP 700
 ``size`` where the index gave one), as in PyPI's draft, so a first
 publish of a project with thousands of files re-signs two page targets,
@@ -85,6 +87,14 @@ class Profile:
         """Target path of the root project list, or None when it is not signed."""
         return root_page_target(self.page_source_format(fmt)) if self.root_list_signed else None
 
+    def page_project(self, target_path: str) -> str | None:
+        """The project whose page (in the signer's source format) ``target_path`` is, or None: the inverse of
+        :attr:`page_target`, what a root list is built from where none is signed."""
+        project = target_path.rpartition("/")[0].removeprefix("simple/") if "/" in target_path else target_path
+        if not project or "/" in project or canonicalize_name(project) != project:
+            return None
+        return project if self.page_target(project, self.signed_formats[0]) == target_path else None
+
 
 def _warehouse_page_target(project: str, fmt: PageFormat) -> str:
     return canonicalize_name(project)
@@ -108,8 +118,10 @@ TUFPROXY = Profile(
     bin_paths=("simple/*", "simple/*/*", "packages/*/*"),
 )
 
+# No signed root list: re-signing it on every publish that adds a project cost O(projects) (issue 37); edges
+# and the gateway list projects from the bins' page targets instead (Profile.page_project).
 GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True,
-                              bin_paths=("simple/*", "simple/*/*"))
+                              bin_paths=("simple/*", "simple/*/*"), root_list_signed=False)
 
 WAREHOUSE = Profile(
     name="warehouse",

@@ -126,6 +126,14 @@ class DelegationIndex:
         """True when this is a hash-bin delegation (succinct or by prefixes)."""
         return self._succinct is not None or bool(self._by_prefix)
 
+    def children(self) -> list[str]:
+        """Every role this one delegates to, in delegation order (what a listing of all targets visits)."""
+        if self._succinct is not None:
+            return list(self._succinct.get_roles())
+        return list(dict.fromkeys(name for _, name in sorted(
+            [(p, n) for table in self._by_prefix.values() for entries in table.values() for p, n, _ in entries]
+            + [(p, r.name) for p, r in self._patterns])))  # type: ignore[attr-defined]
+
     def roles_for(self, target_path: str) -> list[tuple[str, bool]]:
         if self._succinct is not None:
             return [(self._succinct.get_role_for_target(target_path), True)]

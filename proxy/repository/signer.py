@@ -73,6 +73,7 @@ from proxy.protocol.layout import (
 )
 from proxy.protocol.model import file_digest
 from proxy.protocol.profiles import Profile, get_profile
+from proxy.repository.catalog import Catalog
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
@@ -249,6 +250,8 @@ class _Change:
             data = md.to_bytes(_SERIALIZER)
             staged.append((repo.metadata_dir / metadata_filename(name, md.signed.version), data))
             self.snapshot.signed.meta[f"{name}.json"] = MetaFile(version=md.signed.version)
+            if _is_bin(name):
+                repo._bin_expiry[name] = (md.signed.version, md.signed.expires)
         self._sign("snapshot", self.snapshot)
         staged.append(
             (repo.metadata_dir / metadata_filename("snapshot", self.snapshot.signed.version), self.snapshot.to_bytes(_SERIALIZER))
@@ -333,6 +336,8 @@ class Repository:
         self.profile = settings.profile
         self.public_dir = self.path / "public"
         self.metadata_dir = self.public_dir / self.profile.metadata_path
+        # Bin-n -> (version, expiry) as last signed or read here; see _bin_expires.
+        self._bin_expiry: dict[str, tuple[int, datetime]] = {}
 
     def served_path(self, target_path: str, digest: str) -> Path:
         """Where the tree serves a target under one of its digests."""
@@ -490,6 +495,20 @@ class Repository:
         except DeserializationError as e:
             raise RepositoryError(f"metadata file {path} is damaged ({e}): restore it from a backup") from None
 
+    def metadata_json(self, role: str, version: int | None = None) -> dict[str, Any]:
+        """A role's metadata file as plain JSON, unverified (the signer's own files, read fast); RepositoryError
+        naming a file that is missing or damaged."""
+        path = self.metadata_dir / metadata_filename(role, None if role == "timestamp" else version)
+        try:
+            data = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise RepositoryError(f"metadata file {path.name} is missing from {self.metadata_dir}") from None
+        except (OSError, ValueError) as e:
+            raise RepositoryError(f"metadata file {path} is damaged ({e}): restore it from a backup") from None
+        if not isinstance(data, dict) or not isinstance(data.get("signed"), dict):
+            raise RepositoryError(f"metadata file {path} is damaged (no signed part): restore it from a backup")
+        return data
+
     def load_metadata(self, role: str, version: int | None = None) -> Metadata:
         """A role's current metadata (``version`` for versioned names); RepositoryError naming a file
         that is missing or damaged."""
@@ -552,6 +571,11 @@ class Repository:
         change.put_target(root_page_target(PageFormat.HTML), index.render_project_list_html(plist), custom)
         change.put_target(root_page_target(PageFormat.JSON), index.render_project_list_json(plist), custom)
 
+    def _drop_root_list(self, change: _Change) -> None:
+        """Unsign the root list a gateway signed before its layout stopped signing one (one bin looked at)."""
+        for fmt in PageFormat:
+            change.delete_target(root_page_target(fmt))
+
     def _projects(self, change: _Change) -> list[str]:
         """Every published project, public and private."""
         return [*self._public_projects(change), *self._private_projects(change)]
@@ -570,10 +594,6 @@ class Repository:
         mark = custom.get("tufproxy") if isinstance(custom, dict) else None
         names = mark.get("private_projects") if isinstance(mark, dict) else None
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
-
-    def private_projects(self) -> list[str]:
-        """The published projects marked private (the gateway's view of what it signed)."""
-        return self._private_projects(_Change(self, _now(None)))
 
     def _put_file(self, change: _Change, target_path: str, data: bytes | Path) -> tuple[int, str]:
         """A distribution or .metadata file: a target, or (warehouse) a plain file; (length, sha256)."""
@@ -675,7 +695,12 @@ class Repository:
         when = _now(now)
         with self._locked():
             change = _Change(self, when)
-            known = set(self._projects(change))
+            listed = self.profile.root_list_signed
+            # Only a root list knows every project at once; without one, each project's own page target says.
+            known = set(self._projects(change)) if listed else {
+                p for p in pages if change.get_target(self.profile.page_target(p, self.profile.signed_formats[0]))}
+            if not listed:
+                self._drop_root_list(change)
             for path, (data, custom) in (targets or {}).items():
                 change.put_target(path, data, custom)
             hidden = set(self._private_projects(change))
@@ -698,11 +723,15 @@ class Repository:
                 # "added": the page is signed anew (a new project or a changed page); "unchanged": the same bytes.
                 (change.report.added if signed else change.report.unchanged).append(project)
                 known.add(project)
-            if self.profile.root_list_signed and (known != set(self._projects(change)) or hidden != hidden_before):
+            if listed and (known != set(self._projects(change)) or hidden != hidden_before):
                 self._write_root_list(change, known, hidden)
             if not change.dirty:
                 return change.report
             report = change.commit()
+            if not listed:
+                for fmt in PageFormat:  # a root list signed before this layout dropped it (plain names too)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.public_dir / root_page_target(fmt))
             for project in report.removed:  # plain names follow the signed state (pip straight at the tree)
                 for fmt in self.profile.signed_formats:
                     with contextlib.suppress(FileNotFoundError):
@@ -766,11 +795,21 @@ class Repository:
                         continue
                     change.dirty.add(role)
             for name in _bin_names(change):
-                if due(name, change.role(name)):
+                if force or self._bin_expires(change, name) - when < self.settings.expiry.bin_n / 2:
                     change.dirty.add(name)
             if not change.dirty and not due("snapshot", change.snapshot) and not due("timestamp", change.timestamp):
                 return change.report
             return change.commit()
+
+    def _bin_expires(self, change: _Change, name: str) -> datetime:
+        """When bin ``name`` as ``change``'s snapshot lists it expires: remembered from its signing or an earlier
+        look while the snapshot names the same version (a refresh then reads only the bins it re-signs)."""
+        version = change.snapshot.signed.meta[f"{name}.json"].version
+        kept = self._bin_expiry.get(name)
+        if kept is None or kept[0] != version:
+            md = change.role(name)
+            kept = self._bin_expiry[name] = (md.signed.version, md.signed.expires)
+        return kept[1]
 
     def rotate_root(
         self,
@@ -930,7 +969,7 @@ class Repository:
             md = self._load(name, version)
             targets += len(md.signed.targets)
             earliest = md.signed.expires if earliest is None else min(earliest, md.signed.expires)
-        projects = len(self._projects(change)) if self.profile.root_list_signed else targets
+        projects = len(self._projects(change)) if self.profile.root_list_signed else len(Catalog(self).update().projects)
         return {
             "path": str(self.path),
             "served_tree": str(self.public_dir),

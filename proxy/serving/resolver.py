@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -259,6 +260,9 @@ class Resolver:
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
         self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
         self._hot: HotPages[Page] = HotPages()
+        # A root list rendered from the bins (a layout that signs none): (its projects, media type, page).
+        self._root_kept: tuple[tuple[str, ...], index.MediaType, Page] | None = None
+        self._page_project = profile.page_project  # one object: TrustedClient.listed keeps its work under it
         # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
         self._ready_plans: dict[tuple[str, str | None], tuple[str, index.MediaType, str] | None] = {}
         # Request target path -> (the trusted target it was derived from, its source).
@@ -317,12 +321,16 @@ class Resolver:
             req = _parse_path(path)
             if req.kind not in _PAGE_KINDS or req.redirect_to is not None:
                 return None
+            if req.kind is TargetKind.ROOT_INDEX and not self.profile.root_list_signed:
+                return None  # listed from every bin, never ready without a look
             media, _, target_path = self._page_plan(req, accept)
         except (BadRequestPath, ClientMistake):
             return None
         return _ROUTES[req.kind], media, target_path
 
     async def _page(self, ask: Ask, req: TargetRequest) -> Page | NotModified:
+        if req.kind is TargetKind.ROOT_INDEX and not self.profile.root_list_signed:
+            return await self._listed_root(ask)
         media, source, target_path = self._page_plan(req, ask.accept)
         if req.kind is TargetKind.ROOT_INDEX:
             ask.target = target_path
@@ -345,6 +353,27 @@ class Resolver:
         self._hot.put((target.path, _first_hash(target), media.value), page, len(body))
         return page
 
+    async def _listed_root(self, ask: Ask) -> Page | NotModified:
+        """The root list of a layout that signs none: the public projects whose page target the verified
+        metadata holds (every bin walked; after a publish only the bins it changed), rendered here."""
+        media = _negotiate(ask.accept)
+        if media is None:
+            raise NotAcceptable(ask.accept or "")
+        listed = await self.trust.listed(self._page_project)
+        names = tuple(project for project, target in listed if not marked_private(target.custom))
+        kept = self._root_kept
+        if kept is None or kept[0] != names or kept[1] is not media:
+            plist = index.ProjectList(projects=names)
+            json_wanted = media is index.MediaType.JSON_V1
+            body = index.render_project_list_json(plist) if json_wanted else index.render_project_list_html(plist)
+            etag = _etag(hashlib.sha256(body).hexdigest(), media)
+            page = Page(body, CONTENT_TYPES[media], etag, {"Content-Type": CONTENT_TYPES[media], "Vary": "Accept", "ETag": etag})
+            kept = self._root_kept = (names, media, page)
+        page = kept[2]
+        if ask.if_none_match is not None and _etag_matches(ask.if_none_match, page.etag):
+            return NotModified(_not_modified_headers(page.etag))
+        return page
+
     def _page_plan(self, req: TargetRequest, accept: str | None) -> tuple[index.MediaType, PageFormat, str]:
         """A page request's media type (negotiated), the signed format it is rendered from, and its target path."""
         media = _negotiate(accept)
@@ -353,9 +382,7 @@ class Resolver:
         source = self.profile.page_source_format(_FORMATS[media])
         if req.kind is TargetKind.ROOT_INDEX:
             target_path = self.profile.root_target(_FORMATS[media])
-            if target_path is None:
-                raise BadPath(f"the root project list is not signed in the {self.profile.name} layout: "
-                              "ask for /simple/<project>/")
+            assert target_path is not None  # else listed from the bins (_listed_root)
             return media, source, target_path
         assert req.project is not None
         return media, source, self.profile.page_target(req.project, source)

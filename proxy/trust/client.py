@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
-from tuf.api.metadata import MetaFile, Root, Snapshot, Targets, Timestamp
+from tuf.api.metadata import MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
 
 from proxy.protocol import errors
 from proxy.protocol.model import (
@@ -76,6 +76,8 @@ _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 # Roles small enough to verify on the event loop; every other one (snapshot, targets, bins:
 # a 16,384-bin snapshot takes hundreds of ms) verifies in a worker thread.
 _SMALL_ROLES = ("root", "timestamp")
+# A listing (TrustedClient.listed) fetches this many roles at once, and walks this many before the next.
+_LISTING_FETCHES, _LISTING_CHUNK = 16, 64
 # After a failed cycle with nothing usable to serve, retry at most this often.
 _RETRY_FLOOR = 1.0
 # refresh_until's pause between cycles that came back short: doubles from the first to the last.
@@ -165,6 +167,8 @@ class TrustedClient:
         # Dropped whenever another state goes live; the deadline is still checked at every hit.
         self._found: dict[str, tuple[VerifiedTarget, tuple[datetime, str]]] = {}
         self._found_state: _State | None = None
+        # What each role contributed to the last listing (see listed), by the bytes it was read from.
+        self._shares: dict[tuple[object, ...], _Share] = {}
         self._refresh_task: asyncio.Task[None] | None = None
         self._last_attempt: float | None = None  # monotonic
         self._last_success: float | None = None  # wall clock
@@ -561,14 +565,18 @@ class TrustedClient:
             return hit[0]
         return None
 
-    async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
+    async def _find(self, state: _State, target_path: str) -> Found:
+        """Where the spec's walk (5.6.7) ends for ``target_path`` in ``state``, no expiry checked."""
         walker = walk(target_path, state.targets, self.config.max_delegations)
         try:
             request = next(walker)
             while True:
                 request = walker.send(await self._role(state, request))
         except StopIteration as stop:
-            found: Found = stop.value
+            return stop.value
+
+    async def _lookup(self, state: _State, target_path: str) -> VerifiedTarget:
+        found = await self._find(state, target_path)
         state.check_expiry(self._expiry_clock(), found.used)
         if self.config.expiry_override is not None:
             try:
@@ -577,17 +585,68 @@ class TrustedClient:
                 self.config.expiry_override.report(target_path, e)
         if found.target is None or found.role is None:
             raise errors.UnknownTarget(target_path)
-        target = found.target
-        verified = VerifiedTarget(
-            path=target.path,
-            length=target.length,
-            hashes=dict(target.hashes),
-            role=found.role,
-            custom=dict(target.unrecognized_fields),
-        )
+        verified = _verified(found.target, found.role)
         if self.config.expiry_override is None:  # under an override every lookup walks (and reports)
             self._remember(state, target_path, verified, state.deadline(found.used))
         return verified
+
+    async def listed(self, keep: Callable[[str], T | None]) -> list[tuple[T, VerifiedTarget]]:
+        """Every target of the live state whose path ``keep`` maps to a value, with that value, in path order.
+
+        Visits every role the trusted targets delegate to (loaded and verified as for lookups, a few at a
+        time), and counts a target only where the spec's walk for its path ends at that very role, so a
+        listing never names what :meth:`get_target` would not answer.  What each role contributed is kept
+        under the bytes it came from (its snapshot entry and delegator, and the top-level targets): after a
+        publish only the bins it re-signed are fetched and walked again.  ``keep`` must be one function
+        for the process's life (its contributions are kept under its identity).  ExpiredMetadata if any
+        role visited has expired; BadMetadata past ``max_listed_roles`` roles.
+        """
+        state = await self._current("(every target)")
+        top = state.targets
+        shares: dict[tuple[object, ...], _Share] = {}
+        limit = asyncio.Semaphore(_LISTING_FETCHES)
+
+        async def share(role: VerifiedRole) -> _Share:
+            found = []
+            for path in sorted(role.signed.targets):
+                value = keep(path)
+                if value is not None and (hit := await self._find(state, path)).role == role.name:
+                    assert hit.target is not None
+                    found.append((value, _verified(hit.target, role.name)))
+            return _Share(found, role.signed.expires, role.name, role if role.index is not None else None)
+
+        async def child(request: RoleRequest) -> _Share:
+            key = (id(keep), top.fingerprint, *self._role_key(state, request)[0])
+            kept = self._shares.get(key)
+            if kept is None or kept.delegator is not None:  # a delegator is loaded again for its children
+                async with limit:
+                    kept = await share(await self._role(state, request))
+            shares[key] = kept
+            return kept
+
+        first = await share(top)
+        visited, pending, seen = [first], [first], {top.name}
+        while pending:
+            delegator = pending.pop().delegator
+            if delegator is None or delegator.index is None:
+                continue
+            names = [c for c in delegator.index.children() if c not in seen]
+            seen.update(names)
+            if len(seen) > self.config.max_listed_roles:
+                raise errors.BadMetadata(f"{delegator.name} delegates past {self.config.max_listed_roles} roles: "
+                                         "not listed", role=delegator.name)
+            for at in range(0, len(names), _LISTING_CHUNK):
+                # A chunk at a time, so the walks that confirm its targets find its roles still cached.
+                done = await asyncio.gather(*(child(RoleRequest(n, delegator)) for n in names[at:at + _LISTING_CHUNK]))
+                visited += done
+                pending += [d for d in done if d.delegator is not None]
+        self._shares = shares  # contributions of roles this listing did not reach are not kept
+        now = self._expiry_clock()
+        state.check_expiry(now)
+        for role in visited:
+            if role.expires <= now:
+                raise errors.ExpiredMetadata(role.name, role.expires)
+        return sorted((f for role in visited for f in role.found), key=lambda f: f[1].path)
 
     def _remember(self, state: _State, target_path: str, target: VerifiedTarget, deadline: tuple[datetime, str]) -> None:
         """Keep a lookup's answer for as long as ``state`` is the live one."""
@@ -606,16 +665,7 @@ class TrustedClient:
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
         """A delegated role for this state: from the LRU, the directory, or a mirror."""
-        meta = state.snapshot.meta.get(f"{request.role}.json")
-        if meta is None:
-            raise errors.BadMetadata(f"{request.role} is delegated but not listed in snapshot", role=request.role)
-        key: _RoleKey = (
-            request.role,
-            request.delegator.fingerprint,
-            meta.version,
-            meta.length,
-            tuple(sorted((meta.hashes or {}).items())),
-        )
+        key, meta = self._role_key(state, request)
         cached = self._roles.get(key)
         if cached is not None:
             self._roles.move_to_end(key)
@@ -625,6 +675,15 @@ class TrustedClient:
             task = self._loading[key] = asyncio.create_task(self._load_role(state, request, meta, key))
             task.add_done_callback(lambda _t: self._loading.pop(key, None))
         return await asyncio.shield(task)
+
+    @staticmethod
+    def _role_key(state: _State, request: RoleRequest) -> tuple[_RoleKey, MetaFile]:
+        """What identifies the bytes of a delegated role in ``state``: its snapshot entry and its delegator."""
+        meta = state.snapshot.meta.get(f"{request.role}.json")
+        if meta is None:
+            raise errors.BadMetadata(f"{request.role} is delegated but not listed in snapshot", role=request.role)
+        hashes = tuple(sorted((meta.hashes or {}).items()))
+        return (request.role, request.delegator.fingerprint, meta.version, meta.length, hashes), meta
 
     async def _load_role(self, state: _State, request: RoleRequest, meta: MetaFile, key: _RoleKey) -> VerifiedRole:
         name, delegator = request.role, request.delegator.signed
@@ -672,6 +731,21 @@ class TrustedClient:
             "last_error_message": None if self._last_error is None else str(self._last_error)[:300],
             "cached_roles": len(self._roles),
         }
+
+
+@dataclass(frozen=True)
+class _Share:
+    """What one role contributed to a listing: its targets kept, its expiry, and itself if it delegates further."""
+
+    found: list[tuple[Any, VerifiedTarget]]
+    expires: datetime
+    name: str
+    delegator: VerifiedRole | None
+
+
+def _verified(target: TargetFile, role: str) -> VerifiedTarget:
+    return VerifiedTarget(path=target.path, length=target.length, hashes=dict(target.hashes), role=role,
+                          custom=dict(target.unrecognized_fields))
 
 
 def _state_of(top: TopLevelSet, targets_bytes: bytes) -> _State:

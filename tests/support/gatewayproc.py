@@ -53,6 +53,12 @@ class GatewayProcess(ProxyProcess):
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
 
+    def listed(self) -> set[str]:
+        """The projects the gateway's root page lists (rendered from its signed bins; asking publishes nothing)."""
+        req = urllib.request.Request(f"{self.base}simple/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return {p["name"] for p in json.loads(r.read())["projects"]}
+
     def audit(self) -> list[dict]:  # type: ignore[type-arg]
         if not self.audit_path.exists():
             return []

@@ -1,0 +1,130 @@
+"""The gateway's catalog of its projects: read from its own bins once, then only the bins that moved."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from proxy.protocol import index
+from proxy.protocol.layout import PageFormat, root_page_target
+from proxy.repository import Repository
+from proxy.repository.catalog import Catalog
+
+
+class _Reads:
+    """The repository, counting the bin-n files a catalog reads."""
+
+    def __init__(self, repo: Repository) -> None:
+        self.repo, self.bins = repo, 0
+        self.profile = repo.profile
+
+    def metadata_json(self, role: str, version: int | None = None) -> dict[str, Any]:
+        self.bins += role.startswith("bin-")
+        return self.repo.metadata_json(role, version)
+
+
+def _page(name: str) -> index.ProjectPage:
+    return index.ProjectPage(name=name, files=())
+
+
+def test_the_catalog_follows_every_publish_by_reading_only_the_bins_it_signed(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "g", bins=64, layout="gateway", clock_versions=True)
+    reads = _Reads(repo)
+    catalog = Catalog(reads)
+    assert catalog.update().projects == set() and reads.bins == 64  # the first look reads every bin once
+    report = repo.publish_pages({f"p{i}": _page(f"p{i}") for i in range(20)} | {"secret": _page("secret")},
+                                private=lambda p: p == "secret")
+    reads.bins = 0
+    catalog.update()
+    assert catalog.projects == {f"p{i}" for i in range(20)} | {"secret"} and catalog.private == {"secret"}
+    assert catalog.public == sorted(f"p{i}" for i in range(20))
+    assert reads.bins == sum(role.startswith("bin-") for role in report.signed) < 64
+
+    # Another process (a worker, a revoke) signs: one removal, one new project; only their bins are read.
+    other = Repository.open(tmp_path / "g")
+    report = other.publish_pages({"p3": None, "late": _page("late")})
+    reads.bins = 0
+    catalog.update()
+    assert "p3" not in catalog.projects and "late" in catalog.projects
+    assert reads.bins == sum(role.startswith("bin-") for role in report.signed) <= 4
+    reads.bins = 0
+    assert catalog.update().projects and reads.bins == 0  # nothing signed since: nothing read
+
+
+def test_a_gateway_signs_no_root_list_and_drops_one_signed_before(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    repo.publish_pages({"a": _page("a")})
+    assert repo.signed_targets([root_page_target(f) for f in PageFormat]) == {}
+    # What a gateway of an earlier release signed: the root list as targets, and its plain names.
+    plist = index.render_project_list_json(index.ProjectList(projects=("a",)))
+    repo.publish_target(root_page_target(PageFormat.JSON), plist)
+    (repo.public_dir / root_page_target(PageFormat.JSON)).write_bytes(plist)
+    assert repo.signed_targets([root_page_target(PageFormat.JSON)])
+    repo.publish_pages({"b": _page("b")})
+    assert repo.signed_targets([root_page_target(f) for f in PageFormat]) == {}
+    assert not (repo.public_dir / root_page_target(PageFormat.JSON)).exists()
+    assert repo.status()["projects"] == 2
+
+
+def test_a_refresh_reads_only_the_bins_it_may_re_sign(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    repo = Repository.init(tmp_path / "g", bins=64, layout="gateway", clock_versions=True)
+    repo.publish_pages({f"p{i}": _page(f"p{i}") for i in range(5)})
+    parsed: list[str] = []
+    real = repo._parse
+
+    def parse(name: str):  # type: ignore[no-untyped-def]
+        parsed.append(name)
+        return real(name)
+
+    repo._parse = parse  # type: ignore[method-assign]
+    later = datetime.now(UTC) + timedelta(hours=13)  # past half of every bin-n's day
+    first = repo.refresh(now=later)
+    assert sum(r.startswith("bin-") for r in first.signed) == 64
+    assert sum(".bin-" in n for n in parsed) <= 64  # the first look reads each bin at most once
+    parsed.clear()
+    assert not any(r.startswith("bin-") for r in repo.refresh(now=later).signed)
+    assert not any(".bin-" in n for n in parsed), parsed  # re-signed by this process: nothing read again
+    # Another process's repository object knows nothing yet: it reads each bin once, then remembers.
+    other = Repository.open(tmp_path / "g")
+    other.refresh(now=later)
+    other_parsed: list[str] = []
+    other_real = other._parse
+    other._parse = lambda n: other_parsed.append(n) or other_real(n)  # type: ignore[method-assign]
+    other.refresh(now=later)
+    assert not any(".bin-" in n for n in other_parsed)
+
+
+def test_collection_deletes_a_superseded_page_grace_after_it_was_superseded_and_looks_only_at_what_moved(
+        tmp_path: Path) -> None:
+    import time
+
+    from proxy.gateway.freshness import Collector
+
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    catalog = Catalog(repo)
+    catalog.update()
+    dist = index.DistFile(filename="a-1.0-py3-none-any.whl", url="x", hashes={"sha256": "0" * 64})
+    repo.publish_pages({"a": _page("a"), "b": _page("b")})
+    catalog.update()
+    collector = Collector(repo, grace=100)
+    now = time.time()
+    assert collector.collect(catalog.take_touched(), now=now) >= 0  # the first run looks at every project
+    pages = lambda p: sorted(f.name for f in (repo.public_dir / "simple" / p).glob("*.index.*"))  # noqa: E731
+    old = pages("a")
+    for name in old:  # written long before they are superseded: their age is not how long they are unreferenced
+        os.utime(repo.public_dir / "simple" / "a" / name, (now - 5000, now - 5000))
+    repo.publish_pages({"a": index.ProjectPage(name="a", files=(dist,))})  # supersedes a's pages
+    catalog.update()
+    touched = catalog.take_touched()
+    assert "a" in touched and len(touched) < 3
+    collector.collect(touched, now=now + 1)
+    collector.collect((), now=now + 50)
+    assert set(old) <= set(pages("a")) and len(pages("a")) == 8  # within grace of the supersede: kept
+    collector.collect((), now=now + 102)
+    # a's two old renderings, under sha256 and sha512, are gone; the current ones and b's stay.
+    assert not set(old) & set(pages("a")) and len(pages("a")) == 4 and len(pages("b")) == 4
+    collector.collect(["a", "b"], now=now + 1000)
+    assert len(pages("a")) == 4 and len(pages("b")) == 4
