@@ -515,3 +515,43 @@ def test_a_restore_without_its_high_water_mark_is_detected_from_the_bucket(seawe
         restored = [line for line in gw.log().splitlines() if "restored from an older copy" in line]
         assert len(restored) == 1 and "re-signed every online role" in restored[0], gw.log()
         assert gw.publish("app")[0] == 200
+
+
+def test_after_its_first_walk_a_push_takes_the_journal(seaweed: Seaweed, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import obstore
+    from prometheus_client import CollectorRegistry
+
+    from proxy.storage.treepush import TreePush
+    from proxy.transport.bucket import Bucket
+    from proxy.util.journal import Journal
+    from proxy.util.metrics import BucketMetrics
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    tree = tmp_path / "public"
+    for name in ("metadata/timestamp.json", "metadata/7.snapshot.json", "simple/app/ab12.index.json"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(name.encode())
+    journal = Journal(tmp_path / "written.journal")
+    journal.wrote(["simple/app/ab12.index.json"])  # before the walk: covered by it
+    store = bucket_store(seaweed, "journal")
+    push = TreePush(Bucket(f"s3://{BUCKET}/journal", BucketMetrics(CollectorRegistry()), seaweed.endpoint), tree,
+                    tmp_path / "push.lock", journal=journal)
+    assert asyncio.run(push.push()) == 3
+
+    def listed() -> set[str]:
+        return {m["path"] for batch in obstore.list(store) for m in batch}
+    # Written but not told: no walk finds it.  Told: pushed, the timestamp as it was before the journal was read.
+    (tree / "simple/app/untold.index.json").write_bytes(b"x")
+    (tree / "metadata/8.snapshot.json").write_bytes(b"8")
+    (tree / "simple/app/ab12.index.json").unlink()
+    journal.wrote(["metadata/8.snapshot.json", "metadata/timestamp.json"])
+    journal.removed(["simple/app/ab12.index.json", "metadata/.timestamp.json.1.tmp", "../escape"])
+    (tree / "metadata/timestamp.json").write_bytes(b"v8")
+    assert asyncio.run(push.push()) == 2
+    assert listed() == {"metadata/timestamp.json", "metadata/7.snapshot.json", "metadata/8.snapshot.json"}
+    assert obstore.get(store, "metadata/timestamp.json").bytes().to_bytes() == b"v8"
+    assert asyncio.run(push.push()) == 0  # nothing told since

@@ -67,6 +67,7 @@ from proxy.repository import Repository, RepositoryError
 from proxy.repository.catalog import Catalog
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
+from proxy.repository.signer import JOURNAL
 from proxy.serving import listener
 from proxy.serving.access import AccessMiddleware, refusals_counter
 from proxy.serving.config import _rules, _store_url, access_options, add_arguments, read_config
@@ -85,6 +86,7 @@ from proxy.trust.fetch import Pace
 from proxy.trust.provenance import SigstoreTrust
 from proxy.util import logs
 from proxy.util.atomic import atomic_write
+from proxy.util.journal import Journal
 from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
@@ -220,8 +222,13 @@ async def _pusher(values: dict, directory: Path, repo: Repository, ledger: Ledge
                   metrics: GatewayMetrics) -> tuple[TreePush | None, LeaderLease | None, SharedState | None]:
     """With ``--store``: the bucket the signed tree (and files kept under ``--cache-dir``) is pushed to,
     brought up to date before serving; with ``--leader-lease``, the lease that decides who pushes."""
+    journal = Journal(repo.path / JOURNAL)
     if values["store"] is None:
+        journal.path.unlink(missing_ok=True)  # nobody copies the tree: nobody writes down what changed
+        repo.journal = None
         return None, None, None
+    journal.path.touch()
+    repo.journal = journal
     cache = values["cache_dir"]
     try:
         bucket = Bucket(values["store"], metrics.bucket, endpoint_url=values["s3_endpoint_url"])
@@ -249,7 +256,7 @@ async def _pusher(values: dict, directory: Path, repo: Repository, ledger: Ledge
             shared = SharedState(bucket, lease, ledger, store_path(ledger_dir(directory)), repo, replica_url(values))
         pusher = TreePush(bucket, repo.public_dir, ledger_dir(directory) / "push.lock",
                           {"packages": Path(cache) / "packages"} if cache is not None else None, fence=fence,
-                          state=shared.sync if shared is not None else None)
+                          state=shared.sync if shared is not None else None, journal=journal)
         # The bucket remembers what was published: a directory older than that was restored (before it is pushed).
         published = await bucket.read("metadata/timestamp.json")
         if published is not None:
@@ -376,7 +383,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
                       fetch_times=state_dir(directory, values["cache_dir"]) / "run" / "fetched.jsonl")
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"],
                        Pace(stall=values["read_timeout"]), pins_elsewhere=state.refresh if state is not None else None,
-                       shared_copy=lease.following if lease is not None else None)
+                       shared_copy=lease.following if lease is not None else None, journal=repo.journal)
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     app.files_origin_problem = values.get("files_origin_problem")

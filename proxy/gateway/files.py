@@ -57,6 +57,7 @@ from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
+from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
@@ -71,8 +72,9 @@ class FileSource:
     def __init__(self, files_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
                  max_file_size: int, pace: Pace = Pace(),
                  pins_elsewhere: Callable[[], Awaitable[None]] | None = None,
-                 shared_copy: Callable[[], Bucket | None] | None = None) -> None:
+                 shared_copy: Callable[[], Bucket | None] | None = None, journal: Journal | None = None) -> None:
         self.files_dir = files_dir
+        self.journal = journal  # told of each file stored (the bucket copy: proxy.storage.treepush)
         self.ledger = ledger
         # A replica follower's: take in the group's ledger now (a pin the leader wrote a moment ago).
         self.pins_elsewhere = pins_elsewhere
@@ -197,6 +199,8 @@ class FileSource:
                 raise
             await asyncio.to_thread(os.fsync, fd)
             os.replace(tmp, path)
+            if self.journal is not None:
+                self.journal.wrote([download.key])
         finally:
             os.close(fd)
             with contextlib.suppress(FileNotFoundError):

@@ -111,7 +111,7 @@ class Collector:
         """One collection; how many files it removed."""
         now = time.time() if now is None else now
         cutoff = now - self.grace
-        removed = _collect_metadata(self.repo, cutoff)
+        gone = _collect_metadata(self.repo, cutoff)
         simple = self.repo.public_dir / "simple"
         if self._first:
             touched = [entry.name for entry in os.scandir(simple) if entry.is_dir()] if simple.is_dir() else []
@@ -127,12 +127,14 @@ class Collector:
             if path in _unreferenced(path.parent):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                    removed += 1
-        return removed
+                    gone.append(path)
+        if self.repo.journal is not None:  # the bucket's copies go too (proxy.storage.treepush)
+            self.repo.journal.removed(p.relative_to(self.repo.public_dir).as_posix() for p in gone)
+        return len(gone)
 
 
-def _collect_metadata(repo: Repository, cutoff: float) -> int:
-    """Remove metadata versions no current metadata references (but the newest superseded one)."""
+def _collect_metadata(repo: Repository, cutoff: float) -> list[Path]:
+    """Remove metadata versions no current metadata references (but the newest superseded one); which."""
     timestamp: Metadata[Timestamp] = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
     snapshot_version = timestamp.signed.snapshot_meta.version
     snapshot: Metadata[Snapshot] = Metadata.from_bytes((repo.metadata_dir / f"{snapshot_version}.snapshot.json").read_bytes())
@@ -142,18 +144,18 @@ def _collect_metadata(repo: Repository, cutoff: float) -> int:
         m = _VERSIONED.fullmatch(entry.name)
         if m is not None and m.group(2) in current and int(m.group(1)) < current[m.group(2)]:
             versions.setdefault(m.group(2), []).append((int(m.group(1)), entry))
-    removed = 0
+    removed = []
     for older in versions.values():
         # The newest superseded version stays: an edge that read the previous timestamp may still want it.
         for _, entry in sorted(older, key=lambda v: v[0])[:-1]:
             if entry.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
-                removed += 1
+                removed.append(Path(entry.path))
     for entry in os.scandir(repo.metadata_dir):
         # Temp files of a publish killed mid-write (atomic_write's names).
         if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.stat().st_mtime < cutoff:
             os.unlink(entry.path)
-            removed += 1
+            removed.append(Path(entry.path))
     return removed
 
 

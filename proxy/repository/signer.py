@@ -78,9 +78,11 @@ from proxy.repository.distributions import Distribution, NotADistribution, inspe
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
 from proxy.util.atomic import Batch, atomic_link, atomic_write
+from proxy.util.journal import Journal
 from proxy.util.progress import Meter
 
 BINS_ROLE = "bins"
+JOURNAL = "written.journal"  # see Repository.journal
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
 _SERIALIZER = JSONSerializer(compact=True)
 
@@ -275,8 +277,11 @@ class _Change:
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for metadata_file, signed in staged:
             batch.write(metadata_file, signed)
+        written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
         # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
         batch.flush()
+        # Told before the commit point: a copier that reads the timestamp and then the journal has its files.
+        repo.wrote(written)
         # The commit point: from here on clients see the new state.
         atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
@@ -284,6 +289,7 @@ class _Change:
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
         for served, plain_name in plain_links:
             atomic_link(served, plain_name)
+        repo.wrote([*(plain for _, plain in plain_links), *([repo.metadata_dir / "root.json"] if self.root_dirty else [])])
         return self.report
 
     def _sign_root(self) -> None:
@@ -338,6 +344,15 @@ class Repository:
         self.metadata_dir = self.public_dir / self.profile.metadata_path
         # Bin-n -> (version, expiry) as last signed or read here; see _bin_expires.
         self._bin_expiry: dict[str, tuple[int, datetime]] = {}
+        # Told the name of every file a commit writes under public/, while a gateway copies the tree to a
+        # bucket (it creates the journal): whichever process signs, a revoke or an advisory import too.
+        journal = self.path / JOURNAL
+        self.journal: Journal | None = Journal(journal) if journal.exists() else None
+
+    def wrote(self, paths: Iterable[Path]) -> None:
+        """Tell the journal (if any) that ``paths`` under the served tree were written."""
+        if self.journal is not None:
+            self.journal.wrote(p.relative_to(self.public_dir).as_posix() for p in paths)
 
     def served_path(self, target_path: str, digest: str) -> Path:
         """Where the tree serves a target under one of its digests."""
@@ -728,14 +743,16 @@ class Repository:
             if not change.dirty:
                 return change.report
             report = change.commit()
-            if not listed:
-                for fmt in PageFormat:  # a root list signed before this layout dropped it (plain names too)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.public_dir / root_page_target(fmt))
-            for project in report.removed:  # plain names follow the signed state (pip straight at the tree)
-                for fmt in self.profile.signed_formats:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.public_dir / self.plain_name(self.profile.page_target(project, fmt)))
+            # Plain names follow the signed state (pip straight at the tree); a root list signed before this
+            # layout dropped it goes too.
+            gone = [self.public_dir / self.plain_name(self.profile.page_target(project, fmt))
+                    for project in report.removed for fmt in self.profile.signed_formats]
+            gone += [self.public_dir / root_page_target(fmt) for fmt in PageFormat] if not listed else []
+            for plain in gone:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(plain)
+                    if self.journal is not None:
+                        self.journal.removed([plain.relative_to(self.public_dir).as_posix()])
             return report
 
     def publish_target(self, target_path: str, data: bytes, now: datetime | None = None) -> ChangeReport:

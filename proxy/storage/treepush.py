@@ -47,6 +47,7 @@ from pathlib import Path
 
 from proxy.storage.leader import GENERATION_META, TIMESTAMP_KEY, Fence, LeaseLost
 from proxy.transport.bucket import Bucket
+from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
 _VERSIONED = re.compile(r"\d+\.[^/]+\.json")
@@ -79,7 +80,8 @@ class TreePush:
     """
 
     def __init__(self, bucket: Bucket, root: Path, lock_path: Path, more: dict[str, Path] | None = None,
-                 fence: Fence | None = None, state: Callable[[], Awaitable[None]] | None = None) -> None:
+                 fence: Fence | None = None, state: Callable[[], Awaitable[None]] | None = None,
+                 journal: Journal | None = None) -> None:
         self.bucket = bucket
         self.fence = fence
         self.state = state  # a replica's shared state, synced first (the leader's before the pages relying on it)
@@ -87,11 +89,58 @@ class TreePush:
         self.lock_path = lock_path
         self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
         self._pushed: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) last pushed
+        # What the tree's writers wrote since (proxy.util.journal): after the first push, read instead of a walk.
+        self.journal = journal
+        self._scanned = False
+        self._backlog: tuple[list[str], list[str]] = ([], [])  # taken from the journal, not pushed yet
         self._lock = asyncio.Lock()
 
     def _changed(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
         """What changed since the last push, in push order (unversioned metadata as its bytes now),
-        and what was pushed and has been collected since (never files)."""
+        and what was pushed and has been collected since (never files).  The whole tree is walked at the
+        first push (and when there is no journal), the journal read after that."""
+        if self.journal is None or not self._scanned:
+            if self.journal is not None:
+                self.journal.skip()  # this walk covers what was written before it
+            self._scanned = True
+            return self._walked()
+        # Unversioned metadata is read before the journal: its writer told the journal before writing it, so
+        # every file the timestamp read here reaches is in what is taken next.
+        unversioned = {}
+        for name in ("metadata/timestamp.json", "metadata/root.json"):
+            with contextlib.suppress(FileNotFoundError):
+                unversioned[name] = (self.root / name).read_bytes()
+        wrote, removed = self.journal.take()
+        wrote, removed = self._backlog[0] + wrote, self._backlog[1] + removed
+        found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
+        for relative in dict.fromkeys(wrote):
+            path = self._local(relative)
+            if path is None:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # collected meanwhile
+            data: Path | bytes = path
+            if _rank(relative) == 3:
+                if relative not in unversioned:
+                    continue
+                data = unversioned[relative]
+            found.append((relative, data, (st.st_size, st.st_mtime_ns)))
+        gone = [r for r in dict.fromkeys(removed) if self._local(r) is not None and not r.startswith("packages/")]
+        self._backlog = ([f[0] for f in found], gone)  # until pushed
+        return sorted(found, key=lambda f: (_rank(f[0]), f[0])), gone
+
+    def _local(self, relative: str) -> Path | None:
+        """Where a name in the bucket lives here (None for a name no tree holds, or a temp file)."""
+        if relative.startswith(".") or "/." in relative or ".." in relative.split("/"):
+            return None
+        for prefix, directory in self.trees.items():
+            if prefix and relative.startswith(prefix):
+                return directory / relative[len(prefix):]
+        return self.root / relative
+
+    def _walked(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
         found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
         seen = set()
         for path, relative in self._files():
@@ -148,7 +197,8 @@ class TreePush:
                 self._pushed[relative] = stamp
             for relative in gone:  # after the timestamp: nothing it names is among them
                 await self.bucket.delete(relative)
-                del self._pushed[relative]
+                self._pushed.pop(relative, None)
+            self._backlog = ([], [])
             if changed or gone:
                 log.info("pushed %d file(s) of %s to %s, deleted %d collected there", len(changed), self.root,
                          self.bucket.url, len(gone))

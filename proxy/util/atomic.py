@@ -85,6 +85,11 @@ class Batch:
         """A file written (or linked) by other means, to be flushed with the batch."""
         self._paths.append(path)
 
+    @property
+    def paths(self) -> list[Path]:
+        """The files of the batch not flushed yet."""
+        return list(self._paths)
+
     def flush(self) -> None:
         """fsync every file of the batch, then every directory a rename of it went into."""
         for path in dict.fromkeys(self._paths):
