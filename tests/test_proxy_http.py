@@ -175,7 +175,7 @@ def test_hostile_paths_are_4xx_and_touch_nothing_outside(proxy: ProxyProcess, up
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["warehouse"], indirect=True)
-def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root_list(
+def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_lists_its_bins(
     tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream
 ) -> None:
     root = tmp_path / "root.json"
@@ -186,8 +186,9 @@ def test_warehouse_profile_serves_json_rendered_from_the_signed_html_and_no_root
         page = json.loads(body)
         assert page["versions"] == ["1.0", "1.1"]  # derived from file names: the HTML page has none
         assert {f["filename"] for f in page["files"]} == {"lib-1.0-py3-none-any.whl", "lib-1.1-py3-none-any.whl"}
-        status, _, body = request(p, "/simple/")
-        assert status == 404 and b"not signed" in body
+        # No root list is signed in this layout: the proxy lists the page targets its verified bins hold.
+        status, _, body = request(p, "/simple/", Accept="application/vnd.pypi.simple.v1+json")
+        assert status == 200 and [q["name"] for q in json.loads(body)["projects"]] == ["app", "base", "future-only", "lib"]
     # Only the signed HTML page was fetched, never an unsigned JSON rendering.
     assert upstream.count(r"/simple/lib/[0-9a-f]{64}\.lib\.html") == 1
     assert upstream.count(r"/simple/.*json") == 0
