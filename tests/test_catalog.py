@@ -61,6 +61,7 @@ def test_a_gateway_signs_no_root_list_and_drops_one_signed_before(tmp_path: Path
     repo.publish_target(root_page_target(PageFormat.JSON), plist)
     (repo.public_dir / root_page_target(PageFormat.JSON)).write_bytes(plist)
     assert repo.signed_targets([root_page_target(PageFormat.JSON)])
+    repo = Repository.open(tmp_path / "g")  # the next release's process: its first publish looks for it
     repo.publish_pages({"b": _page("b")})
     assert repo.signed_targets([root_page_target(f) for f in PageFormat]) == {}
     assert not (repo.public_dir / root_page_target(PageFormat.JSON)).exists()
@@ -128,3 +129,20 @@ def test_collection_deletes_a_superseded_page_grace_after_it_was_superseded_and_
     assert not set(old) & set(pages("a")) and len(pages("a")) == 4 and len(pages("b")) == 4
     collector.collect(["a", "b"], now=now + 1000)
     assert len(pages("a")) == 4 and len(pages("b")) == 4
+
+
+def test_verify_without_a_manifest_expects_the_pages_the_bins_hold_not_a_root_list(tmp_path: Path) -> None:
+    import asyncio
+
+    from proxy.mirror.verify import verify_tree
+    from proxy.protocol.profiles import GATEWAY
+
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    repo.publish_pages({"a": _page("a"), "b": _page("b")})
+    report = asyncio.run(verify_tree(repo.public_dir, repo.metadata_dir / "1.root.json", profile=GATEWAY))
+    assert report.missing == [] and report.corrupt == [], report
+    for name in (repo.public_dir / "simple" / "b").iterdir():  # pages the bins vouch for, gone under every name
+        name.unlink()
+    report = asyncio.run(verify_tree(repo.public_dir, repo.metadata_dir / "1.root.json", profile=GATEWAY))
+    assert len(report.missing) == 2 and {m.rsplit("/", 1)[0] for m in report.missing} == {"simple/b"}, report
+    assert {m.rsplit(".", 1)[1] for m in report.missing} == {"html", "json"}, report

@@ -197,8 +197,6 @@ class GatewayApp:
         name, content_type = _plain_page(request)
         headers = {**_NO_CACHE, "Content-Type": content_type}
         publisher = self.gateway.publisher
-        if publisher.repo.profile.root_list_signed:
-            return await self._tree(request, "simple", name, headers=headers)
         leader = self.forwarder.lease.leader_url if self._following() is not None and self.forwarder else None
         if leader:  # a follower's own directory is not what the group publishes
             raise web.HTTPTemporaryRedirect(leader.rstrip("/") + "/simple/")

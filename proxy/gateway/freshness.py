@@ -119,18 +119,17 @@ class Collector:
         for project in touched:
             for path in _unreferenced(simple / project):
                 self._unreferenced.setdefault(path, now)
-        for path, since in list(self._unreferenced.items()):
-            if since > cutoff:
-                continue
+        due = [path for path, since in self._unreferenced.items() if since <= cutoff]
+        for path in due:
             del self._unreferenced[path]
-            # Looked at again: a page can be current again (a revoked file put back gives the same bytes).
-            if path in _unreferenced(path.parent):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    gone.append(path)
-        if self.repo.journal is not None:  # the bucket's copies go too (proxy.storage.treepush)
-            self.repo.journal.removed(p.relative_to(self.repo.public_dir).as_posix() for p in gone)
-        return len(gone)
+        # Looked at again, once per project: a page can be current again (a revoked file put back gives the
+        # same bytes).
+        still: dict[Path, list[Path]] = {}
+        for path in due:
+            if path.parent not in still:
+                still[path.parent] = _unreferenced(path.parent)
+        self.repo.removed(gone)  # the bucket's copies go too (proxy.storage.treepush)
+        return len(gone) + self.repo.unlink(p for p in due if p in still[p.parent])
 
 
 def _collect_metadata(repo: Repository, cutoff: float) -> list[Path]:

@@ -80,7 +80,7 @@ from proxy.protocol.layout import (
     root_page_target,
 )
 from proxy.protocol.osv import ADVISORY_TARGET
-from proxy.protocol.profiles import PROFILES, LayoutError, Profile, choose_profile, detect_profile
+from proxy.protocol.profiles import LayoutError, Profile, choose_profile, detect_profile
 from proxy.repository import (
     ChangeReport,
     NotADistribution,
@@ -104,8 +104,6 @@ from proxy.util.locks import FetchLocks
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
 _PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
-# One page_project per layout for the process's life: TrustedClient.listed keeps its work under it.
-_page_project = {name: profile.page_project for name, profile in PROFILES.items()}
 # A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
 _PUBLISH_DEADLINE = 60.0
 
@@ -375,7 +373,7 @@ class _Sync:
         if not self.profile.root_list_signed:
             if not self.options.all_projects:
                 return given
-            listed = await self.trust.listed(_page_project[self.profile.name])
+            listed = await self.trust.listed(self.profile.page_project)
             names = [project for project, target in listed if not marked_private(target.custom)]
         else:
             pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))

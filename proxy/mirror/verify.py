@@ -199,12 +199,17 @@ class _Verifier:
         return (self.directory / name).read_bytes()
 
     async def _listed(self) -> set[str]:
-        """Every target the signed pages reach, from the root list down."""
-        wanted = {root_page_target(f) for f in PageFormat}
-        data = await self._page(root_page_target(PageFormat.JSON))
-        if data is None:
-            return wanted
-        for project in index.parse_project_list_json(data).projects:
+        """Every target the signed pages reach, from the root list down (or, in a layout that signs none,
+        from every page target the verified bins hold)."""
+        if self.profile.root_list_signed:
+            wanted = {root_page_target(f) for f in PageFormat}
+            data = await self._page(root_page_target(PageFormat.JSON))
+            if data is None:
+                return wanted
+            projects = list(index.parse_project_list_json(data).projects)
+        else:
+            wanted, projects = set(), [p for p, _ in await self.trust.listed(self.profile.page_project)]
+        for project in projects:
             wanted |= {project_page_target(project, f) for f in PageFormat}
             page = await self._page(project_page_target(project, PageFormat.JSON))
             if page is None:

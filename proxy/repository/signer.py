@@ -73,7 +73,6 @@ from proxy.protocol.layout import (
 )
 from proxy.protocol.model import file_digest
 from proxy.protocol.profiles import Profile, get_profile
-from proxy.repository.catalog import Catalog
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
@@ -349,10 +348,27 @@ class Repository:
         journal = self.path / JOURNAL
         self.journal: Journal | None = Journal(journal) if journal.exists() else None
 
+        self._root_list_dropped = False  # see publish_pages
+
     def wrote(self, paths: Iterable[Path]) -> None:
         """Tell the journal (if any) that ``paths`` under the served tree were written."""
         if self.journal is not None:
             self.journal.wrote(p.relative_to(self.public_dir).as_posix() for p in paths)
+
+    def removed(self, paths: Iterable[Path]) -> None:
+        """Tell the journal (if any) that ``paths`` under the served tree were removed."""
+        if self.journal is not None:
+            self.journal.removed(p.relative_to(self.public_dir).as_posix() for p in paths)
+
+    def unlink(self, paths: Iterable[Path]) -> int:
+        """Remove ``paths`` from the served tree (absent ones are fine) and tell the journal; how many went."""
+        gone = []
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                gone.append(path)
+        self.removed(gone)
+        return len(gone)
 
     def served_path(self, target_path: str, digest: str) -> Path:
         """Where the tree serves a target under one of its digests."""
@@ -714,7 +730,10 @@ class Repository:
             # Only a root list knows every project at once; without one, each project's own page target says.
             known = set(self._projects(change)) if listed else {
                 p for p in pages if change.get_target(self.profile.page_target(p, self.profile.signed_formats[0]))}
-            if not listed:
+            # A root list signed by an earlier release is unsigned at this process's first publish, then not
+            # looked for again (its bin is read once, not at every publish).
+            drop = not listed and not self._root_list_dropped
+            if drop:
                 self._drop_root_list(change)
             for path, (data, custom) in (targets or {}).items():
                 change.put_target(path, data, custom)
@@ -741,18 +760,15 @@ class Repository:
             if listed and (known != set(self._projects(change)) or hidden != hidden_before):
                 self._write_root_list(change, known, hidden)
             if not change.dirty:
+                self._root_list_dropped |= drop
                 return change.report
             report = change.commit()
-            # Plain names follow the signed state (pip straight at the tree); a root list signed before this
-            # layout dropped it goes too.
+            # Plain names follow the signed state (pip straight at the tree); a dropped root list's go too.
             gone = [self.public_dir / self.plain_name(self.profile.page_target(project, fmt))
                     for project in report.removed for fmt in self.profile.signed_formats]
-            gone += [self.public_dir / root_page_target(fmt) for fmt in PageFormat] if not listed else []
-            for plain in gone:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(plain)
-                    if self.journal is not None:
-                        self.journal.removed([plain.relative_to(self.public_dir).as_posix()])
+            gone += [self.public_dir / root_page_target(fmt) for fmt in PageFormat] if drop else []
+            self.unlink(gone)
+            self._root_list_dropped |= drop
             return report
 
     def publish_target(self, target_path: str, data: bytes, now: datetime | None = None) -> ChangeReport:
@@ -980,13 +996,13 @@ class Repository:
             }
         # The delegated bins only: names an earlier bin count left in the snapshot (rebin) are not counted.
         bin_versions = {name: change.snapshot.signed.meta[f"{name}.json"].version for name in _bin_names(change)}
-        targets = 0
+        targets = projects = 0
         earliest: datetime | None = None
         for name, version in bin_versions.items():
             md = self._load(name, version)
             targets += len(md.signed.targets)
+            projects += sum(self.profile.page_project(path) is not None for path in md.signed.targets)
             earliest = md.signed.expires if earliest is None else min(earliest, md.signed.expires)
-        projects = len(self._projects(change)) if self.profile.root_list_signed else len(Catalog(self).update().projects)
         return {
             "path": str(self.path),
             "served_tree": str(self.public_dir),

@@ -262,7 +262,6 @@ class Resolver:
         self._hot: HotPages[Page] = HotPages()
         # A root list rendered from the bins (a layout that signs none): (its projects, media type, page).
         self._root_kept: tuple[tuple[str, ...], index.MediaType, Page] | None = None
-        self._page_project = profile.page_project  # one object: TrustedClient.listed keeps its work under it
         # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
         self._ready_plans: dict[tuple[str, str | None], tuple[str, index.MediaType, str] | None] = {}
         # Request target path -> (the trusted target it was derived from, its source).
@@ -359,7 +358,7 @@ class Resolver:
         media = _negotiate(ask.accept)
         if media is None:
             raise NotAcceptable(ask.accept or "")
-        listed = await self.trust.listed(self._page_project)
+        listed = await self.trust.listed(self.profile.page_project)
         names = tuple(project for project, target in listed if not marked_private(target.custom))
         kept = self._root_kept
         if kept is None or kept[0] != names or kept[1] is not media:

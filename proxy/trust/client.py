@@ -597,9 +597,9 @@ class TrustedClient:
         time), and counts a target only where the spec's walk for its path ends at that very role, so a
         listing never names what :meth:`get_target` would not answer.  What each role contributed is kept
         under the bytes it came from (its snapshot entry and delegator, and the top-level targets): after a
-        publish only the bins it re-signed are fetched and walked again.  ``keep`` must be one function
-        for the process's life (its contributions are kept under its identity).  ExpiredMetadata if any
-        role visited has expired; BadMetadata past ``max_listed_roles`` roles.
+        publish only the bins it re-signed are fetched and walked again.  ``keep`` is pure and hashable (a
+        profile's bound method): the contributions are kept under it.  ExpiredMetadata if any role visited
+        has expired; BadMetadata past ``max_listed_roles`` roles.
         """
         state = await self._current("(every target)")
         top = state.targets
@@ -616,7 +616,7 @@ class TrustedClient:
             return _Share(found, role.signed.expires, role.name, role if role.index is not None else None)
 
         async def child(request: RoleRequest) -> _Share:
-            key = (id(keep), top.fingerprint, *self._role_key(state, request)[0])
+            key = (keep, top.fingerprint, *self._role_key(state, request)[0])
             kept = self._shares.get(key)
             if kept is None or kept.delegator is not None:  # a delegator is loaded again for its children
                 async with limit:
