@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.mirror.manifest import Manifest
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from tests.conftest import SampleRepo
@@ -86,8 +87,10 @@ def test_an_edge_and_a_mirror_find_a_gateway_without_a_flag(gateway: GatewayProc
                      str(tmp_path / "m"), "--project", "app"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "layout gateway (detected from the signed metadata)" in done.stderr + done.stdout
-    manifest = json.loads((tmp_path / "m/.mirror/manifest.json").read_text())
-    assert manifest["profile"] == "gateway" and "packages/app/app-1.0-py3-none-any.whl" in manifest["targets"]
+    manifest = Manifest(tmp_path / "m/.mirror")
+    head = manifest.head()
+    assert head is not None and head.profile == "gateway"
+    assert "packages/app/app-1.0-py3-none-any.whl" in manifest.paths_of(["app"])
     # A gateway's delegations say files are not targets: insisting on the tufproxy layout is refused.
     done = tufproxy(["serve", "--upstream", gateway.base, "--root", str(gateway.root), "--profile", "tufproxy",
                      "--workers", "1", "--cache-dir", str(tmp_path / "c"), "--listen", "127.0.0.1:0"], tmp_path)

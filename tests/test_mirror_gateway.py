@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli import main
+from proxy.mirror.manifest import Manifest
 from proxy.mirror.tree import STATE_DIR
 from proxy.repository import Repository
 from proxy.repository.sample import build_sdist, build_wheel
@@ -104,8 +105,10 @@ def test_sync_publishes_a_chain_the_gateway_never_saw_and_verifies(setup: Setup,
             setup.index.file(name.removesuffix(".metadata")).core if name.endswith(".metadata")
             else setup.index.file(name).data)
     assert not any("lib-0.9" in n for n in files)  # the requirements' version filter
-    manifest = json.loads((setup.dest / STATE_DIR / "manifest.json").read_bytes())
-    assert manifest["profile"] == "gateway" and "packages/lib/lib-1.0-py3-none-any.whl" in manifest["targets"]
+    manifest = Manifest(setup.dest / STATE_DIR)
+    head = manifest.head()
+    assert head is not None and head.profile == "gateway"
+    assert "packages/lib/lib-1.0-py3-none-any.whl" in manifest.paths_of(manifest.projects())
     capsys.readouterr()
     assert verify(setup.dest, setup.gateway.root) == 0
     # 6 pages (no root list is signed) under 3 names (two hashes and plain), 7 files under 2 (sha256 and plain).

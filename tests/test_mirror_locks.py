@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.mirror.manifest import Manifest
 from tests.conftest import SampleRepo
 from tests.support.clients import clean_env, pip, uv
 from tests.support.proxyproc import ProxyProcess
@@ -38,8 +39,8 @@ def _sync(sample_repo: SampleRepo, upstream: Upstream, dest: Path, *selection: s
 
 
 def _mirrored_files(dest: Path) -> set[str]:
-    manifest = json.loads((dest / ".mirror/manifest.json").read_text())
-    return {t.rsplit("/", 1)[1] for t in manifest["targets"] if t.startswith("packages/") and
+    manifest = Manifest(dest / ".mirror")
+    return {t.rsplit("/", 1)[1] for t in manifest.paths_of(manifest.projects()) if t.startswith("packages/") and
             not t.endswith(".metadata")}
 
 

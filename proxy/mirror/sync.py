@@ -22,15 +22,20 @@ every selected distribution and ``.metadata`` file, ``--jobs`` at a time,
 then publication (metadata, timestamp last) and, with ``--resign-with``,
 ``Repository.add`` of the files into the site's own repository.
 
-Incremental from the snapshot: the manifest of the last sync records which
-role signed each target it published (a file through a page: the page's
-role) and every role's version then.  A selected project whose targets are
-all signed by roles the new snapshot lists at those versions is left as it
-is, without a lookup, a download or a re-hash, so a sync of a few changed
-projects costs the same in a tree of 1,000 projects or 100,000 (only the
-bins whose version moved are fetched, and the pages and files of the
-projects in them).  A new delegation (a re-bin, another ``targets``), another
-selection or layout, or ``--full``, re-checks every selected project.
+Incremental from the snapshot: the manifest of the last sync
+(:mod:`proxy.mirror.manifest`, indexed on disk) records each target it
+published, the role that signed it (a file through a page: the page's
+role) and its signed description, and every role's version then.  The
+next sync walks only the roles whose version moved (``TrustedClient.listed``
+with ``only``), and re-checks only the projects with a target there that
+is new, changed or gone, and those the last sync could not complete.
+Every other project is left as it is, without a lookup, a download or a
+re-hash, and without being read from the manifest: a sync of a few changed
+projects costs about the same in a tree of 1,000 projects or 100,000, and a
+bin re-signed with the same targets (PEP 458's daily expiry) costs its
+metadata only.  A new delegation (a re-bin, another ``targets``), another
+selection or layout, ``--resign-with`` or ``--full`` re-checks every
+selected project.
 
 Nothing already in DEST is trusted: a file the sync would reuse is
 re-hashed against this run's trusted target (:meth:`MirrorTree.has`), and
@@ -51,13 +56,16 @@ import contextlib
 import re
 import ssl
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from packaging.utils import canonicalize_name
 from tuf.api.metadata import Metadata
 
 from proxy.mirror.lockfiles import check_locked
+from proxy.mirror.manifest import Head, Manifest, Row, digest
 from proxy.mirror.progress import Counts, Progress
 from proxy.mirror.select import FileFilter, Wanted
 from proxy.mirror.tree import MirrorTree, verify_root_chain
@@ -104,6 +112,7 @@ from proxy.util.locks import FetchLocks
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
 _PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
+T = TypeVar("T")
 # A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
 _PUBLISH_DEADLINE = 60.0
 
@@ -200,6 +209,21 @@ class _Selected:
     kept: list[index.DistFile]
 
 
+@dataclass
+class _Plan:
+    """Which projects this sync re-checks, and what it leaves as the last sync published it.
+
+    ``replaced``: the projects whose manifest rows this sync's replace (None: every row, a full sync);
+    ``kept``: projects and targets left as they are; ``published``: each role's version the last sync
+    published (its metadata is not read again).
+    """
+
+    check: list[Wanted]
+    replaced: set[str] | None
+    kept: tuple[int, int] = (0, 0)
+    published: dict[str, int] = field(default_factory=dict)
+
+
 class _Sync:
     def __init__(self, options: SyncOptions, progress: Progress, tree: MirrorTree, trust: TrustedClient,
                  fetcher: Fetcher, audit: AuditLog, mirrors: list[Mirror]) -> None:
@@ -215,6 +239,7 @@ class _Sync:
         self.limit = asyncio.Semaphore(options.jobs)
         self.stopped = False  # a refusal without keep_going: schedule nothing new
         self.mirrored: list[Want] = []  # every target (or page-covered file) now in the tree, for plain names
+        self.may_leave: set[str] = set()  # with --all: projects re-checked because targets of theirs left the bins
 
     def _refuse(self, path: str, error: TrustError, url: str | None = None, where: str = "") -> None:
         detail = f"{where}{error}"
@@ -227,7 +252,7 @@ class _Sync:
     def refuse_altered(self, target: Want, error: RepositoryError) -> None:
         """The copy of ``target`` in DEST is not what this run's metadata signs (altered or rotted): the next
         sync re-checks every project (the manifest no longer says what DEST holds)."""
-        self.tree.forget_manifest()
+        self.tree.manifest.forget()
         self._refuse(target.path, error, where=f"the copy in {self.options.dest} is not the signed target, removed: ")
 
     def read_page(self, target: VerifiedTarget) -> bytes | None:
@@ -305,7 +330,8 @@ class _Sync:
         try:
             await self.trust.get_target(json_path)
         except UnknownTarget:
-            self.progress.not_found(wanted.project)
+            if wanted.project not in self.may_leave:
+                self.progress.not_found(wanted.project)
             return None
         except TrustError:
             pass  # reported by the lookup below
@@ -367,19 +393,81 @@ class _Sync:
 
         return [w for w in await asyncio.gather(*(one(w) for w in wanted)) if w is not None]
 
-    async def wanted(self, given: list[Wanted]) -> list[Wanted]:
-        """The projects to mirror: ``given``, or every project of the (verified) root list, or where none is
-        signed (the gateway's layout) every public project whose page the verified bins hold."""
-        if not self.profile.root_list_signed:
-            if not self.options.all_projects:
-                return given
-            listed = await self.trust.listed(self.profile.page_project)
+    async def plan(self, given: list[Wanted]) -> _Plan:
+        """The projects to check (see the module docstring): with a manifest the last sync left and the same
+        delegations, only those with a signed target that changed (or that it could not complete), found by
+        walking only the roles whose version moved; otherwise every selected project."""
+        root_pages = None
+        if self.profile.root_list_signed:  # served by the tree whatever is selected
+            root_pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
+        manifest = self.tree.manifest
+        moved = _moved_roles(manifest, self.options, self.trust.snapshot_versions())
+        if moved is None:
+            return _Plan(await self.wanted(given, root_pages), None)
+        changed, private = await self.changed(moved)
+        changed |= manifest.recheck()
+        if self.options.all_projects:
+            self.may_leave = changed
+            specs = {w.project: w for w in given}
+            check = [specs.get(p, Wanted(p)) for p in sorted(changed - private)]
+        else:
+            known = manifest.known([w.project for w in given])
+            check = [w for w in given if w.project in changed or w.project not in known]
+        replaced = changed | {w.project for w in check}
+        return _Plan(check, replaced, manifest.totals(excluding=replaced), manifest.roles())
+
+    async def changed(self, moved: set[str]) -> tuple[set[str], set[str]]:
+        """The projects with a target signed by a role of ``moved`` that is not what the manifest recorded
+        (new, changed or gone), and those of them whose page is marked private."""
+        now = {t.path: t for _, t in await self.listed(_every, only=moved) if t.role in moved}
+        then = {r.path: r for r in self.tree.manifest.signed_by(moved) if r.signed}
+        changed = {r.project for path, r in then.items() if path not in now}
+        changed.update(p for path, t in now.items() if (p := self._project_of(path)) is not None
+                       and (path not in then or then[path].digest != digest(t.length, t.hashes)))
+        private = {p for path, t in now.items() if marked_private(t.custom) and (p := self.profile.page_project(path))}
+        changed.discard("")
+        return changed, private
+
+    async def listed(self, keep: Callable[[str], T | None], only: set[str] | None = None) -> list[tuple[T, VerifiedTarget]]:
+        """The targets of the verified bins (:meth:`TrustedClient.listed`); a bin that cannot be trusted stops
+        the sync (audited when the upstream lied)."""
+        try:
+            return await self.trust.listed(keep, only)
+        except RepositoryError as e:
+            self.audit.refused(component="mirror-sync", reason=e.reason, role=e.role, expected=e.expected,
+                               actual=e.actual, upstream_url=self.mirrors[0].metadata_url, detail=str(e))
+            raise MirrorError(f"the upstream's bins cannot be listed ({e.reason}): {e}") from e
+        except TrustError as e:
+            raise MirrorError(f"the upstream's bins cannot be listed: {e}") from e
+
+    def _project_of(self, path: str) -> str | None:
+        """The project a target path belongs to, or None (a root list, the advisories)."""
+        return _project_of(path) or self.profile.page_project(path)
+
+    def rows(self) -> list[Row]:
+        """The manifest rows of what this run put in the tree."""
+        rows = {}
+        for t in self.mirrored:
+            signed = t.role is not None and " " not in t.role  # else a file its page vouches for
+            rows[t.path] = Row(t.path, self._project_of(t.path) or "", _signer_of(t), digest(t.length, t.hashes), signed)
+        return list(rows.values())
+
+    def incomplete(self) -> set[str]:
+        """Projects this run refused, failed or did not find something of: the next sync re-checks them."""
+        c = self.progress.counts
+        return {p for name in (*c.refused, *c.failed, *c.not_found)
+                if (p := self._project_of(name) or ("/" not in name and canonicalize_name(name)))}
+
+    async def wanted(self, given: list[Wanted], root_pages: list[VerifiedTarget | None] | None) -> list[Wanted]:
+        """Every project to check in a full sync: ``given``, or every project of the (verified) root list, or
+        where none is signed (the gateway's layout) every public project whose page the verified bins hold."""
+        if not self.options.all_projects:
+            return given
+        if root_pages is None:
+            listed = await self.listed(self.profile.page_project)
             names = [project for project, target in listed if not marked_private(target.custom)]
         else:
-            pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
-            if not self.options.all_projects:
-                return given
-            data = None if pages[0] is None else self.read_page(pages[0])
+            data = None if root_pages[0] is None else self.read_page(root_pages[0])
             if data is None:
                 raise MirrorError("the root project list could not be mirrored: --all needs it")
             try:
@@ -463,29 +551,24 @@ def _signer_of(want: Want) -> str:
     return (want.role or "").split(" ", 1)[0]
 
 
-def _unchanged(previous: dict | None, options: SyncOptions, now: dict[str, int]) -> dict[str, dict[str, str]]:
-    """The projects the last sync published whose every target is signed by a role still at the version it
-    had then: project -> {path: role}.  Nothing when the last sync asked for another selection or layout,
-    or the delegations above the bins moved (a re-bin moves every target)."""
+def _every(path: str) -> str:
+    return path
+
+
+def _moved_roles(manifest: Manifest, options: SyncOptions, now: dict[str, int]) -> set[str] | None:
+    """The roles whose version moved since the last sync published, or None when every selected project must be
+    re-checked: no manifest, another selection or layout, ``--full`` or ``--resign-with``, or the delegations
+    above the bins moved (a re-bin moves every target)."""
     assert options.profile is not None
+    head = manifest.head()
     # Re-signing takes only files verified in this run: with --resign-with every selected project is re-checked.
-    if options.full or options.resign_with is not None or previous is None or previous.get("profile") != options.profile.name \
-            or previous.get("selection") != options.selection:
-        return {}
-    then: dict[str, int] = previous["roles"]
-    delegators = {"targets", options.profile.bin_delegator}
-    if any(then.get(role) != now.get(role) for role in delegators):
-        return {}
-    projects: dict[str, dict[str, str]] = {}
-    moved: set[str] = set()
-    for path, role in previous["targets"].items():
-        project = _project_of(path)
-        if project is None:
-            continue
-        projects.setdefault(project, {})[path] = role
-        if then.get(role) != now.get(role) or not role:
-            moved.add(project)
-    return {p: targets for p, targets in projects.items() if p not in moved}
+    if options.full or options.resign_with is not None or head is None or head.profile != options.profile.name \
+            or head.selection != options.selection:
+        return None
+    then = manifest.roles()
+    if any(then.get(role) != now.get(role) for role in {"targets", options.profile.bin_delegator}):
+        return None
+    return {role for role, version in now.items() if then.get(role) != version} | (then.keys() - now.keys())
 
 
 def _resign(repo_dir: Path, run: _Sync, selected: list[_Selected]) -> ChangeReport | None:
@@ -576,7 +659,6 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
     except OSError as e:
         raise MirrorError(f"cannot read the pinned root {options.root}: {e.strerror}") from e
     tree = MirrorTree(options.dest)
-    previous = tree.read_manifest()
     fetcher, mirrors = _upstream(options)
     audit = AuditLog(options.audit_log or tree.state / "audit.log")
     trust: TrustedClient | None = None
@@ -606,13 +688,11 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             raise MirrorError(f"cannot load upstream metadata: {e}") from e
         options, layout = _layout(options, trust)
         run = _Sync(options, progress, tree, trust, fetcher, audit, mirrors)
-        wanted = await run.wanted(await run.published(list(options.projects)))
-        same = _unchanged(previous, options, trust.snapshot_versions())
-        kept = {w.project: same[w.project] for w in wanted if w.project in same}
-        projects = await asyncio.gather(*(run.project(w) for w in wanted if w.project not in kept))
+        plan = await run.plan(await run.published(list(options.projects)))
+        projects = await asyncio.gather(*(run.project(w) for w in plan.check))
         selected = [s for s in projects if s is not None]
-        progress.counts.projects = len(selected) + len(kept)
-        progress.unchanged(sum(map(len, kept.values())))
+        progress.counts.projects = len(selected) + plan.kept[0]
+        progress.unchanged(plan.kept[1])
         await run.files(selected)
         await run.advisories()
         result = SyncResult(progress.counts, None, layout=layout)
@@ -623,19 +703,19 @@ async def sync(options: SyncOptions, progress: Progress) -> SyncResult:
             chain = await run.root_chain()
         except (TrustError, DownloadError) as e:
             raise MirrorError(f"cannot publish the root chain: {e}") from e
-        result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain)
+        result.published_snapshot = await asyncio.to_thread(tree.publish_metadata, chain, plan.published)
         for target in run.mirrored:
             tree.link_plain(target)
-        targets = {path: role for paths in kept.values() for path, role in paths.items()}
-        targets.update((t.path, _signer_of(t)) for t in run.mirrored)
-        tree.write_manifest(result.published_snapshot, targets, run.profile.name, roles=trust.snapshot_versions(),
-                            selection=options.selection)
+        head = Head(result.published_snapshot, run.profile.name, options.selection)
+        await asyncio.to_thread(tree.manifest.record, head, trust.snapshot_versions(), run.rows(),
+                                replaced=plan.replaced, recheck=run.incomplete())
         if options.resign_with is not None:
             result.resigned = await asyncio.to_thread(_resign, options.resign_with, run, selected)
         return result
     finally:
         if trust is not None:
             trust.close()
+        tree.manifest.close()
         with contextlib.suppress(Exception):
             await fetcher.close()
         audit.close()

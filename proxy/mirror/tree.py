@@ -10,8 +10,8 @@ serve --repository DEST`` and any static HTTP server can serve it)::
                         and under its plain name
     DEST/.mirror/       sync state, never served: trust/ (the trusted
                         metadata of the sync's TUF client), tmp/, audit.log,
-                        manifest.json (the targets the last sync published,
-                        and the upstream's profile)
+                        manifest.sqlite (the targets the last sync published:
+                        :mod:`proxy.mirror.manifest`)
 
 A download is streamed into ``.mirror/tmp``, hashed with every signed
 algorithm and length-bounded as it arrives; only a file that matches is
@@ -35,25 +35,24 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 from urllib.parse import quote
 
 from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, Root, Snapshot, Timestamp
 
+from proxy.mirror.manifest import Manifest
 from proxy.protocol.errors import BadMetadata, BadSignature, RepositoryError
 from proxy.protocol.hashing import StreamingVerifier
-from proxy.protocol.layout import METADATA_DIR, MIRROR_MANIFEST, MIRROR_STATE_DIR, consistent_name
+from proxy.protocol.layout import METADATA_DIR, MIRROR_STATE_DIR, consistent_name
 from proxy.trust.fetch import FileSink, Want
 from proxy.util.atomic import Batch, atomic_link, atomic_write, fsync_dir
 
 STATE_DIR = MIRROR_STATE_DIR
-MANIFEST = MIRROR_MANIFEST
 _READ_CHUNK = 1 << 20
 
 
@@ -100,6 +99,7 @@ class MirrorTree:
         self.trust_dir = self.state / "trust"
         self.tmp = self.state / "tmp"
         self.metadata_dir = self.root / METADATA_DIR
+        self.manifest = Manifest(self.state)
         self.tmp.mkdir(parents=True, exist_ok=True)
         # Left by an interrupted sync: never verified, never served.
         for stale in self.tmp.iterdir():
@@ -195,13 +195,16 @@ class MirrorTree:
         _link(self.path(target_names(target)[0]), self.path(target.path))
 
     # -- metadata ------------------------------------------------------
-    def publish_metadata(self, roots: Iterable[bytes]) -> int:
+    def publish_metadata(self, roots: Iterable[bytes], published: Mapping[str, int] | None = None) -> int:
         """Copy the sync client's trusted metadata into ``metadata/``, timestamp last.
 
         ``roots`` is the verified root chain, oldest first.  Delegated roles
-        are published only at the version the trusted snapshot lists.
+        are published only at the version the trusted snapshot lists; one
+        at the version ``published`` says the last sync published it at
+        (role -> version) is not read again when its file is there.
         Returns the published snapshot version.
         """
+        published = published or {}
         batch = Batch()
         chain = list(roots)
         for data in chain:
@@ -212,6 +215,9 @@ class MirrorTree:
         snap = Metadata[Snapshot].from_bytes(snapshot).signed
         for name, meta in snap.meta.items():
             role = name[: -len(".json")]
+            served = self.metadata_dir / f"{meta.version}.{quote(role, safe='')}.json"
+            if published.get(role) == meta.version and served.exists():
+                continue  # what the last sync published: a sync of a few projects reads a few roles, not thousands
             local = self.trust_dir / f"{quote(role, safe='')}.json"
             try:
                 data = local.read_bytes()
@@ -232,29 +238,6 @@ class MirrorTree:
             if path.read_bytes() == data:
                 return
         batch.write(path, data)
-
-    def write_manifest(self, snapshot: int, targets: Mapping[str, str], profile: str, *,
-                       roles: Mapping[str, int] | None = None, selection: str = "") -> None:
-        """Record what this tree is meant to hold (``targets``: path -> the role that signed it or the page that
-        vouches for it) and its layout, for ``tufproxy mirror verify``; with the snapshot's ``roles`` (name ->
-        version) and the ``selection`` asked for, for the next sync to tell what did not change."""
-        manifest = {"snapshot": snapshot, "profile": profile, "selection": selection, "roles": dict(roles or {}),
-                    "targets": dict(sorted(targets.items()))}
-        atomic_write(self.state / MANIFEST, json.dumps(manifest, separators=(",", ":")).encode())
-
-    def forget_manifest(self) -> None:
-        """DEST is not what the manifest says: the next sync takes nothing from it."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.state / MANIFEST)
-
-    def read_manifest(self) -> dict[str, Any] | None:
-        """What the last sync recorded (None: none, or unreadable, or from a tufproxy that recorded no roles)."""
-        try:
-            manifest = json.loads((self.state / MANIFEST).read_bytes())
-        except (OSError, ValueError):
-            return None
-        ok = isinstance(manifest, dict) and isinstance(manifest.get("targets"), dict) and isinstance(manifest.get("roles"), dict)
-        return manifest if ok else None
 
     def published_root(self, version: int) -> bytes | None:
         with contextlib.suppress(FileNotFoundError):

@@ -25,19 +25,28 @@ one the last sync recorded in its manifest, else ``profile``.
   (a gateway's signed ``advisories/osv.json``, verified like any target)
   calls malicious or vulnerable: reported for people to act on (the tree
   is still what its metadata signs).
+
+Memory does not follow the tree.  With a manifest (a synced tree), the
+targets it records are checked a role at a time, each role's metadata
+read once and dropped after; then each chunk of project directories is
+walked for files under names no recorded target has.  Without one, the
+projects the signed metadata lists are checked a few dozen at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from proxy.mirror.tree import MANIFEST, STATE_DIR, check_file, target_names, tree_files
+from proxy.mirror.manifest import Manifest, hashes_of
+from proxy.mirror.tree import STATE_DIR, check_file, target_names
 from proxy.protocol import index
 from proxy.protocol.errors import RepositoryError, TrustError, UnknownTarget
 from proxy.protocol.layout import (
@@ -63,7 +72,8 @@ from proxy.trust.provenance import SigstoreTrust
 
 _HASH_NAME_RE = re.compile(r"^(?:[0-9a-f]{64}|[0-9a-f]{128})\.(.+)$")
 _METADATA_NAME_RE = re.compile(r"^(?:[0-9]+\.)?[^/]+\.json$")
-_SLICE = 512  # targets checked concurrently (each re-hashes up to --jobs files at a time)
+_ROLES_KEPT = 32  # delegated roles a check by role keeps in memory (the one it checks, and its delegators)
+_PROJECTS = 64  # projects checked together; what is known of them is dropped after (bounded memory in any tree)
 
 
 @dataclass
@@ -101,14 +111,9 @@ def _default_root(directory: Path) -> Path:
     return roots[0][1]
 
 
-def _manifest(directory: Path) -> dict | None:
-    path = directory / STATE_DIR / MANIFEST
-    return json.loads(path.read_bytes()) if path.exists() else None
-
-
 class _Verifier:
     def __init__(self, directory: Path, trust: TrustedClient, jobs: int, profile: Profile,
-                 manifest: dict | None, sigstore: SigstoreTrust | None = None) -> None:
+                 manifest: Manifest | None, sigstore: SigstoreTrust | None = None) -> None:
         self.directory = directory
         self.sigstore = sigstore
         self.trust = trust
@@ -116,7 +121,6 @@ class _Verifier:
         self.manifest = manifest
         self.limit = asyncio.Semaphore(jobs)
         self.report = VerifyReport()
-        self.present: set[str] = set()
         # Memoised as futures: files of one project check their page concurrently, once.
         self._targets: dict[str, asyncio.Future[Want | str | None]] = {}
         self._checked: dict[str, asyncio.Future[bool] | bool] = {}  # a verdict, or the check under way
@@ -184,32 +188,19 @@ class _Verifier:
             self.report.corrupt.append((name, why))
         return why is None
 
-    async def expected(self) -> set[str]:
-        if self.manifest is not None:
-            return set(self.manifest["targets"])
-        return await self._listed()
+    async def projects(self) -> list[str]:
+        """Every project a tree without a manifest should hold: those of the signed root list, or in a layout
+        that signs none, every project whose page the verified bins hold."""
+        if not self.profile.root_list_signed:
+            return [p for p, _ in await self.trust.listed(self.profile.page_project)]
+        data = await self._page(root_page_target(PageFormat.JSON))
+        return [] if data is None else list(index.parse_project_list_json(data).projects)
 
-    async def _page(self, path: str) -> bytes | None:
-        target = await self.lookup(path)
-        if not isinstance(target, Want):
-            return None
-        name = target_names(target)[0]
-        if name not in self.present or not await self.check(name, target):
-            return None
-        return (self.directory / name).read_bytes()
-
-    async def _listed(self) -> set[str]:
-        """Every target the signed pages reach, from the root list down (or, in a layout that signs none,
-        from every page target the verified bins hold)."""
-        if self.profile.root_list_signed:
-            wanted = {root_page_target(f) for f in PageFormat}
-            data = await self._page(root_page_target(PageFormat.JSON))
-            if data is None:
-                return wanted
-            projects = list(index.parse_project_list_json(data).projects)
-        else:
-            wanted, projects = set(), [p for p, _ in await self.trust.listed(self.profile.page_project)]
-        for project in projects:
+    async def expected(self, projects: list[str]) -> set[str]:
+        """The targets of ``projects`` (or, for "", of no project) a tree without a manifest should hold: what
+        their signed pages list."""
+        wanted = {root_page_target(f) for f in PageFormat} if "" in projects and self.profile.root_list_signed else set()
+        for project in filter(None, projects):
             wanted |= {project_page_target(project, f) for f in PageFormat}
             page = await self._page(project_page_target(project, PageFormat.JSON))
             if page is None:
@@ -219,6 +210,26 @@ class _Verifier:
                 if dist.core_metadata:
                     wanted.add(core_metadata_target(project, dist.filename))
         return wanted
+
+    async def recorded(self, path: str) -> None:
+        """Check a target the manifest says the tree holds, under every name it has."""
+        target = await self.lookup(path)
+        names = [n for n in target_names(target) if (self.directory / n).is_file()] if isinstance(target, Want) else []
+        await self.target(path, names, True)
+
+    def forget(self) -> None:
+        """Drop what was learnt of the projects just checked."""
+        self._targets.clear()
+        self._checked.clear()
+
+    async def _page(self, path: str) -> bytes | None:
+        target = await self.lookup(path)
+        if not isinstance(target, Want):
+            return None
+        name = target_names(target)[0]
+        if not (self.directory / name).is_file() or not await self.check(name, target):
+            return None
+        return (self.directory / name).read_bytes()
 
     async def blocked(self) -> list[Block]:
         """Files of the carried pages the carried advisory store names (malicious, or vulnerable at any severity)."""
@@ -294,9 +305,12 @@ async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 
     """
     directory = Path(directory).resolve()
     root_bytes = (root or _default_root(directory)).read_bytes()
-    manifest = _manifest(directory)
+    manifest: Manifest | None = Manifest(directory / STATE_DIR)
+    head = manifest.head() if manifest is not None else None
+    if head is None:
+        manifest = None
     if profile is None:
-        profile = get_profile(manifest.get("profile", TUFPROXY.name)) if manifest else TUFPROXY
+        profile = get_profile(head.profile) if head is not None else TUFPROXY
     local = LocalFetcher(directory)
     base = local.base_url()
     expired: list[str] = []
@@ -307,11 +321,15 @@ async def verify_tree(directory: Path, root: Path | None = None, *, jobs: int = 
         TrustedClient.initialize(Path(scratch), root_bytes)
         # One snapshot for the whole check, however long the hashing takes.
         config = TrustConfig(refresh_interval=10 * 365 * 86400.0, expiry_override=override)
+        if manifest is not None:  # one pass, a role at a time: nothing is asked twice once its role is done
+            config = replace(config, bin_cache_size=_ROLES_KEPT, found_cache_size=0)
         trust = TrustedClient(Path(scratch), [Mirror(f"{base}{METADATA_DIR}/", base)], local, config)
         try:
             report = await _verify(_Verifier(directory, trust, jobs, profile, manifest, sigstore))
         finally:
             trust.close()
+            if manifest is not None:
+                manifest.close()
     report.expired = sorted(set(expired))
     return report
 
@@ -322,22 +340,105 @@ async def _verify(v: _Verifier) -> VerifyReport:
     except TrustError as e:
         v.report.metadata_error = f"{e.reason}: {e}"
         return v.report
-    on_disk: dict[str, list[str]] = {}
-    for rel in await asyncio.to_thread(lambda: list(tree_files(v.directory))):
-        if rel.startswith(f"{METADATA_DIR}/"):
-            if not _METADATA_NAME_RE.match(rel[len(METADATA_DIR) + 1:]):
-                v.report.extra.append(rel)
-            continue
-        v.present.add(rel)
-        on_disk.setdefault(_target_of(rel), []).append(rel)
-    expected = await v.expected()
-    paths = sorted(set(on_disk) | expected)
-    # In slices: a task per target of a 100,000-project tree at once would hold them all in memory together.
-    for start in range(0, len(paths), _SLICE):
-        await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in paths[start:start + _SLICE]))
+    root = await asyncio.to_thread(_root_files, v.directory, v.report)
+    if v.manifest is not None:
+        await _recorded(v, v.manifest, root)
+    else:
+        await _listed(v, root)
     v.report.blocked = await v.blocked()
     v.report.missing.sort()
     v.report.corrupt.sort()
     v.report.extra.sort()
     v.report.provenance.sort()
     return v.report
+
+
+async def _recorded(v: _Verifier, manifest: Manifest, root: list[str]) -> None:
+    """A synced tree: what its manifest records, then every other file it holds."""
+    # A role's targets at a time (a file's row is its page's role): each bin is read once, then forgotten.
+    async for paths in _iterate(manifest.by_role()):
+        await asyncio.gather(*map(v.recorded, paths))
+        v.forget()
+    await _strays(v, manifest, [""], root)
+    projects = sorted(await asyncio.to_thread(_project_dirs, v.directory))
+    for at in range(0, len(projects), _PROJECTS):
+        chunk = projects[at:at + _PROJECTS]
+        await _strays(v, manifest, chunk, await asyncio.to_thread(_files_of, v.directory, chunk))
+
+
+async def _iterate(groups: Iterator[list[str]]) -> AsyncIterator[list[str]]:
+    """``groups`` read in a thread, one at a time (the manifest is an index on disk)."""
+    while (group := await asyncio.to_thread(next, groups, None)) is not None:
+        yield group
+
+
+async def _strays(v: _Verifier, manifest: Manifest, projects: list[str], names: list[str]) -> None:
+    """Look up every file of ``projects`` under a name no target the manifest records has (extra, or a
+    target the tree holds without the manifest saying so)."""
+    recorded = manifest.paths_of(projects)
+    strays: dict[str, list[str]] = {}
+    for name in names:
+        path = _target_of(name)
+        described = recorded.get(path)
+        if described is None or name not in target_names(Want(path, hashes_of(described), 0)):
+            strays.setdefault(path, []).append(name)
+    await asyncio.gather(*(v.target(path, found, False) for path, found in strays.items()))
+    v.forget()
+
+
+async def _listed(v: _Verifier, root: list[str]) -> None:
+    """A tree without a manifest: what its signed pages list, a few projects at a time."""
+    projects = sorted(set(await v.projects()) | set(await asyncio.to_thread(_project_dirs, v.directory)))
+    await _check(v, [""], root)
+    for at in range(0, len(projects), _PROJECTS):
+        chunk = projects[at:at + _PROJECTS]
+        await _check(v, chunk, await asyncio.to_thread(_files_of, v.directory, chunk))
+
+
+async def _check(v: _Verifier, projects: list[str], names: list[str]) -> None:
+    """Check ``projects``' targets against ``names`` (their files in the tree), then forget them."""
+    on_disk: dict[str, list[str]] = {}
+    for name in names:
+        on_disk.setdefault(_target_of(name), []).append(name)
+    expected = await v.expected(projects)
+    await asyncio.gather(*(v.target(p, on_disk.get(p, []), p in expected) for p in sorted(set(on_disk) | expected)))
+    v.forget()
+
+
+_PROJECT_DIRS = ("simple", "packages")
+
+
+def _project_dirs(directory: Path) -> set[str]:
+    """The project directories the tree has (``simple/P/``, ``packages/P/``)."""
+    found: set[str] = set()
+    for top in _PROJECT_DIRS:
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory / top) as entries:
+            found.update(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    return found
+
+
+def _files_of(directory: Path, projects: list[str]) -> list[str]:
+    """Every file under the tree's directories of ``projects``, relative to the tree."""
+    return [(Path(dirpath) / f).relative_to(directory).as_posix()
+            for project in projects for top in _PROJECT_DIRS
+            for dirpath, _, files in os.walk(directory / top / project) for f in files]
+
+
+def _root_files(directory: Path, report: VerifyReport) -> list[str]:
+    """The tree's files of no project (a root list, advisories); a metadata name of no role is extra."""
+    names = []
+    for dirpath, dirnames, files in os.walk(directory):
+        here = Path(dirpath)
+        rel = here.relative_to(directory).as_posix()
+        if here == directory:
+            dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        elif rel in _PROJECT_DIRS:
+            dirnames[:] = []  # each project's directory is walked with its project
+        for f in files:
+            name = f"{rel}/{f}" if rel != "." else f
+            if rel == METADATA_DIR or rel.startswith(f"{METADATA_DIR}/"):
+                if rel != METADATA_DIR or not _METADATA_NAME_RE.match(f):
+                    report.extra.append(name)
+            else:
+                names.append(name)
+    return names

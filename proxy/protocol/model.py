@@ -62,6 +62,9 @@ class TrustConfig:
     snapshot_max_length: int = 16_000_000
     targets_max_length: int = 16_000_000
     bin_cache_size: int = 4096
+    # Lookups answered from memory while the state they came from is live (a serving process asks the same
+    # paths again and again; a one-pass check such as mirror verify asks each once and sets it low).
+    found_cache_size: int = 65_536
     # A listing of every target (a root page no list is signed for) visits at most this many roles:
     # PEP 458's 16,384 bins and their delegators, and a repository delegating to millions is refused.
     max_listed_roles: int = 65_536

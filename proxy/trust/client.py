@@ -47,7 +47,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,7 +130,6 @@ def _check_deadline(deadline: tuple[datetime, str], now: datetime) -> None:
 
 _RoleKey = tuple[str, str, int, int | None, tuple[tuple[str, str], ...]]
 # Lookups remembered per trusted state (found targets only): enough for every page and file a busy index serves.
-_FOUND_CACHE_SIZE = 65536
 
 
 class TrustedClient:
@@ -590,7 +589,8 @@ class TrustedClient:
             self._remember(state, target_path, verified, state.deadline(found.used))
         return verified
 
-    async def listed(self, keep: Callable[[str], T | None]) -> list[tuple[T, VerifiedTarget]]:
+    async def listed(self, keep: Callable[[str], T | None],
+                     only: Collection[str] | None = None) -> list[tuple[T, VerifiedTarget]]:
         """Every target of the live state whose path ``keep`` maps to a value, with that value, in path order.
 
         Visits every role the trusted targets delegate to (loaded and verified as for lookups, a few at a
@@ -600,6 +600,10 @@ class TrustedClient:
         publish only the bins it re-signed are fetched and walked again.  ``keep`` is pure and hashable (a
         profile's bound method): the contributions are kept under it.  ExpiredMetadata if any role visited
         has expired; BadMetadata past ``max_listed_roles`` roles.
+
+        ``only``: of the roles a hash-bin delegation reaches, visit these alone (a caller that knows what the
+        others held, because their snapshot versions did not move since it last listed them).  A hash bin
+        left out is neither fetched nor walked, so what it might delegate further is not listed either.
         """
         state = await self._current("(every target)")
         top = state.targets
@@ -615,7 +619,9 @@ class TrustedClient:
                     found.append((value, _verified(hit.target, role.name)))
             return _Share(found, role.signed.expires, role.name, role if role.index is not None else None)
 
-        async def child(request: RoleRequest) -> _Share:
+        async def child(request: RoleRequest) -> _Share | None:
+            if only is not None and request.role not in only and _is_hash_bin(request.delegator):
+                return None
             key = (keep, top.fingerprint, *self._role_key(state, request)[0])
             kept = self._shares.get(key)
             if kept is None or kept.delegator is not None:  # a delegator is loaded again for its children
@@ -637,7 +643,8 @@ class TrustedClient:
                                          "not listed", role=delegator.name)
             for at in range(0, len(names), _LISTING_CHUNK):
                 # A chunk at a time, so the walks that confirm its targets find its roles still cached.
-                done = await asyncio.gather(*(child(RoleRequest(n, delegator)) for n in names[at:at + _LISTING_CHUNK]))
+                chunk = names[at:at + _LISTING_CHUNK]
+                done = [d for d in await asyncio.gather(*(child(RoleRequest(n, delegator)) for n in chunk)) if d is not None]
                 visited += done
                 pending += [d for d in done if d.delegator is not None]
         self._shares = shares  # contributions of roles this listing did not reach are not kept
@@ -650,11 +657,11 @@ class TrustedClient:
 
     def _remember(self, state: _State, target_path: str, target: VerifiedTarget, deadline: tuple[datetime, str]) -> None:
         """Keep a lookup's answer for as long as ``state`` is the live one."""
-        if state is not self._state:
+        if state is not self._state or self.config.found_cache_size < 1:
             return  # answered from a state already replaced: not worth keeping
         if self._found_state is not state:
             self._found, self._found_state = {}, state
-        if len(self._found) >= _FOUND_CACHE_SIZE:
+        if len(self._found) >= self.config.found_cache_size:
             del self._found[next(iter(self._found))]
         self._found[target_path] = (target, deadline)
 
