@@ -5,7 +5,8 @@ For each N: a gateway-layout repository built through the signer API (each proje
 small real file, written beside it; no index, no network), with --bins bins (default: the count PEP 458's
 rule picks for N); a first ``mirror sync --all`` of it into an empty tree (timed), then --repeats times: 10
 projects get a new release and the same sync runs again (timed; the median is the figure the goal is
-about); up to --full-max projects once more with ``--full`` (every project re-checked, as every sync did
+about); then a day under PEP 458 (every bin re-signed, as their one-day expiry makes the index do, and 10
+projects changed) and the same sync (timed); up to --full-max projects once more with ``--full`` (every project re-checked, as every sync did
 before it was incremental); up to --verify-max projects ``mirror verify`` of the whole tree with its peak
 memory (VmHWM of the verifying process).  The sync runs in this process through the CLI's ``main``; verify
 runs as a subprocess so its VmHWM is its own.
@@ -92,6 +93,10 @@ def measure(tmp: Path, projects: int, changed: int, *, verify_max: int, full_max
         repo.publish_pages({f"p{i}": _page(repo, f"p{i}", f"{release}.0") for i in range(0, step * changed, step)})
         delta_s, summary = _sync(repo, dest)
         deltas.append(delta_s)
+    # A day of the public index under PEP 458: every bin-n re-signed (their expiry is a day), 10 projects changed.
+    repo.refresh(force=True)
+    repo.publish_pages({f"p{i}": _page(repo, f"p{i}", "9.0") for i in range(0, step * changed, step)})
+    daily_s, daily = _sync(repo, dest)
     files = sum(len(f) for _, _, f in os.walk(dest))
     row: dict[str, object] = {
         "projects": projects,
@@ -100,6 +105,8 @@ def measure(tmp: Path, projects: int, changed: int, *, verify_max: int, full_max
         "sync_of_changed_seconds": round(statistics.median(deltas), 3),
         "sync_of_changed_seconds_each": [round(d, 3) for d in deltas],
         "sync_of_changed_summary": summary,
+        "daily_sync_seconds": round(daily_s, 2),
+        "daily_sync_summary": daily,
         "tree_files": files,
     }
     if projects <= full_max:

@@ -66,6 +66,16 @@ def test_a_gateway_signs_no_root_list_and_drops_one_signed_before(tmp_path: Path
     assert repo.signed_targets([root_page_target(f) for f in PageFormat]) == {}
     assert not (repo.public_dir / root_page_target(PageFormat.JSON)).exists()
     assert repo.status()["projects"] == 2
+    # Its hashed copies go with the pages a collection finds unreferenced, grace after it first saw them.
+    from proxy.gateway.freshness import Collector
+
+    hashed = lambda: sorted(p.name for p in (repo.public_dir / "simple").glob("*.index.json"))  # noqa: E731
+    assert len(hashed()) == 2  # under sha256 and sha512
+    collector = Collector(repo, grace=100)
+    collector.collect((), now=1000)
+    assert len(hashed()) == 2
+    collector.collect((), now=1101)
+    assert hashed() == [] and (repo.public_dir / "simple" / "a").is_dir()
 
 
 def test_a_refresh_reads_only_the_bins_it_may_re_sign(tmp_path: Path) -> None:

@@ -115,6 +115,8 @@ class Collector:
         simple = self.repo.public_dir / "simple"
         if self._first:
             touched = [entry.name for entry in os.scandir(simple) if entry.is_dir()] if simple.is_dir() else []
+            # "": simple/ itself, where the hashed root lists an earlier release signed are left unreferenced.
+            touched.append("")
             self._first = False
         for project in touched:
             for path in _unreferenced(simple / project):
