@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,15 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
         # Depth 2 below pf-a: pf-c's own dependencies are not read, pf-d never asked of the index.
         assert "pf-d" not in _pages_asked(test_index) and not _published(gw, "pf-d")
         assert not any(p.endswith("pf_c-1.0-py3-none-any.whl.metadata") for p in test_index.requests)
+        # The .metadata the prefetch read is what the client asks next: served from those bytes (checked against
+        # the pin), not fetched from the index a second time.
+        name = "pf_a-1.0-py3-none-any.whl.metadata"
+        wanted = test_index.file(name.removesuffix(".metadata"))
+        with urllib.request.urlopen(f"{gw.base}packages/pf-a/{name}", timeout=10) as r:
+            served = r.read()
+        assert wanted.core is not None and served == wanted.core
+        assert len([p for p in test_index.requests if p.endswith(name)]) == 1
+        assert metric(gw.base, 'tufproxy_gateway_files_total{outcome="read-ahead"}') == 1
 
 
 @pytest.mark.slow
@@ -106,3 +116,16 @@ def test_a_lone_miss_is_signed_without_waiting_for_the_window(tmp_path: Path, te
         started = time.monotonic()
         assert gw.publish("pf-d")[0] == 200
         assert time.monotonic() - started < 10  # the window (20 s) is for pages still being fetched, not lone misses
+
+
+def test_read_ahead_holds_at_most_its_bound_oldest_dropped_first() -> None:
+    from proxy.gateway.files import ReadAhead
+
+    held = ReadAhead(limit=10)
+    held.offer("a", b"1234")
+    held.offer("b", b"5678")
+    held.offer("c", b"90ab")  # 12 bytes: "a" goes
+    held.offer("huge", b"x" * 11)  # over the bound alone: not held
+    assert held.take("a") is None and held.take("huge") is None
+    assert held.take("b") == b"5678" and held.take("b") is None
+    assert held.take("c") == b"90ab"

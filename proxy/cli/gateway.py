@@ -45,7 +45,7 @@ from proxy.gateway import provenance
 from proxy.gateway.advisories import AdvisoryWatch, store_path
 from proxy.gateway.app import GatewayApp, gateway_resource
 from proxy.gateway.feeds import Feeds
-from proxy.gateway.files import FileSource
+from proxy.gateway.files import FileSource, ReadAhead
 from proxy.gateway.forward import Forwarder
 from proxy.gateway.freshness import keep_fresh
 from proxy.gateway.ledger import Ledger
@@ -377,13 +377,15 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
     gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust,
                                      publisher.add_targets, repo=publisher.repo)
-    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks,
+    read_ahead = ReadAhead()
+    gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks, read_ahead=read_ahead.offer,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],
                       advisories=AdvisoryWatch(store_path(ledger_dir(directory))), provenance=gate,
                       fetch_times=state_dir(directory, values["cache_dir"]) / "run" / "fetched.jsonl")
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"],
                        Pace(stall=values["read_timeout"]), pins_elsewhere=state.refresh if state is not None else None,
-                       shared_copy=lease.following if lease is not None else None, journal=repo.journal)
+                       shared_copy=lease.following if lease is not None else None, journal=repo.journal,
+                       read_ahead=read_ahead)
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     app.files_origin_problem = values.get("files_origin_problem")

@@ -26,6 +26,14 @@ first time this process serves it; one that no longer matches (a rewritten
 volume, or a file kept before its pin was lost and rebuilt) is audited,
 removed and fetched again.
 
+A ``.metadata`` file the dependency prefetch already read from the index
+(:mod:`proxy.gateway.prefetch`) is offered here (:class:`ReadAhead`, in
+memory, bounded): the first request for it, once the file is pinned,
+checks those bytes against the pin and keeps them as if just fetched, so
+pip and uv do not wait a second round trip to the index for what the
+gateway read a moment before.  Bytes that do not match the pin are
+dropped and the file is fetched as usual.
+
 A client that goes away mid-file does not stop the fetch: the file is
 still checked and kept for the next request.  Worker processes do not
 share a fetch in flight: two workers asked for one cold file at the same
@@ -37,8 +45,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -57,6 +67,7 @@ from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
+from proxy.util.atomic import atomic_write
 from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -66,14 +77,40 @@ MAX_CHECKED = 100_000
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
+class ReadAhead:
+    """``.metadata`` bytes read ahead of any request, by target path, at most ``limit`` bytes in all (oldest
+    dropped first); never served until :class:`FileSource` matched them to a pin."""
+
+    def __init__(self, limit: int = 32 * 2**20) -> None:
+        self.limit = limit
+        self._held: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+
+    def offer(self, target: str, data: bytes) -> None:
+        if len(data) > self.limit or target in self._held:
+            return
+        self._held[target] = data
+        self._size += len(data)
+        while self._size > self.limit:
+            self._size -= len(self._held.popitem(last=False)[1])
+
+    def take(self, target: str) -> bytes | None:
+        data = self._held.pop(target, None)
+        if data is not None:
+            self._size -= len(data)
+        return data
+
+
 class FileSource:
     """Streams pinned files into ``files_dir``; see the module docstring."""
 
     def __init__(self, files_dir: Path, ledger: Ledger, http: IndexHTTP, audit: AuditLog, metrics: GatewayMetrics,
                  max_file_size: int, pace: Pace = Pace(),
                  pins_elsewhere: Callable[[], Awaitable[None]] | None = None,
-                 shared_copy: Callable[[], Bucket | None] | None = None, journal: Journal | None = None) -> None:
+                 shared_copy: Callable[[], Bucket | None] | None = None, journal: Journal | None = None,
+                 read_ahead: ReadAhead | None = None) -> None:
         self.files_dir = files_dir
+        self.read_ahead = read_ahead
         self.journal = journal  # told of each file stored (the bucket copy: proxy.storage.treepush)
         self.ledger = ledger
         # A replica follower's: take in the group's ledger now (a pin the leader wrote a moment ago).
@@ -101,6 +138,8 @@ class FileSource:
         download = self._inflight.get(target)
         joined = download is not None
         if download is None:
+            if core and self.read_ahead is not None and (early := self.read_ahead.take(target)) is not None:
+                await self._keep_read_ahead(path, target, pin, early)
             if await self._kept(path, target, pin, core):
                 if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
                     return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
@@ -144,6 +183,16 @@ class FileSource:
         if len(self._checked) > MAX_CHECKED:
             del self._checked[next(iter(self._checked))]
         return True
+
+    async def _keep_read_ahead(self, path: Path, target: str, pin: Pin, data: bytes) -> None:
+        """Keep read-ahead ``.metadata`` bytes as if fetched now, if they are what the pin says (else drop them)."""
+        algorithm = next((a for a in ("sha256", "sha512") if a in (pin.core_metadata or {})), None)
+        if algorithm is None or hashlib.new(algorithm, data).hexdigest() != (pin.core_metadata or {})[algorithm]:
+            return
+        await asyncio.to_thread(atomic_write, path, data)
+        if self.journal is not None:
+            self.journal.wrote([target])
+        self.metrics.files.labels("read-ahead").inc()
 
     def _start(self, request: web.Request, pin: Pin, target: str, path: Path, core: bool) -> Download:
         if core:

@@ -46,7 +46,8 @@ class GatewayMetrics:
             "Listed files left out because they differ from their pin (upstream-changed-file)",
             registry=r,
         )
-        self.files = Counter("tufproxy_gateway_files_total", "Files streamed from an index, by outcome", ["outcome"], registry=r)
+        self.files = Counter("tufproxy_gateway_files_total", "Files fetched from an index, by outcome (read-ahead: a "
+                             ".metadata file the prefetch read, kept at its first request)", ["outcome"], registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
                                       "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)

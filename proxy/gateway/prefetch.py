@@ -11,6 +11,10 @@ publishes what a request could not.  Extras and markers are read broadly
 (every name counts): prefetching one page too many costs a page,
 prefetching one too few costs a round trip.
 
+The ``.metadata`` file read is the one the client asks for next: it is
+offered to the file source (``keep``), which serves it once it is pinned
+and matches the pin (:class:`proxy.gateway.files.ReadAhead`).
+
 Bounded: ``depth`` levels below the requested project, at most ``budget``
 projects per miss (a hostile index whose metadata names 10,000 projects
 costs at most that many pages), metadata and wheels of bounded size, a few
@@ -34,13 +38,14 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from proxy.protocol import index
+from proxy.protocol.layout import core_metadata_target
 from proxy.transport.upstream import DownloadError
 
 log = logging.getLogger(__name__)
 
 MAX_METADATA = 2 * 2**20  # a METADATA file larger than this is not read
 MAX_WHEEL = 16 * 2**20  # the fallback reads a whole wheel: only small ones
-CONCURRENCY = 4
+CONCURRENCY = 16
 
 
 def requirements(metadata: bytes, limit: int) -> list[str]:
@@ -91,14 +96,15 @@ class Budget:
 
 Fetch = Callable[[str, int], Awaitable[bytes]]  # url, max length -> body
 Ensure = Callable[[str, int, Budget], Awaitable[None]]  # project, depth left, budget
+Keep = Callable[[str, bytes], None]  # target path, the .metadata bytes read (checked against the page's hash)
 
 
 class Prefetcher:
     """Reads a published page's dependencies and asks ``ensure`` for each; see the module docstring."""
 
     def __init__(self, fetch: Fetch, ensure: Ensure, depth: int, budget: int,
-                 count: Callable[[str], None] = lambda outcome: None) -> None:
-        self.fetch, self.ensure = fetch, ensure
+                 count: Callable[[str], None] = lambda outcome: None, keep: Keep | None = None) -> None:
+        self.fetch, self.ensure, self.keep = fetch, ensure, keep
         self.depth, self.budget = depth, budget
         self._count = count
         self._slots = asyncio.Semaphore(CONCURRENCY)
@@ -138,6 +144,8 @@ class Prefetcher:
                 if not _sha256_ok(data, dist.core_metadata):
                     self._count("bad-metadata")
                     return []
+                if self.keep is not None:  # the client asks for this very file next: no second trip to the index
+                    self.keep(core_metadata_target(page.name, dist.filename), data)
             elif dist.size is None or dist.size <= MAX_WHEEL:
                 found = _wheel_metadata(await self.fetch(dist.url, MAX_WHEEL), dist)
                 if found is None:

@@ -44,7 +44,7 @@ from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Trimmed
-from proxy.gateway.prefetch import Budget, Prefetcher
+from proxy.gateway.prefetch import Budget, Keep, Prefetcher
 from proxy.gateway.provenance import ProvenanceGate
 from proxy.gateway.publisher import Publisher, signed_page
 from proxy.protocol import index
@@ -102,7 +102,7 @@ class Gateway:
                  metrics: GatewayMetrics, policy: Policy = Policy(), locks: FetchLocks | None = None,
                  prefetch_depth: int = 0, prefetch_max: int = 0,
                  advisories: AdvisoryWatch | None = None, provenance: ProvenanceGate | None = None,
-                 fetch_times: Path | None = None) -> None:
+                 fetch_times: Path | None = None, read_ahead: Keep | None = None) -> None:
         self.client = client
         self.locks = locks
         self.ledger = ledger
@@ -121,7 +121,8 @@ class Gateway:
         # Revocations this process has applied (those recorded before it started were signed by the command).
         self._revocations = set(ledger.revoked)
         self.prefetcher = Prefetcher(self._fetch_bytes, self._prefetch, prefetch_depth, prefetch_max,
-                                     lambda outcome: metrics.prefetches.labels(outcome).inc())
+                                     lambda outcome: metrics.prefetches.labels(outcome).inc(),
+                                     keep=read_ahead)
         self.advisories = advisories
         self._blocked: dict[str, tuple[Block, ...]] = {}  # what advisories block now, by project
 
