@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +157,20 @@ def test_verify_without_a_manifest_expects_the_pages_the_bins_hold_not_a_root_li
     report = asyncio.run(verify_tree(repo.public_dir, repo.metadata_dir / "1.root.json", profile=GATEWAY))
     assert len(report.missing) == 2 and {m.rsplit("/", 1)[0] for m in report.missing} == {"simple/b"}, report
     assert {m.rsplit(".", 1)[1] for m in report.missing} == {"html", "json"}, report
+
+
+def test_a_metadata_version_goes_grace_after_it_was_superseded_not_after_it_was_written(tmp_path: Path) -> None:
+    from proxy.gateway.freshness import Collector
+
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    snapshots = lambda: sorted(repo.metadata_dir.glob("*.snapshot.json"))  # noqa: E731
+    repo.publish_pages({"a": _page("a")})
+    first = snapshots()[-1]
+    os.utime(first, (1000, 1000))  # current since long ago
+    repo.publish_pages({"b": _page("b")})
+    repo.publish_pages({"c": _page("c")})  # superseded twice, just now
+    collector = Collector(repo, grace=100)
+    collector.collect((), now=time.time() + 50)
+    assert first.exists()  # an edge that read the timestamp naming it 50 s ago may still fetch it
+    collector.collect((), now=time.time() + 101)
+    assert not first.exists() and len(snapshots()) == 2  # the current one and the newest superseded stay

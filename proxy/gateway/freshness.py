@@ -8,10 +8,11 @@ page is older than ``page_ttl`` (fetch times survive restarts:
 ``rate`` pages a second, and publishes what changed in one batch.  Online
 roles are re-signed (through the same publisher) every eighth of their
 lifetime, so the timestamp never expires even when nothing changes.
-After that, :class:`Collector` drops metadata versions and page
-files nothing current references, ``grace`` after they were superseded
-(an edge that read the previous timestamp a moment ago can still finish
-its refresh), looking only at the projects re-signed since its last run.  Under ``--workers N`` only the worker holding the
+Every quarter of ``grace`` (at most as seldom as that re-signing),
+:class:`Collector` drops metadata versions and page files nothing current
+references, ``grace`` after they were superseded (an edge that read the
+previous timestamp a moment ago can still finish its refresh), looking
+only at the projects re-signed since its last run.  Under ``--workers N`` only the worker holding the
 :class:`~proxy.util.locks.Leadership` lock does this (another takes over if it
 dies); it first takes up what the other workers signed.  Its "most
 recently used" is what its own requests touched: workers share no touches
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -47,7 +49,9 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
                      grace: float, leader: Leadership | None = None) -> None:
     """Run until cancelled; see the module docstring."""
     resign_every = repo.settings.expiry.timestamp.total_seconds() / 8
-    last_resign = -float("inf")
+    # Incremental, so cheap: often enough that nothing outlives --gc-grace by more than a quarter of it.
+    collect_every = min(resign_every, max(tick, grace / 4))
+    last_resign = last_collect = -float("inf")
     seen: set[str] | None = None
     queue = DueQueue(page_ttl)
     collector = Collector(repo, grace)
@@ -72,11 +76,17 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()
-                await asyncio.to_thread(collector.collect, gateway.publisher.catalog.take_touched())
             except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
                 log.error("re-signing online roles failed: %s", e)
             else:
                 last_resign = now
+        if now - last_collect >= collect_every:
+            try:
+                await asyncio.to_thread(collector.collect, gateway.publisher.take_touched())
+            except Exception as e:  # noqa: BLE001 - keep the loop alive; the next tick retries
+                log.error("garbage collection failed: %s", e)
+            else:
+                last_collect = now
         batch = queue.take(now, gateway.fetched, gateway.publisher.published.__contains__, max(1, int(rate * tick)),
                            lambda p: gateway.used.get(p, 0.0))
         if batch:
@@ -93,8 +103,9 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
 class Collector:
     """Garbage collection that costs what changed, not what is published.
 
-    Metadata: versions older than the newest superseded one of each role, once older than ``grace`` (a
-    scan of the metadata directory, whose size follows the bin count, not the projects).  Pages: a hashed
+    Metadata: versions older than the newest superseded one of each role, ``grace`` after they were
+    superseded (their successor's write; a scan of the metadata directory, whose size follows the bin
+    count, not the projects).  Pages: a hashed
     page name no plain page of its project names any more is noted the first time a collection sees it
     unreferenced, and deleted ``grace`` seconds later if still unreferenced, so an edge that read the
     previous timestamp within ``grace`` still finds every page it names.  Only the projects whose bins were
@@ -147,9 +158,12 @@ def _collect_metadata(repo: Repository, cutoff: float) -> list[Path]:
             versions.setdefault(m.group(2), []).append((int(m.group(1)), entry))
     removed = []
     for older in versions.values():
-        # The newest superseded version stays: an edge that read the previous timestamp may still want it.
-        for _, entry in sorted(older, key=lambda v: v[0])[:-1]:
-            if entry.stat().st_mtime < cutoff:
+        # The newest superseded version stays: an edge that read the previous timestamp may still want it.  An
+        # older one goes grace after it was superseded, which is when its successor was written (its own age
+        # says nothing: a version current for a day is as old as that the moment it is replaced).
+        ordered = [entry for _, entry in sorted(older, key=lambda v: v[0])]
+        for entry, successor in itertools.pairwise(ordered):
+            if successor.stat().st_mtime < cutoff:
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
     for entry in os.scandir(repo.metadata_dir):

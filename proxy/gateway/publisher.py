@@ -102,6 +102,12 @@ class Publisher:
         self.timestamp_version, self.timestamp_expires = 0, 0.0
         self.reload()
 
+    def take_touched(self) -> set[str]:
+        """Projects whose bins moved since the last call (for the collector), taken under the view's lock: a
+        batch being signed in its thread adds to the set it would otherwise still be iterated as."""
+        with self._view:
+            return self.catalog.take_touched()
+
     def reload(self) -> None:
         """Take up what other processes signed (other workers, ``tufproxy gateway revoke``); cheap when nothing did
         (the bins another process re-signed are read, not every project)."""

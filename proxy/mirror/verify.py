@@ -13,7 +13,8 @@ one the last sync recorded in its manifest, else ``profile``.
   (or whose metadata fails to verify);
 * **missing**: a target the tree should hold but whose download name is
   absent.  What it should hold is the last sync's manifest when there is
-  one, else everything its signed pages list (a re-signed site tree);
+  one, else everything its signed pages list (a re-signed site tree), or
+  in the gateway's layout, which keeps files on demand, its pages;
 * **extra**: files no current target names (older page versions, strays):
   reported, harmless to clients, unsound only with ``strict``;
 * **provenance**: each carried PEP 740 provenance object (a signed target
@@ -202,6 +203,8 @@ class _Verifier:
         wanted = {root_page_target(f) for f in PageFormat} if "" in projects and self.profile.root_list_signed else set()
         for project in filter(None, projects):
             wanted |= {project_page_target(project, f) for f in PageFormat}
+            if not self.profile.files_are_targets:
+                continue  # a gateway's own tree keeps files on demand: those present are checked, none expected
             page = await self._page(project_page_target(project, PageFormat.JSON))
             if page is None:
                 continue
