@@ -9,7 +9,9 @@ count PEP 458's rule picks for it (``proxy.protocol.bins``), and measures:
 - one publish of a new project: CPU and wall time, metadata written;
 - what an edge downloads per refresh (timestamp + snapshot) and per new project
   (its bin-n and page), and a warm edge's refresh time (TrustedClient, local);
-- the directory's bytes per project.
+- the directory's bytes per project;
+- one publish in the same gateway (the largest size's bin count) holding the smallest and the largest
+  number of projects, publishing in turn (--same-repeats each): the issue's "within 1.25x" comparison.
 
 Then it models the whole public index from these per-object costs and PEP 458's
 figures (2,273,481 targets; in the gateway layout a project is two targets, its
@@ -18,7 +20,7 @@ bin-n = targets per bin x bytes per target, publish CPU = its part measured at
 16,384 bins with 100 projects + the part that grows with the projects (each bin-n
 it re-signs holds more targets), per project as measured at the largest size.
 
-Usage: ``python bench/model.py [--projects 1000 10000 100000] [--files 3] [--repeats 5]``;
+Usage: ``python bench/model.py [--projects 1000 10000 100000] [--files 3] [--repeats 5] [--same-repeats 25]``;
 prints JSON (bench/results/model.json).
 """
 
@@ -159,6 +161,33 @@ def publish_cost_at_bins(tmp: Path, bins: int, files: int, repeats: int) -> floa
     return round(statistics.median(cpu) * 1e3, 1)
 
 
+def same_gateway(tmp: Path, large: int, small: int, files: int, repeats: int) -> dict[str, object]:
+    """One publish's cost in the same gateway (one bin count, set at init for the largest size) holding ``small``
+    projects and holding ``large``: the issue's 1.25x goal.  The two repositories publish in turn, so the
+    machine's noise falls on both alike."""
+    big = Repository.open(tmp / f"gw{large}")
+    bins = big.settings.bins
+    little = Repository.init(tmp / f"same{small}", bins=bins, layout="gateway", clock_versions=True)
+    little.publish_pages({f"p{i}": synthetic_page(f"p{i}", files) for i in range(small)})
+    costs: dict[int, dict[str, list[float]]] = {n: {"cpu": [], "wall": [], "bytes": []} for n in (small, large)}
+    for i in range(repeats):
+        for n, repo in ((small, little), (large, big)):
+            before = _dir_bytes(repo.metadata_dir)
+            c0, w0 = time.process_time(), time.perf_counter()
+            repo.publish_pages({f"same{i}": synthetic_page(f"same{i}", files)})
+            costs[n]["cpu"].append(time.process_time() - c0)
+            costs[n]["wall"].append(time.perf_counter() - w0)
+            costs[n]["bytes"].append(_dir_bytes(repo.metadata_dir) - before)
+    out: dict[str, object] = {"bins": bins}
+    for n, c in costs.items():
+        out[str(n)] = {"publish_cpu_ms_median": round(statistics.median(c["cpu"]) * 1e3, 1),
+                       "publish_wall_ms_median": round(statistics.median(c["wall"]) * 1e3, 1),
+                       "publish_metadata_bytes_written_median": int(statistics.median(c["bytes"]))}
+    for key in ("publish_cpu_ms_median", "publish_wall_ms_median", "publish_metadata_bytes_written_median"):
+        out[f"ratio_{key.removesuffix('_median')}"] = round(out[str(large)][key] / out[str(small)][key], 2)  # type: ignore[index]
+    return out
+
+
 def model(rows: list[dict], by_bins: dict[int, float]) -> dict[str, object]:
     """The whole public index from the per-object costs measured at the largest size."""
     big = rows[-1]
@@ -200,12 +229,16 @@ def main() -> None:
     ap.add_argument("--projects", type=int, nargs="*", default=[1000, 10_000, 100_000])
     ap.add_argument("--files", type=int, default=3, help="wheels listed on each synthetic page")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--same-repeats", type=int, default=25,
+                    help="publishes, in turn, into one gateway at the smallest and at the largest size")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-model-") as t:
         rows = [measure(Path(t), n, args.files, args.repeats) for n in args.projects]
         wanted = {r["bins"] for r in rows} | {bins_for_targets(PEP458_TARGETS)}
         by_bins = {b: publish_cost_at_bins(Path(t), b, args.files, args.repeats) for b in sorted(wanted)}
+        same = same_gateway(Path(t), args.projects[-1], args.projects[0], args.files, args.same_repeats)
     print(json.dumps({"measured": rows, "publish_cpu_ms_with_100_projects_by_bins": by_bins,
+                      f"same_gateway_{args.projects[0]}_and_{args.projects[-1]}_projects": same,
                       "public_index_model": model(rows, by_bins),
                       "command": "python bench/model.py " + " ".join(sys.argv[1:])}, indent=2))
 
