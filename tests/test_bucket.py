@@ -555,3 +555,14 @@ def test_after_its_first_walk_a_push_takes_the_journal(seaweed: Seaweed, tmp_pat
     assert listed() == {"metadata/timestamp.json", "metadata/7.snapshot.json", "metadata/8.snapshot.json"}
     assert obstore.get(store, "metadata/timestamp.json").bytes().to_bytes() == b"v8"
     assert asyncio.run(push.push()) == 0  # nothing told since
+    # A push between a commit's journal lines and its timestamp write takes the timestamp's line with the old
+    # bytes (another worker's push, the 5 s one, a revoke in another process): the next push still sends the
+    # new timestamp, which no journal line names any more.
+    (tree / "metadata/9.snapshot.json").write_bytes(b"9")
+    journal.wrote(["metadata/9.snapshot.json", "metadata/timestamp.json"])
+    asyncio.run(push.push())
+    assert obstore.get(store, "metadata/timestamp.json").bytes().to_bytes() == b"v8"
+    (tree / "metadata/timestamp.json").write_bytes(b"v9")  # the commit point
+    journal.wrote(["simple/app/index.json"])  # the plain names, told after it
+    asyncio.run(push.push())
+    assert obstore.get(store, "metadata/timestamp.json").bytes().to_bytes() == b"v9"

@@ -174,3 +174,15 @@ def test_a_metadata_version_goes_grace_after_it_was_superseded_not_after_it_was_
     assert first.exists()  # an edge that read the timestamp naming it 50 s ago may still fetch it
     collector.collect((), now=time.time() + 101)
     assert not first.exists() and len(snapshots()) == 2  # the current one and the newest superseded stay
+
+
+def test_a_rebin_keeps_every_project_in_the_catalog_whatever_order_the_bins_are_read_in(tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    names = {f"p{i}" for i in range(12)}
+    repo.publish_pages({n: _page(n) for n in names})
+    catalog = Catalog(repo).update()
+    assert catalog.projects == names
+    repo.rebin(64)  # every project leaves its old bin and arrives in a new one ("bin-04" is read before "bin-1")
+    assert catalog.update().projects == names
+    repo.publish_pages({"p3": None})
+    assert catalog.update().projects == names - {"p3"}

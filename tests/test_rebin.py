@@ -7,9 +7,11 @@ that cached the old metadata, and real pip.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from proxy.repository.sample import build_wheel
 from tests.support.clients import http_status, install
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 from tests.support.tree import all_targets
 from tests.support.tufclient import reference_updater
@@ -124,6 +127,10 @@ def test_rebin_of_a_running_gateway_under_an_edge_that_cached_the_old_metadata(t
     assert json.loads((directory / "repository.json").read_text())["bins"] == 64
 
 
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 def _version(path: Path) -> int:
     return Metadata.from_bytes(path.read_bytes()).signed.version
 
@@ -133,3 +140,85 @@ def _listed(snapshot: Path, name: str) -> int | None:
         return Metadata.from_bytes(snapshot.read_bytes()).signed.meta[name].version
     except Exception:  # being replaced: ask again
         return None
+
+
+JSON = "application/vnd.pypi.simple.v1+json"
+
+
+def _root_list(edge: ProxyProcess) -> list[str]:
+    """The names an edge's /simple/ lists (JSON), in its order, repeats kept."""
+    request = urllib.request.Request(edge.url, headers={"Accept": JSON})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return [p["name"] for p in json.loads(r.read())["projects"]]
+
+
+def _lists(edge: ProxyProcess, projects: set[str], what: str) -> None:
+    """Wait until ``edge`` lists exactly ``projects`` at /simple/: each once, nothing else."""
+    wait_for(lambda: _root_list(edge), what, timeout=30, done=lambda got: sorted(got) == sorted(projects))
+
+
+@pytest.mark.slow
+def test_rebins_under_live_edges_keep_their_root_list_exact_and_a_revoke_leaves_it(tmp_path: Path) -> None:
+    """An edge lists /simple/ from the bins it verified (the gateway signs no root list): through two
+    re-bins of the running gateway (16 -> 64 bins renames every bin; 64 -> 128 keeps the names bin-00 ...
+    bin-3f with fewer targets each) an edge that listed the old bins, and one that starts after, list
+    exactly the public projects, each once, never the private one; pages verify and install; a revoked
+    project leaves the list."""
+    directory = tmp_path / "gw"
+    gateway_init(directory)  # 16 bins
+    dists = tmp_path / "dists"
+    public = {"early", "late", "doomed", *(f"spread{i}" for i in range(9))}
+    secret = _basic("reader", "idx-pass-2291")
+    # An index that needs credentials: what the gateway takes from it is private (marked in its target).
+    with TestIndex(basic_auth=secret) as internal, TestIndex() as index:
+        internal.add(build_wheel(dists, "secretpkg", "1.0"))
+        for name in sorted(public):
+            index.add(build_wheel(dists, name, "1.0"))
+        gw = GatewayProcess(directory, "--index-url", internal.url.replace("http://", "http://reader:idx-pass-2291@"),
+                            "--index-url", index.url, "--allow-anonymous-private", "yes", "--batch-window", "0.05",
+                            "--prefetch-depth", "0")
+        gw.start()
+        edge = edge_for(tmp_path, gw)
+        fresh = edge_for(tmp_path, gw, "edge2")
+        try:
+            for project in [*sorted(public - {"late"}), "secretpkg"]:
+                assert gw.publish(project)[0] == 200, project
+            edge.start()
+            _lists(edge, public - {"late"}, "the edge lists the public projects before the re-bin")
+            assert gw.listed() == public - {"late"}  # the gateway's own /simple/, from its catalog of its bins
+            trusted = tmp_path / "edge" / "metadata"
+            for bins in (64, 128):
+                r = tufproxy("gateway", "rebin", str(directory), "--bins", str(bins))
+                assert r.returncode == 0, r.stdout + r.stderr
+                bins_version = json.loads(r.stdout.split("bins v")[1].split(",")[0])
+                wait_for(lambda: _listed(trusted / "snapshot.json", "bins.json") == bins_version,  # noqa: B023
+                         f"the edge trusting the snapshot of the re-bin to {bins}", timeout=30)
+                signed = all_targets(Repository.open(directory))
+                moved = {t["bin"] for p, t in signed.items() if p.startswith("simple/")}
+                assert len(moved) > 1 and all(len(b) == len("bin-00") for b in moved), moved
+                assert "simple/secretpkg/index.json" in signed  # published, and private: never listed
+                _lists(edge, public - {"late"}, f"the edge lists the same projects after the re-bin to {bins} bins")
+                # The gateway knows them too (what it refreshes, revokes and lists): its catalog followed the moves.
+                assert gw.listed() == public - {"late"}, f"the gateway after the re-bin to {bins} bins"
+            # A project published after the re-bins joins the list; every page verifies, one installs.
+            assert gw.publish("late")[0] == 200
+            _lists(edge, public, "the edge lists the project published after the re-bins")
+            for project in sorted(public):
+                assert http_status(f"{edge.url}{project}/") == 200, project
+            r = install("pip", edge.url, tmp_path / "t", "early")
+            assert r.returncode == 0, r.stdout + r.stderr
+            with fresh:  # pinned to the first root, it starts from the re-binned metadata
+                _lists(fresh, public, "an edge started after the re-bins lists the same projects")
+                r = tufproxy("gateway", "revoke", str(directory), "doomed", "--reason", "test",
+                             "--audit-log", str(tmp_path / "revoke.audit"))
+                assert r.returncode == 0, r.stdout + r.stderr
+                assert gw.listed() == public - {"doomed"}
+                for e in (edge, fresh):
+                    _lists(e, public - {"doomed"}, "the revoked project leaves the list")
+                    assert http_status(f"{e.url}doomed/") == 404
+                    assert http_status(f"{e.url}late/") == 200
+            assert "rollback" not in edge.log().lower() and "refus" not in edge.log().lower(), edge.log()
+        finally:
+            edge.stop()
+            gw.stop()
+    assert json.loads((directory / "repository.json").read_text())["bins"] == 128

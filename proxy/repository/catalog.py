@@ -50,9 +50,11 @@ class Catalog:
         meta = self.repo.metadata_json("snapshot", version)["signed"]["meta"]
         skip = {"targets", self.repo.profile.bin_delegator}
         listed = {name.removesuffix(".json"): entry["version"] for name, entry in meta.items()}
+        left: set[str] = set()
+        came: set[str] = set()
         for role in [r for r in self._bins if r not in listed]:
             self._touched.update(self._bins[role][1])
-            self._replace(role, {})
+            left |= self._bins[role][1].keys()
             del self._bins[role]
         for role, role_version in listed.items():
             if role in skip or self._bins.get(role, (None,))[0] == role_version:
@@ -65,8 +67,18 @@ class Catalog:
                     pages[project] = marked_private(info) if isinstance(info, dict) else False
             if role in self._bins:  # a first look is no change: the caller collects everything once anyway
                 self._touched.update(self._bins[role][1], pages)
-            self._replace(role, pages)
+            left |= self._bins.get(role, (0, {}))[1].keys() - pages.keys()
+            came |= pages.keys()
+            for project, private in pages.items():
+                self.projects.add(project)
+                (self.private.add if private else self.private.discard)(project)
             self._bins[role] = (role_version, pages)
+        # Gone only if no bin read now holds it: a re-bin moves every project out of its old bin and into a new
+        # one, read in either order.  Added first, removed last: a reader in another thread never misses a
+        # project that stays.
+        for project in left - came:
+            self.projects.discard(project)
+            self.private.discard(project)
         self._snapshot = version
         return self
 
@@ -79,13 +91,3 @@ class Catalog:
     def public(self) -> list[str]:
         """The published projects not marked private, sorted (what a root page lists)."""
         return sorted(self.projects - self.private)
-
-    def _replace(self, role: str, pages: dict[str, bool]) -> None:
-        # Only what left or came is touched: a reader in another thread never misses a project that stays.
-        before = self._bins.get(role, (0, {}))[1]
-        for project in before.keys() - pages.keys():
-            self.projects.discard(project)
-            self.private.discard(project)
-        for project, private in pages.items():
-            self.projects.add(project)
-            (self.private.add if private else self.private.discard)(project)

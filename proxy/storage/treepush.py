@@ -51,6 +51,12 @@ from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
 _VERSIONED = re.compile(r"\d+\.[^/]+\.json")
+_UNVERSIONED = ("metadata/timestamp.json", "metadata/root.json")
+Stamp = tuple[int, int, int]  # inode, size, mtime_ns: an atomic replace always changes the inode
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @contextlib.asynccontextmanager
@@ -88,14 +94,14 @@ class TreePush:
         self.root = root
         self.lock_path = lock_path
         self.trees = {"": root, **{f"{name.strip('/')}/": directory for name, directory in (more or {}).items()}}
-        self._pushed: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime_ns) last pushed
+        self._pushed: dict[str, Stamp] = {}  # relative path -> its stamp when last pushed
         # What the tree's writers wrote since (proxy.util.journal): after the first push, read instead of a walk.
         self.journal = journal
         self._scanned = False
         self._backlog: tuple[list[str], list[str]] = ([], [])  # taken from the journal, not pushed yet
         self._lock = asyncio.Lock()
 
-    def _changed(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
+    def _changed(self) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
         """What changed since the last push, in push order (unversioned metadata as its bytes now),
         and what was pushed and has been collected since (never files).  The whole tree is walked at the
         first push (and when there is no journal), the journal read after that."""
@@ -105,28 +111,31 @@ class TreePush:
             self._scanned = True
             return self._walked()
         # Unversioned metadata is read before the journal: its writer told the journal before writing it, so
-        # every file the timestamp read here reaches is in what is taken next.
-        unversioned = {}
-        for name in ("metadata/timestamp.json", "metadata/root.json"):
+        # every file the timestamp read here reaches is in what is taken next.  It is pushed when its stamp
+        # moved, journal line or not: a push that took the line between the writer's append and its write
+        # pushed the old bytes, and no later line would name the new ones.
+        unversioned: dict[str, tuple[bytes, Stamp]] = {}
+        for name in _UNVERSIONED:
             with contextlib.suppress(FileNotFoundError):
-                unversioned[name] = (self.root / name).read_bytes()
+                stamp = _stamp((self.root / name).stat())  # before the bytes: a write in between is seen next time
+                unversioned[name] = ((self.root / name).read_bytes(), stamp)
         wrote, removed = self.journal.take()
         wrote, removed = self._backlog[0] + wrote, self._backlog[1] + removed
-        found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
-        for relative in dict.fromkeys(wrote):
+        moved = [name for name, (_, stamp) in unversioned.items() if self._pushed.get(name) != stamp]
+        found: list[tuple[str, Path | bytes, Stamp]] = []
+        for relative in dict.fromkeys([*wrote, *moved]):
             path = self._local(relative)
             if path is None:
+                continue
+            if _rank(relative) == 3:
+                if relative in unversioned:
+                    found.append((relative, *unversioned[relative]))
                 continue
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue  # collected meanwhile
-            data: Path | bytes = path
-            if _rank(relative) == 3:
-                if relative not in unversioned:
-                    continue
-                data = unversioned[relative]
-            found.append((relative, data, (st.st_size, st.st_mtime_ns)))
+            found.append((relative, path, _stamp(st)))
         gone = [r for r in dict.fromkeys(removed) if self._local(r) is not None and not r.startswith("packages/")]
         self._backlog = ([f[0] for f in found], gone)  # until pushed
         return sorted(found, key=lambda f: (_rank(f[0]), f[0])), gone
@@ -140,8 +149,8 @@ class TreePush:
                 return directory / relative[len(prefix):]
         return self.root / relative
 
-    def _walked(self) -> tuple[list[tuple[str, Path | bytes, tuple[int, int]]], list[str]]:
-        found: list[tuple[str, Path | bytes, tuple[int, int]]] = []
+    def _walked(self) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
+        found: list[tuple[str, Path | bytes, Stamp]] = []
         seen = set()
         for path, relative in self._files():
             seen.add(relative)
@@ -151,7 +160,7 @@ class TreePush:
                 continue  # collected meanwhile
             if not path.is_file():
                 continue
-            stamp = (st.st_size, st.st_mtime_ns)
+            stamp = _stamp(st)
             if self._pushed.get(relative) != stamp:
                 try:
                     found.append((relative, path.read_bytes() if _rank(relative) == 3 else path, stamp))
