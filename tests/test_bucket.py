@@ -566,3 +566,40 @@ def test_after_its_first_walk_a_push_takes_the_journal(seaweed: Seaweed, tmp_pat
     journal.wrote(["simple/app/index.json"])  # the plain names, told after it
     asyncio.run(push.push())
     assert obstore.get(store, "metadata/timestamp.json").bytes().to_bytes() == b"v9"
+
+
+def test_a_restarted_pusher_uploads_what_changed_not_the_whole_tree(seaweed: Seaweed, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import obstore
+    from prometheus_client import CollectorRegistry
+
+    from proxy.storage.treepush import TreePush
+    from proxy.transport.bucket import Bucket
+    from proxy.util.journal import Journal
+    from proxy.util.metrics import BucketMetrics
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    tree = tmp_path / "public"
+    names = ["metadata/timestamp.json", "metadata/7.snapshot.json", "simple/app/index.json",
+             f"simple/app/{'ab' * 32}.index.json", "packages/app/app-1.0-py3-none-any.whl"]
+    for name in names:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(name.encode())
+    store = bucket_store(seaweed, "restart")
+
+    def pusher() -> TreePush:  # a process starting: nothing pushed by it yet, the tree walked once
+        return TreePush(Bucket(f"s3://{BUCKET}/restart", BucketMetrics(CollectorRegistry()), seaweed.endpoint), tree,
+                        tmp_path / "push.lock", journal=Journal(tmp_path / "written.journal"))
+    assert asyncio.run(pusher().push()) == len(names)
+    assert asyncio.run(pusher().push()) == 0  # everything is there, with the same bytes
+    # While it was down: a plain page rewritten at the same size, a new page, a versioned role damaged in the
+    # bucket to another size (pushed again).
+    (tree / "simple/app/index.json").write_bytes(b"simple/app/INDEX.json")
+    (tree / f"simple/app/{'cd' * 32}.index.json").write_bytes(b"new")
+    obstore.put(store, "metadata/7.snapshot.json", b"torn")
+    assert asyncio.run(pusher().push()) == 3
+    assert obstore.get(store, "simple/app/index.json").bytes().to_bytes() == b"simple/app/INDEX.json"
+    assert obstore.get(store, "metadata/7.snapshot.json").bytes().to_bytes() == b"metadata/7.snapshot.json"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -57,6 +58,20 @@ Stamp = tuple[int, int, int]  # inode, size, mtime_ns: an atomic replace always 
 
 def _stamp(st: os.stat_result) -> Stamp:
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+# Names whose bytes never change: a page under its hash, a file under its pinned name.  Not versioned metadata:
+# another leader's version under the same name must reach the fence's check (create_or_same), same size or not.
+_IMMUTABLE = re.compile(r"(?:packages/.+|simple/.*/[0-9a-f]{64,128}\.[^/]+)")
+
+
+def _held(relative: str, path: Path, size: int, there: tuple[int, str] | None) -> bool:
+    """Whether the bucket's object (size, ETag) already holds ``path``'s bytes (see :meth:`TreePush._walked`)."""
+    if there is None or there[0] != size:
+        return False
+    if _IMMUTABLE.fullmatch(relative):
+        return True
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest() == there[1]
 
 
 @contextlib.asynccontextmanager
@@ -101,15 +116,16 @@ class TreePush:
         self._backlog: tuple[list[str], list[str]] = ([], [])  # taken from the journal, not pushed yet
         self._lock = asyncio.Lock()
 
-    def _changed(self) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
+    def _changed(self, held: dict[str, tuple[int, str]] | None = None) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
         """What changed since the last push, in push order (unversioned metadata as its bytes now),
         and what was pushed and has been collected since (never files).  The whole tree is walked at the
         first push (and when there is no journal), the journal read after that."""
         if self.journal is None or not self._scanned:
             if self.journal is not None:
                 self.journal.skip()  # this walk covers what was written before it
+            first = not self._scanned
             self._scanned = True
-            return self._walked()
+            return self._walked(held if first else None)
         # Unversioned metadata is read before the journal: its writer told the journal before writing it, so
         # every file the timestamp read here reaches is in what is taken next.  It is pushed when its stamp
         # moved, journal line or not: a push that took the line between the writer's append and its write
@@ -149,7 +165,11 @@ class TreePush:
                 return directory / relative[len(prefix):]
         return self.root / relative
 
-    def _walked(self) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
+    def _walked(self, held: dict[str, tuple[int, str]] | None = None) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
+        """Every file not pushed yet; at a first push, ``held`` (the bucket's inventory) says which are there
+        already: a name whose bytes never change under it (a page under its hash, a file under its pinned
+        name) with the same size, any other with the same MD5 as its ETag.  A restart then uploads
+        what changed while it was down, not the whole tree again."""
         found: list[tuple[str, Path | bytes, Stamp]] = []
         seen = set()
         for path, relative in self._files():
@@ -161,11 +181,16 @@ class TreePush:
             if not path.is_file():
                 continue
             stamp = _stamp(st)
-            if self._pushed.get(relative) != stamp:
-                try:
-                    found.append((relative, path.read_bytes() if _rank(relative) == 3 else path, stamp))
-                except FileNotFoundError:
+            if self._pushed.get(relative) == stamp:
+                continue
+            try:
+                data: Path | bytes = path.read_bytes() if _rank(relative) == 3 else path
+                if held is not None and _held(relative, path, st.st_size, held.get(relative)):
+                    self._pushed[relative] = stamp
                     continue
+                found.append((relative, data, stamp))
+            except FileNotFoundError:
+                continue
         gone = [relative for relative in self._pushed if relative not in seen and not relative.startswith("packages/")]
         return sorted(found, key=lambda f: (_rank(f[0]), f[0])), gone
 
@@ -184,7 +209,8 @@ class TreePush:
                 await self.state()
             if self.fence is not None and not self.fence.lease.leader:
                 return 0  # a follower: the leader publishes
-            changed, gone = await asyncio.to_thread(self._changed)
+            held = await self.bucket.inventory() if not self._scanned else None
+            changed, gone = await asyncio.to_thread(self._changed, held)
             for relative, data, stamp in changed:
                 if self.fence is not None and _rank(relative) and not self.fence.lease.leader:
                     # A leader frozen mid-push that wakes past its lease writes no more metadata.

@@ -212,6 +212,15 @@ class Bucket:
                         return found
         return found
 
+    async def inventory(self) -> dict[str, tuple[int, str]]:
+        """Every object's key, size and ETag (a paged LIST of the whole prefix: what a pusher holds at start-up)."""
+        found: dict[str, tuple[int, str]] = {}
+        async with self._op("list"):
+            async for batch in self._obstore.list(self._store):
+                for meta in batch:
+                    found[str(meta["path"])] = (int(meta["size"]), str(meta.get("e_tag") or "").strip('"'))
+        return found
+
     async def delete(self, key: str) -> None:
         async with self._op("delete"):
             try:
