@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from proxy.gateway.due import DueQueue
 
 
@@ -34,3 +36,22 @@ def test_unpublished_projects_leave_the_queue() -> None:
     assert set(queue.queued) == {"kept"}
     queue.add({"gone", "kept"} - queue.queued, {})  # re-published: queued again
     assert set(queue.queued) == {"gone", "kept"}
+
+
+def test_a_project_past_the_bound_of_fetch_times_is_due_ttl_after_its_page_was_signed(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from proxy.gateway.freshness import _FetchedOrSigned
+
+    page = tmp_path / "simple" / "old" / "index.json"
+    page.parent.mkdir(parents=True)
+    page.write_bytes(b"{}")
+    os.utime(page, (time.time() - 100, time.time() - 100))  # signed 100 s ago; its fetch time was dropped
+    fetched = _FetchedOrSigned({"kept": time.monotonic() - 5}, tmp_path / "simple")
+    queue = DueQueue(ttl=1000)
+    queue.add(["kept", "old", "never"], fetched)
+    now = time.monotonic()
+    assert queue.take(now, fetched, lambda p: True, 10, lambda p: 0.0) == ["never"]  # no page, no fetch: due
+    assert queue.take(now + 901, fetched, lambda p: True, 10, lambda p: 0.0) == ["old"]
+    assert queue.take(now + 996, fetched, lambda p: True, 10, lambda p: 0.0) == ["kept"]

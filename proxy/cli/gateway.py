@@ -376,7 +376,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     except OSError as e:
         raise CommandError(f"cannot prepare the Sigstore trust root: {e}") from e
     gate = provenance.ProvenanceGate(http, ledger, audit, metrics, provenance.policy_of(values), trust,
-                                     publisher.add_targets, repo=publisher.repo)
+                                     publisher.add_targets, repo=publisher.repo, published=publisher.published)
     read_ahead = ReadAhead()
     gateway = Gateway(client, ledger, publisher, audit, metrics, policy, locks=locks, read_ahead=read_ahead.offer,
                       prefetch_depth=values["prefetch_depth"], prefetch_max=values["prefetch_max"],

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from tuf.api.metadata import Metadata, Snapshot, Timestamp
@@ -45,6 +45,32 @@ _VERSIONED = re.compile(r"([0-9]+)\.(.+)\.json")
 _HASHED_PAGE = re.compile(r"[0-9a-f]{64,128}\.index\.(html|json)")
 
 
+class _FetchedOrSigned(Mapping[str, float]):
+    """When each published project's page was last fetched (monotonic), or where the bounded record of fetch
+    times has none (a gateway holding more projects than it keeps), when its page was last signed: the
+    plain page's mtime, a bound no later than the fetch.  Past the bound a restart would otherwise find
+    those projects due at once whatever ``--page-ttl`` says."""
+
+    def __init__(self, fetched: Mapping[str, float], simple: Path) -> None:
+        self.fetched, self.simple = fetched, simple
+
+    def __getitem__(self, project: str) -> float:
+        when = self.fetched.get(project)
+        if when is not None:
+            return when
+        try:
+            signed = os.stat(self.simple / project / "index.json").st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            raise KeyError(project) from None
+        return time.monotonic() - max(0.0, time.time() - signed)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fetched)
+
+    def __len__(self) -> int:
+        return len(self.fetched)
+
+
 async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rate: float, tick: float,
                      grace: float, leader: Leadership | None = None) -> None:
     """Run until cancelled; see the module docstring."""
@@ -54,6 +80,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
     last_resign = last_collect = -float("inf")
     seen: set[str] | None = None
     queue = DueQueue(page_ttl)
+    fetched = _FetchedOrSigned(gateway.fetched, repo.public_dir / "simple")
     collector = Collector(repo, grace)
     while True:
         if leader is not None and not leader.held():
@@ -72,7 +99,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
         for project in gateway.publisher.published - seen:
             gateway.fetched.setdefault(project, now)
         seen |= gateway.publisher.published
-        queue.add(gateway.publisher.published - queue.queued, gateway.fetched)
+        queue.add(gateway.publisher.published - queue.queued, fetched)
         if now - last_resign >= resign_every:
             try:
                 await gateway.publisher.resign()
@@ -87,7 +114,7 @@ async def keep_fresh(gateway: Gateway, repo: Repository, *, page_ttl: float, rat
                 log.error("garbage collection failed: %s", e)
             else:
                 last_collect = now
-        batch = queue.take(now, gateway.fetched, gateway.publisher.published.__contains__, max(1, int(rate * tick)),
+        batch = queue.take(now, fetched, gateway.publisher.published.__contains__, max(1, int(rate * tick)),
                            lambda p: gateway.used.get(p, 0.0))
         if batch:
             try:

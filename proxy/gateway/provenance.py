@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -81,9 +82,12 @@ class ProvenanceGate:
 
     def __init__(self, http: IndexHTTP, ledger: Ledger, audit: AuditLog, metrics: GatewayMetrics,
                  policy: ProvenancePolicy, trust: SigstoreTrust, sign: Callable[[Targets], None],
-                 max_size: int = MAX_PROVENANCE_SIZE, repo: Repository | None = None) -> None:
+                 max_size: int = MAX_PROVENANCE_SIZE, repo: Repository | None = None,
+                 published: AbstractSet[str] | None = None) -> None:
         self.sign = sign  # queues signed targets for the next batch (Publisher.add_targets)
         self.repo = repo  # what is signed: the pins a lost ledger forgot are read back from it
+        # The projects signed now (the publisher's catalog): a new one has no signed page to read a pin back from.
+        self.published = published
         self.http = http
         self.ledger = ledger
         self.audit = audit
@@ -117,8 +121,8 @@ class ProvenanceGate:
         pinned = None
         if mode in ("pin", "require"):
             pinned = self.pinned(project)
-            if pinned is None and self.repo is not None and (signed := await asyncio.to_thread(
-                    signed_publisher, self.repo, project)) is not None:
+            if pinned is None and self.repo is not None and (self.published is None or project in self.published) \
+                    and (signed := await asyncio.to_thread(signed_publisher, self.repo, project)) is not None:
                 pinned, filename = signed
                 log.warning("ledger %s lacked the publisher pin of %s that its signed provenance names (%s, from %s): "
                             "rebuilt it", self.ledger.path, project, pinned, filename)
