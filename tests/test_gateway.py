@@ -379,7 +379,13 @@ def test_metadata_headers_and_gc(tmp_path: Path, gateway: GatewayProcess) -> Non
     req = urllib.request.Request(f"{gateway.base}metadata/{version}.snapshot.json", headers={"Accept-Encoding": "gzip"})
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.headers["Content-Encoding"] == "gzip" and "immutable" in r.headers["Cache-Control"]
-        assert json.loads(gzip.decompress(r.read()))["signed"]["_type"] == "snapshot"
+        snapshot = json.loads(gzip.decompress(r.read()))["signed"]
+        assert snapshot["_type"] == "snapshot"
+    bin_n = next(f"{m['version']}.{role}" for role, m in snapshot["meta"].items() if role.startswith("bin-"))
+    req = urllib.request.Request(f"{gateway.base}metadata/{bin_n}", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:  # what each new project costs an edge, compressed too
+        assert r.headers["Content-Encoding"] == "gzip" and "immutable" in r.headers["Cache-Control"]
+        assert json.loads(gzip.decompress(r.read()))["signed"]["_type"] == "targets"
     for name in ("healthz", "readyz"):
         assert urllib.request.urlopen(f"{gateway.base}{name}", timeout=10).status == 200
     repo = Repository.open(gateway.directory)

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 PUBLISH_PREFIX = "/_tufproxy/publish/"
 WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
+_VERSIONED_METADATA = re.compile(r"[0-9]+\.[^/]+\.json")
 _NO_CACHE = {"Cache-Control": "no-cache"}
 MAX_TREE_OBJECT = 256 << 20  # a signed page or metadata file read from the bucket (the root list is the largest)
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
@@ -186,9 +187,10 @@ class GatewayApp:
     async def _metadata(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         headers = _NO_CACHE if name in ("timestamp.json", "root.json") else _IMMUTABLE
-        if not name.endswith(".snapshot.json") or self._following() is not None:
+        if not _VERSIONED_METADATA.fullmatch(name) or self._following() is not None:
             return await self._tree(request, "metadata", name, headers=headers)
-        # The snapshot is the one file every edge reads after every publish: gzip it for those who accept it.
+        # The snapshot is the one file every edge reads after every publish, and a bin-n the one every new
+        # project costs it (27 KB at 100,000 projects and 4,096 bins): gzipped for those who accept it.
         response = web.Response(body=self._path("metadata", name).read_bytes(), content_type="application/json", headers=headers)
         response.enable_compression()
         return response
