@@ -77,6 +77,14 @@ MAX_CHECKED = 100_000
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
+def _pinned_digest(pin: Pin, core: bool) -> tuple[str, str] | None:
+    """What a kept file (or its ``.metadata``) is checked against: the pin's sha256, else its sha512; None
+    when it names neither."""
+    hashes = (pin.core_metadata or {}) if core else pin.hashes
+    algorithm = next((a for a in ("sha256", "sha512") if a in hashes), None)
+    return (algorithm, hashes[algorithm]) if algorithm is not None else None
+
+
 class ReadAhead:
     """``.metadata`` bytes read ahead of any request, by target path, at most ``limit`` bytes in all (oldest
     dropped first); never served until :class:`FileSource` matched them to a pin."""
@@ -163,18 +171,18 @@ class FileSource:
         key = (str(path), st.st_ino, st.st_mtime_ns, st.st_size)
         if key in self._checked:
             return True
-        hashes = (pin.core_metadata or {}) if core else pin.hashes
-        algorithm = next((a for a in ("sha256", "sha512") if a in hashes), None)
+        pinned = _pinned_digest(pin, core)
         size = None if core else pin.size
-        if algorithm is not None:
+        if pinned is not None:
+            algorithm, expected = pinned
             actual = await asyncio.to_thread(file_digest, algorithm, path)
-            if actual != hashes[algorithm] or (size is not None and size != st.st_size):
+            if actual != expected or (size is not None and size != st.st_size):
                 log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
-                            path, algorithm, hashes[algorithm], size)
+                            path, algorithm, expected, size)
                 fault = self.metrics.refused("hash-mismatch")
                 self.audit.refused(reason="hash-mismatch", fault=fault.value, target=target,
                                    detail="kept file differs from its pin",
-                                   expected={algorithm: hashes[algorithm], "size": size},
+                                   expected={algorithm: expected, "size": size},
                                    actual={algorithm: actual, "size": st.st_size})
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -186,8 +194,8 @@ class FileSource:
 
     async def _keep_read_ahead(self, path: Path, target: str, pin: Pin, data: bytes) -> None:
         """Keep read-ahead ``.metadata`` bytes as if fetched now, if they are what the pin says (else drop them)."""
-        algorithm = next((a for a in ("sha256", "sha512") if a in (pin.core_metadata or {})), None)
-        if algorithm is None or hashlib.new(algorithm, data).hexdigest() != (pin.core_metadata or {})[algorithm]:
+        pinned = _pinned_digest(pin, core=True)
+        if pinned is None or hashlib.new(pinned[0], data).hexdigest() != pinned[1]:
             return
         await asyncio.to_thread(atomic_write, path, data)
         if self.journal is not None:

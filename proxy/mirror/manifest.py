@@ -1,9 +1,10 @@
 """What the last ``mirror sync`` published into a tree, indexed on disk (``DEST/.mirror/manifest.sqlite``).
 
 One row per target the tree holds: its path, its project, the role that
-signed it (for a file vouched for by a signed page: that page's role) and,
-for a signed target, a digest of its signed description (length and
-hashes).  Beside them: each role's version in the snapshot the sync
+signed it (for a file vouched for by a signed page: that page's role), a
+digest of its description (length and hashes, as signed or as the page
+gives them) and whether it is itself signed (only those are compared
+with the bins a later sync walks).  Beside them: each role's version in the snapshot the sync
 published, the projects it could not complete (refused, failed or not
 found: re-checked at every sync), and a head (snapshot, layout, the
 selection asked for).

@@ -213,7 +213,7 @@ class _Selected:
 class _Plan:
     """Which projects this sync re-checks, and what it leaves as the last sync published it.
 
-    ``replaced``: the projects whose manifest rows this sync's replace (None: every row, a full sync);
+    ``replaced``: the projects whose manifest rows this sync replaces (None: every row, a full sync);
     ``kept``: projects and targets left as they are; ``published``: each role's version the last sync
     published (its metadata is not read again).
     """
@@ -401,7 +401,8 @@ class _Sync:
         if self.profile.root_list_signed:  # served by the tree whatever is selected
             root_pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
         manifest = self.tree.manifest
-        moved = _moved_roles(manifest, self.options, self.trust.snapshot_versions())
+        published = manifest.roles()
+        moved = _moved_roles(manifest, published, self.options, self.trust.snapshot_versions())
         if moved is None:
             return _Plan(await self.wanted(given, root_pages), None)
         changed, private = await self.changed(moved)
@@ -414,7 +415,7 @@ class _Sync:
             known = manifest.known([w.project for w in given])
             check = [w for w in given if w.project in changed or w.project not in known]
         replaced = changed | {w.project for w in check}
-        return _Plan(check, replaced, manifest.totals(excluding=replaced), manifest.roles())
+        return _Plan(check, replaced, manifest.totals(excluding=replaced), published)
 
     async def changed(self, moved: set[str]) -> tuple[set[str], set[str]]:
         """The projects with a target signed by a role of ``moved`` that is not what the manifest recorded
@@ -555,17 +556,16 @@ def _every(path: str) -> str:
     return path
 
 
-def _moved_roles(manifest: Manifest, options: SyncOptions, now: dict[str, int]) -> set[str] | None:
-    """The roles whose version moved since the last sync published, or None when every selected project must be
-    re-checked: no manifest, another selection or layout, ``--full`` or ``--resign-with``, or the delegations
-    above the bins moved (a re-bin moves every target)."""
+def _moved_roles(manifest: Manifest, then: dict[str, int], options: SyncOptions, now: dict[str, int]) -> set[str] | None:
+    """The roles whose version moved since the last sync published them at ``then``, or None when every
+    selected project must be re-checked: no manifest, another selection or layout, ``--full`` or
+    ``--resign-with``, or the delegations above the bins moved (a re-bin moves every target)."""
     assert options.profile is not None
     head = manifest.head()
     # Re-signing takes only files verified in this run: with --resign-with every selected project is re-checked.
     if options.full or options.resign_with is not None or head is None or head.profile != options.profile.name \
             or head.selection != options.selection:
         return None
-    then = manifest.roles()
     if any(then.get(role) != now.get(role) for role in {"targets", options.profile.bin_delegator}):
         return None
     return {role for role, version in now.items() if then.get(role) != version} | (then.keys() - now.keys())

@@ -37,7 +37,7 @@ import contextlib
 import io
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
@@ -256,16 +256,6 @@ def _link(source: Path, name: Path) -> None:
         if os.path.samefile(source, name):
             return
     atomic_link(source, name)
-
-
-def tree_files(root: Path) -> Iterator[str]:
-    """Every file of a served tree (not its state directory), as POSIX paths relative to ``root``."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if here == root:
-            dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        for f in filenames:
-            yield (here / f).relative_to(root).as_posix()
 
 
 def verify_root_chain(pinned: bytes, versions: Iterable[bytes]) -> list[bytes]:

@@ -123,9 +123,8 @@ class TreePush:
         if self.journal is None or not self._scanned:
             if self.journal is not None:
                 self.journal.skip()  # this walk covers what was written before it
-            first = not self._scanned
             self._scanned = True
-            return self._walked(held if first else None)
+            return self._walked(held)
         # Unversioned metadata is read before the journal: its writer told the journal before writing it, so
         # every file the timestamp read here reaches is in what is taken next.  It is pushed when its stamp
         # moved, journal line or not: a push that took the line between the writer's append and its write

@@ -129,7 +129,6 @@ def _check_deadline(deadline: tuple[datetime, str], now: datetime) -> None:
 
 
 _RoleKey = tuple[str, str, int, int | None, tuple[tuple[str, str], ...]]
-# Lookups remembered per trusted state (found targets only): enough for every page and file a busy index serves.
 
 
 class TrustedClient:
@@ -658,7 +657,7 @@ class TrustedClient:
     def _remember(self, state: _State, target_path: str, target: VerifiedTarget, deadline: tuple[datetime, str]) -> None:
         """Keep a lookup's answer for as long as ``state`` is the live one."""
         if state is not self._state or self.config.found_cache_size < 1:
-            return  # answered from a state already replaced: not worth keeping
+            return  # answered from a state already replaced, or nothing is kept: not worth keeping
         if self._found_state is not state:
             self._found, self._found_state = {}, state
         if len(self._found) >= self.config.found_cache_size:
