@@ -355,7 +355,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     def private(project: str) -> bool:
         """Private: claimed by --private-project, or taken from an index that needs credentials."""
         return (policy.claimed_private(project) is not None
-                or ledger.project_index.get(project) in private_indexes)
+                or ledger.index_of(project) in private_indexes)
 
     def key_failed(error: KeyUnavailable) -> None:
         metrics.signing_errors.inc()
@@ -553,18 +553,24 @@ def _check_restore(directory: Path, cache_dir: Path | None, remembered: int = 0)
 
 
 def _check_ledger(directory: Path) -> None:
-    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so."""
+    """Cross-check the ledger with the signed pages before serving: rebuild the pins it lacks, and say so.
+    Only when its index was built afresh: one that has followed the same file all along holds every pin,
+    since a pin is appended before its page is signed, so a start reads no page and no bin."""
     ledger = Ledger(ledger_dir(directory))
-    existed = ledger.path.exists()
-    public = Path(directory) / "public"
     try:
-        published = sorted(Catalog(_open(directory)).update().projects)
-    except RepositoryError as e:
-        raise CommandError(str(e)) from e
-    try:
-        rebuilt, projects = rebuild_pins(ledger, public, published)
-    except OSError as e:
-        raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+        if not ledger.reindexed:
+            return
+        existed = ledger.path.exists()
+        try:
+            published = sorted(Catalog(_open(directory)).update().projects)
+        except RepositoryError as e:
+            raise CommandError(str(e)) from e
+        try:
+            rebuilt, projects = rebuild_pins(ledger, Path(directory) / "public", published)
+        except OSError as e:
+            raise CommandError(f"cannot write the ledger {ledger.path}: {e.strerror}") from e
+    finally:
+        ledger.close()
     if not existed:
         log.warning("ledger %s is missing: rebuilt %d pin(s) of %d project(s) from the signed pages", ledger.path,
                     rebuilt, projects) if published else log.debug("ledger %s: none yet (nothing published)", ledger.path)
@@ -620,7 +626,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     _open(Path(args.dir))
     entries = Ledger(ledger_dir(Path(args.dir))).entries()
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print(json.dumps(list(entries), indent=2))
         return 0
     for e in entries:
         if e["kind"] == "project":
@@ -718,7 +724,7 @@ def _cmd_provenance(args: argparse.Namespace) -> int:
             raise CommandError(f"--accept: {e}") from e
         if not args.reason:
             raise CommandError("--accept needs --reason TEXT (kept in the ledger and the audit record)")
-        before = ledger.publishers.get(project, {}).get("spec")
+        before = (ledger.publisher(project) or {}).get("spec")
         ledger.append([{"kind": "publisher", "project": project, "spec": str(spec), "filename": None,
                         "accepted": True, "reason": args.reason}])
         audit = AuditLog(args.audit_log)
@@ -731,7 +737,7 @@ def _cmd_provenance(args: argparse.Namespace) -> int:
         return 0
     pins = [{"project": p, "spec": r["spec"], **parse_spec(r["spec"]).to_json(), "time": r.get("time"),
              "filename": r.get("filename"), "accepted": bool(r.get("accepted")), "reason": r.get("reason")}
-            for p, r in sorted(ledger.publishers.items())]
+            for p, r in ((r["project"], r) for r in ledger.publishers())]
     if args.json:
         print(json.dumps(pins, indent=2))
         return 0

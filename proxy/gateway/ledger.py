@@ -1,4 +1,4 @@
-"""The gateway's memory: an append-only ledger of what it pinned and revoked.
+"""The gateway's memory: an append-only ledger of what it pinned and revoked, indexed on disk.
 
 ``DIR/gateway/ledger.jsonl`` holds one JSON object per line, appended
 (``O_APPEND``, fsynced) and never rewritten:
@@ -21,25 +21,41 @@
   for the first time (hidden by the policy or not), and the time its
   release cooldown counts from (null: the index's claim alone), fixed then.
 
-Readers pick up lines other processes appended (``tufproxy gateway
-revoke`` beside a running gateway) with :meth:`Ledger.reload`.  A torn
-last line (a crash mid-append) is ignored and completed by the next append.
-A file found shorter than what was read, or replaced (another inode), is
-read again from its start (what was read before stays known).  A line
-that is not a record is counted and named in a warning, never skipped in
-silence.  The signed pages are a second record of every pin: a pin they
-list and the ledger lacks is rebuilt from them (:meth:`Ledger.missing_pins`)
-with no index URL, which the next listing of the same contents fills in.
+The file is the record; ``ledger.sqlite`` beside it is an index of what
+it says, so that a gateway holding 100,000 projects neither keeps every
+pin in memory (it took 474 MB as decoded JSON) nor reads the whole file at
+each start: a process reads only the lines appended since the index last
+took some in, and looks records up by project.  The index says which file
+it was built from (device, inode) and what it had read (the offset, and
+digests of the first and last 4 KiB before it).  A file found shorter
+than that, replaced, or with other bytes there is the record no more
+described: at a process's start the index is built again from the file's
+first line (:attr:`Ledger.reindexed`, which tells ``gateway serve`` to
+cross-check the signed pages); a running process reads the whole file
+again and keeps what it knew.  Deleting ``ledger.sqlite`` is always safe.
+Several processes (workers, ``tufproxy gateway revoke`` beside a running
+gateway) share the index: each takes in new lines in one write
+transaction, so no line is applied twice.
+
+Readers pick up lines other processes appended with :meth:`Ledger.reload`.
+A torn last line (a crash mid-append) is ignored and completed by the next
+append.  A line that is not a record is counted and named in a warning,
+never skipped in silence.  The signed pages are a second record of every
+pin: a pin they list and the ledger lacks is rebuilt from them
+(:meth:`Ledger.missing_pins`) with no index URL, which the next listing of
+the same contents fills in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import sqlite3
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from dataclasses import replace as dataclass_replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +65,27 @@ from proxy.protocol import index
 log = logging.getLogger(__name__)
 # Junk lines named in one warning (the count is always given).
 _NAMED_JUNK = 5
+INDEX = "ledger.sqlite"
+# Bytes read at once when taking lines in: a re-index of a large ledger stays within this.
+_CHUNK = 8 << 20
+# Bytes at each end of what was read whose digests tell the same file from a rewritten one.
+_EDGE = 4096
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS projects(project TEXT PRIMARY KEY, idx TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pins(project TEXT NOT NULL, filename TEXT NOT NULL, hashes TEXT NOT NULL, size INTEGER,
+                                idx TEXT NOT NULL, url TEXT NOT NULL, core TEXT, time TEXT NOT NULL,
+                                PRIMARY KEY(project, filename)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS seen(project TEXT NOT NULL, filename TEXT NOT NULL, counts_from TEXT,
+                                PRIMARY KEY(project, filename)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS revoked(project TEXT NOT NULL, filename TEXT NOT NULL,
+                                   PRIMARY KEY(project, filename)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS publishers(project TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS provenance(project TEXT NOT NULL, filename TEXT NOT NULL, record TEXT NOT NULL,
+                                      PRIMARY KEY(project, filename)) WITHOUT ROWID;
+"""
+_TABLES = ("projects", "pins", "seen", "revoked", "publishers", "provenance")
+_WHOLE = ""  # the filename of a revocation of a whole project (filenames are never empty)
 
 
 @dataclass(frozen=True)
@@ -72,95 +109,230 @@ class Pin:
         return self.size is not None and size is not None and self.size != size
 
 
+@dataclass(frozen=True)
+class Project:
+    """What the ledger holds on one project, read in one go (rendering a page looks at each of its files)."""
+
+    pins: dict[str, Pin]
+    seen: dict[str, datetime | None]
+    provenance: frozenset[str]  # files with a verified publisher
+    listed: bool  # listed by this gateway before (a project record or a file seen)
+
+
+@dataclass
+class _Position:
+    """What the index had read of the file: where to go on from, and what tells that file from another."""
+
+    offset: int = 0
+    lines: int = 0
+    junk: int = 0
+    rereads: int = 0
+    identity: tuple[int, int] | None = None
+    head: str = ""
+    tail: str = ""
+
+    @classmethod
+    def of(cls, values: dict[str, str]) -> _Position:
+        identity = (int(values["device"]), int(values["inode"])) if "inode" in values else None
+        return cls(int(values.get("offset", 0)), int(values.get("lines", 0)), int(values.get("junk", 0)),
+                   int(values.get("rereads", 0)), identity, values.get("head", ""), values.get("tail", ""))
+
+    def values(self) -> dict[str, str]:
+        out = {"offset": str(self.offset), "lines": str(self.lines), "junk": str(self.junk),
+               "rereads": str(self.rereads), "head": self.head, "tail": self.tail}
+        if self.identity is not None:
+            out |= {"device": str(self.identity[0]), "inode": str(self.identity[1])}
+        return out
+
+
 class Ledger:
-    """The ledger file and its in-memory view."""
+    """The ledger file and its index; see the module docstring.  Thread-safe."""
 
     def __init__(self, directory: Path, quiet_start: bool = False) -> None:
         """``quiet_start``: junk in the file as it is now was reported already (by ``gateway serve``'s start-up check)."""
         self.path = Path(directory) / "ledger.jsonl"
-        self.pins: dict[tuple[str, str], Pin] = {}
-        self.project_index: dict[str, str] = {}
-        self.revoked: set[tuple[str, str | None]] = set()
-        self.publishers: dict[str, dict[str, Any]] = {}
-        self.provenance: dict[tuple[str, str], dict[str, Any]] = {}
-        self.seen: dict[tuple[str, str], datetime | None] = {}
-        self._listed: set[str] = set()  # projects with a file seen
-        self._offset = 0
-        self._lines = 0  # lines read so far (junk is named by its line number)
-        self._identity: tuple[int, int] | None = None  # (device, inode) of the file read
-        self.junk = 0  # lines that were not records
-        self.rereads = 0  # times the file was found truncated or replaced and read again
+        self.index_path = Path(directory) / INDEX
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = self._connect()
+        # (identity, size) of the file when last taken in whole: nothing to do while it stays so.
+        self._seen_size: tuple[tuple[int, int] | None, int] | None = None
+        self.revoked: frozenset[tuple[str, str | None]] = frozenset()
+        self.pins = _Pins(self)
+        self.reindexed = False  # this process built the index from the file's start (it may have lost records)
+        self.lines_read = 0  # lines this object took in (others' were taken in by them)
         self._quiet = quiet_start
-        self.reload()
+        self._take_in(starting=True)
         self._quiet = False
 
+    def _connect(self) -> sqlite3.Connection:
+        for attempt in (1, 2):
+            db = sqlite3.connect(self.index_path, isolation_level=None, check_same_thread=False, timeout=60)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                # The file is the durable record (fsynced); the index can lose its last transactions and catch up.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                return db
+            except sqlite3.DatabaseError as e:
+                db.close()
+                if attempt == 2:
+                    raise
+                log.warning("ledger index %s is unreadable (%s): building it again from %s", self.index_path, e,
+                            self.path)
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{self.index_path}{suffix}").unlink(missing_ok=True)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- taking lines in -----------------------------------------------------------------------
+
     def reload(self) -> bool:
-        """Read lines appended since the last read (all of a truncated or replaced file); True if there were any."""
+        """Take in lines appended since the index last did (by any process; all of a truncated or replaced
+        file); True if this call applied any."""
+        return self._take_in(starting=False)
+
+    def _take_in(self, starting: bool) -> bool:
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below, after the transaction
+        except FileNotFoundError:
+            f = None
         with self._lock:
             try:
-                with open(self.path, "rb") as f:
-                    st = os.fstat(f.fileno())
-                    identity = (st.st_dev, st.st_ino)
-                    if self._identity is not None and (identity != self._identity or st.st_size < self._offset):
-                        how = "replaced" if identity != self._identity else f"truncated to {st.st_size} bytes"
-                        log.warning("ledger %s was %s since it was read: reading all of it again", self.path, how)
-                        self._offset = self._lines = 0
-                        self.rereads += 1
-                    self._identity = identity
-                    f.seek(self._offset)
-                    data = f.read()
-            except FileNotFoundError:
-                if self._identity is not None:
-                    log.warning("ledger %s was removed since it was read: what was read stays known", self.path)
-                    self._identity, self._offset, self._lines = None, 0, 0
-                return False
+                st = os.fstat(f.fileno()) if f is not None else None
+                identity = (st.st_dev, st.st_ino) if st is not None else None
+                if not starting and self._seen_size == (identity, st.st_size if st is not None else 0):
+                    return False  # nothing appended: the common case, on every file request
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    applied = self._take_in_locked(f, identity, st.st_size if st is not None else 0, starting)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                self.revoked = frozenset((p, f or None) for p, f in self._db.execute("SELECT project, filename "
+                                                                                      "FROM revoked"))
+                return applied
+            finally:
+                if f is not None:
+                    f.close()
+
+    def _take_in_locked(self, f: Any, identity: tuple[int, int] | None, size: int, starting: bool) -> bool:
+        at = _Position.of(dict(self._db.execute("SELECT key, value FROM meta").fetchall()))
+        if f is None:
+            if starting:  # the record is gone (or not written yet): so is what the index said of it
+                self._clear()
+                self.reindexed = True
+            elif at.identity is not None:
+                log.warning("ledger %s was removed since it was read: what was read stays known", self.path)
+            self._put(_Position(rereads=at.rereads))
+            self._seen_size = (None, 0)
+            return False
+        same = (at.identity == identity and size >= at.offset
+                and (at.offset == 0 or (at.head, at.tail) == _edges(f, at.offset)))
+        if at.identity is None or not same:
+            if starting:
+                if at.identity is not None:
+                    log.info("ledger %s is not the file its index %s describes (replaced, truncated or rewritten): "
+                             "indexing it again from its first line", self.path, self.index_path)
+                self._clear()
+                at = _Position(rereads=at.rereads)
+            elif at.identity is not None:
+                how = ("replaced" if identity != at.identity else f"truncated to {size} bytes" if size < at.offset
+                       else "rewritten")
+                log.warning("ledger %s was %s since it was read: reading all of it again", self.path, how)
+                at = _Position(rereads=at.rereads + 1)
+            self.reindexed = self.reindexed or starting
+        elif starting and at.junk and not self._quiet:
+            log.warning("ledger %s: %d line(s) are not records and were skipped (named when first read)",
+                        self.path, at.junk)
+        at.identity = identity
+        applied = self._read_from(f, at, size)
+        at.head, at.tail = _edges(f, at.offset)
+        self._put(at)
+        self._seen_size = (identity, at.offset) if at.offset == size else None
+        return applied
+
+    def _read_from(self, f: Any, at: _Position, size: int) -> bool:
+        """Apply the whole lines after ``at.offset`` (of ``size`` bytes known), moving ``at`` past them."""
+        junk: list[tuple[int, bytes]] = []
+        applied = False
+        f.seek(at.offset)
+        rest = b""
+        # Sized reads: a read of _CHUNK allocates that much even at the end of the file.
+        while chunk := f.read(max(0, min(_CHUNK, size - f.tell()))):
+            data = rest + chunk
             end = data.rfind(b"\n") + 1
-            junk: list[tuple[int, bytes]] = []
+            rest = data[end:]
             for line in data[:end].splitlines():
-                self._lines += 1
+                at.lines += 1
+                self.lines_read += 1
                 try:
                     self._apply(json.loads(line))
+                    applied = True
                 except (ValueError, KeyError, TypeError, AttributeError):
                     if line.strip():
-                        junk.append((self._lines, line[:40]))
-            self._offset += end
-            self.junk += len(junk)
-            if junk and not self._quiet:
-                named = ", ".join(f"line {n} ({text!r})" for n, text in junk[:_NAMED_JUNK])
-                more = f" and {len(junk) - _NAMED_JUNK} more" if len(junk) > _NAMED_JUNK else ""
-                log.warning("ledger %s: %d line(s) are not records and were skipped: %s%s",
-                            self.path, len(junk), named, more)
-            return end > 0
+                        junk.append((at.lines, line[:40]))
+            at.offset += end
+        at.junk += len(junk)
+        if junk and not self._quiet:
+            named = ", ".join(f"line {n} ({text!r})" for n, text in junk[:_NAMED_JUNK])
+            more = f" and {len(junk) - _NAMED_JUNK} more" if len(junk) > _NAMED_JUNK else ""
+            log.warning("ledger %s: %d line(s) are not records and were skipped: %s%s",
+                        self.path, len(junk), named, more)
+        return applied
+
+    def _clear(self) -> None:
+        for table in _TABLES:
+            self._db.execute(f"DELETE FROM {table}")
+
+    def _put(self, at: _Position) -> None:
+        self._db.execute("DELETE FROM meta")
+        self._db.executemany("INSERT INTO meta VALUES (?, ?)", at.values().items())
 
     def _apply(self, record: dict[str, Any]) -> None:
         kind = record["kind"]
+        db = self._db
         if kind == "pin":
-            fields: dict[str, Any] = {k: record.get(k) for k in Pin.__dataclass_fields__}
-            pin = Pin(**{**fields, "time": record.get("time") or ""})
-            known = self.pins.get((pin.project, pin.filename))
-            # A pin rebuilt from the signed pages learns its index URL from a listing of the same contents.
-            if known is None or (not known.url and pin.url and not known.differs_from(pin.hashes, pin.size)):
-                filled = pin if known is None else dataclass_replace(known, url=pin.url, index=pin.index)
-                self.pins[(pin.project, pin.filename)] = filled
+            project, filename = str(record["project"]), str(record["filename"])
+            hashes, size = dict(record["hashes"]), record.get("size")
+            url = record.get("url") or ""
+            core = record.get("core_metadata")
+            row = (project, filename, json.dumps(hashes, sort_keys=True), size if isinstance(size, int) else None,
+                   record.get("index") or "", url, json.dumps(dict(core), sort_keys=True) if core else None,
+                   record.get("time") or "")
+            if db.execute("INSERT OR IGNORE INTO pins VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row).rowcount == 0 and url:
+                # A pin rebuilt from the signed pages learns its index URL from a listing of the same contents.
+                known = self._pin(project, filename)
+                if known is not None and not known.url and not known.differs_from(hashes, size):
+                    db.execute("UPDATE pins SET url = ?, idx = ? WHERE project = ? AND filename = ?",
+                               (url, row[4], project, filename))
         elif kind == "project":
-            self.project_index.setdefault(record["project"], record["index"])
+            db.execute("INSERT OR IGNORE INTO projects VALUES (?, ?)", (str(record["project"]), str(record["index"])))
         elif kind == "revoke":
-            self.revoked.add((record["project"], record.get("filename")))
+            db.execute("INSERT OR IGNORE INTO revoked VALUES (?, ?)",
+                       (str(record["project"]), str(record.get("filename") or _WHOLE)))
         elif kind == "publisher":
-            self.publishers[record["project"]] = record
+            db.execute("INSERT OR REPLACE INTO publishers VALUES (?, ?)", (str(record["project"]), json.dumps(record)))
         elif kind == "provenance":
-            self.provenance[(record["project"], record["filename"])] = record
+            db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?, ?)",
+                       (str(record["project"]), str(record["filename"]), json.dumps(record)))
         elif kind == "seen":
             when = record.get("counts_from")
-            self.seen.setdefault((record["project"], record["filename"]), datetime.fromisoformat(when) if when else None)
-            self._listed.add(record["project"])
+            if when:
+                datetime.fromisoformat(when)  # a line that is not a record is junk, never a failure later
+            db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?, ?)",
+                       (str(record["project"]), str(record["filename"]), when or None))
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
+    # -- appending -----------------------------------------------------------------------------
+
     def append(self, records: list[dict[str, Any]]) -> None:
-        """Append records durably, then apply them."""
+        """Append records durably, then take them in."""
         if not records:
             return
         now = datetime.now(UTC).isoformat(timespec="seconds")
@@ -178,32 +350,107 @@ class Ledger:
 
     def pin_records(self, pins: list[Pin]) -> list[dict[str, Any]]:
         return [{"kind": "pin", **{k: v for k, v in asdict(p).items() if k != "time"}} for p in pins
-                if (p.project, p.filename) not in self.pins or not self.pins[(p.project, p.filename)].url]
+                if (known := self.pins.get((p.project, p.filename))) is None or not known.url]
+
+    def seen_records(self, project: str, first_seen: dict[str, datetime | None]) -> list[dict[str, Any]]:
+        known = self.project(project).seen if first_seen else {}
+        return [{"kind": "seen", "project": project, "filename": f, "counts_from": w.isoformat() if w else None}
+                for f, w in first_seen.items() if f not in known]
+
+    # -- looking up ----------------------------------------------------------------------------
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _pin(self, project: str, filename: str) -> Pin | None:
+        row = self._db.execute("SELECT * FROM pins WHERE project = ? AND filename = ?", (project, filename)).fetchone()
+        return _pin_of(row) if row is not None else None
+
+    def project(self, project: str) -> Project:
+        """Everything recorded on ``project``."""
+        with self._lock:
+            db = self._db
+            pins = {r[1]: _pin_of(r) for r in db.execute("SELECT * FROM pins WHERE project = ?", (project,))}
+            seen = {f: datetime.fromisoformat(w) if w else None
+                    for f, w in db.execute("SELECT filename, counts_from FROM seen WHERE project = ?", (project,))}
+            provenance = frozenset(f for (f,) in db.execute("SELECT filename FROM provenance WHERE project = ?",
+                                                            (project,)))
+            listed = bool(seen) or db.execute("SELECT 1 FROM projects WHERE project = ?", (project,)).fetchone() is not None
+        return Project(pins, seen, provenance, listed)
+
+    def index_of(self, project: str) -> str | None:
+        """The index ``project`` was first published from (None: never published)."""
+        rows = self._query("SELECT idx FROM projects WHERE project = ?", (project,))
+        return rows[0][0] if rows else None
+
+    def publisher(self, project: str) -> dict[str, Any] | None:
+        """The latest publisher record of ``project``."""
+        rows = self._query("SELECT record FROM publishers WHERE project = ?", (project,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def publishers(self) -> list[dict[str, Any]]:
+        """The latest publisher record of every project that has one, by project."""
+        return [json.loads(r) for (r,) in self._query("SELECT record FROM publishers ORDER BY project")]
 
     def missing_pins(self, project: str, signed: index.ProjectPage) -> list[Pin]:
         """Pins of the files ``signed`` (the project's signed page) lists that the ledger lacks, rebuilt from it."""
-        return [Pin(project, f.filename, dict(f.hashes), f.size, self.project_index.get(project, ""), "",
+        known = self.project(project).pins if signed.files else {}
+        origin = self.index_of(project) or "" if signed.files else ""
+        return [Pin(project, f.filename, dict(f.hashes), f.size, origin, "",
                     dict(f.core_metadata) if isinstance(f.core_metadata, dict) else None)
-                for f in signed.files if (project, f.filename) not in self.pins]
-
-    def listed(self, project: str) -> bool:
-        """True when this gateway has listed ``project`` before."""
-        return project in self.project_index or project in self._listed
-
-    def seen_records(self, project: str, first_seen: dict[str, datetime | None]) -> list[dict[str, Any]]:
-        return [{"kind": "seen", "project": project, "filename": f, "counts_from": w.isoformat() if w else None}
-                for f, w in first_seen.items() if (project, f) not in self.seen]
+                for f in signed.files if f.filename not in known]
 
     def is_revoked(self, project: str, filename: str | None = None) -> bool:
         return (project, None) in self.revoked or (filename is not None and (project, filename) in self.revoked)
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> Iterator[dict[str, Any]]:
         """Every project record, pin, first sight and revocation, for ``tufproxy gateway ledger``."""
-        return ([{"kind": "project", "project": p, "index": i} for p, i in sorted(self.project_index.items())]
-                + [{"kind": "pin", **asdict(p)} for _, p in sorted(self.pins.items())]
-                + [{"kind": "seen", "project": p, "filename": f, "counts_from": w.isoformat() if w else None}
-                   for (p, f), w in sorted(self.seen.items())]
-                + [{"kind": "revoke", "project": p, "filename": f} for p, f in sorted(self.revoked, key=str)])
+        for p, i in self._query("SELECT project, idx FROM projects ORDER BY project"):
+            yield {"kind": "project", "project": p, "index": i}
+        for _, pin in self.pins.items():
+            yield {"kind": "pin", **asdict(pin)}
+        for p, f, w in self._query("SELECT project, filename, counts_from FROM seen ORDER BY project, filename"):
+            yield {"kind": "seen", "project": p, "filename": f, "counts_from": w}
+        for p, f in sorted(self.revoked, key=str):
+            yield {"kind": "revoke", "project": p, "filename": f}
+
+
+class _Pins:
+    """``ledger.pins``: the pins, looked up by (project, filename) in the index."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def get(self, key: tuple[str, str]) -> Pin | None:
+        with self._ledger._lock:
+            return self._ledger._pin(*key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and len(key) == 2 and self.get((str(key[0]), str(key[1]))) is not None
+
+    def items(self) -> Iterator[tuple[tuple[str, str], Pin]]:
+        """Every pin, by project and filename (read in pages: a gateway holds hundreds of thousands)."""
+        after = ("", "")
+        while rows := self._ledger._query("SELECT * FROM pins WHERE (project, filename) > (?, ?) "
+                                          "ORDER BY project, filename LIMIT 1000", after):
+            for row in rows:
+                yield (row[0], row[1]), _pin_of(row)
+            after = (rows[-1][0], rows[-1][1])
+
+
+def _pin_of(row: tuple[Any, ...]) -> Pin:
+    project, filename, hashes, size, origin, url, core, time = row
+    return Pin(project, filename, json.loads(hashes), size, origin, url, json.loads(core) if core else None, time)
+
+
+def _edges(f: Any, end: int) -> tuple[str, str]:
+    """Digests of the first and of the last ``_EDGE`` bytes before ``end``."""
+    f.seek(0)
+    head = f.read(min(end, _EDGE))
+    f.seek(max(0, end - _EDGE))
+    tail = f.read(min(end, _EDGE))
+    return hashlib.sha256(head).hexdigest(), hashlib.sha256(tail).hexdigest()
 
 
 def _last_byte(path: Path) -> bytes:

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from proxy.gateway.ledger import Ledger, Pin
+from proxy.gateway.ledger import Ledger, Pin, Project
 from proxy.gateway.listing import Listing
 from proxy.gateway.policy import Policy, Refusal, Trimmed
 from proxy.protocol import index
@@ -77,17 +77,16 @@ def withheld(advisories: AdvisorySet | None, policy: Policy, project: str, dist:
     return advisories.block(policy.advisory_rules, project, dist.filename, hashes)
 
 
-def _first_sight(listing: Listing, ledger: Ledger, policy: Policy,
+def _first_sight(listing: Listing, known: Project, policy: Policy,
                  now: datetime) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
     """When each listed file's cooldown counts from, and which of them are listed for the first time."""
-    listed_before = ledger.listed(listing.project)
+    listed_before = known.listed
     counted: dict[str, datetime | None] = {}
     new: dict[str, datetime | None] = {}
     for dist in listing.page.files:
-        key = (listing.project, dist.filename)
-        if key in ledger.seen:
-            counted[dist.filename] = ledger.seen[key]
-        elif key in ledger.pins:
+        if dist.filename in known.seen:
+            counted[dist.filename] = known.seen[dist.filename]
+        elif dist.filename in known.pins:
             counted[dist.filename] = None  # pinned before first sights were recorded: as it was published
         else:
             counted[dist.filename] = new[dist.filename] = policy.counts_from(dist.upload_time, now, listed_before)
@@ -97,7 +96,8 @@ def _first_sight(listing: Listing, ledger: Ledger, policy: Policy,
 def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advisories: AdvisorySet | None = None) -> Rendered:
     """The page to sign for ``listing`` at ``now``; see the module docstring."""
     project = listing.project
-    counted, new_seen = _first_sight(listing, ledger, policy, now)
+    known = ledger.project(project)
+    counted, new_seen = _first_sight(listing, known, policy, now)
     trimmed = policy.apply(listing.page, now, counted)
     listing = dataclasses.replace(listing, page=trimmed.page)
     out = Rendered(page=index.ProjectPage(name=project, files=()), trimmed=trimmed, new_seen=new_seen)
@@ -107,7 +107,7 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
             continue
         hashes = _accepted(dist.hashes)
         core = _accepted(dist.core_metadata) if isinstance(dist.core_metadata, dict) else {}
-        pin = ledger.pins.get((project, dist.filename))
+        pin = known.pins.get(dist.filename)
         if pin is None:
             pin = Pin(project, dist.filename, hashes, dist.size, listing.index_url, dist.url, core or None)
             out.new_pins.append(pin)
@@ -129,7 +129,7 @@ def render(listing: Listing, ledger: Ledger, policy: Policy, now: datetime, advi
             # A .metadata file the page gives no hash for could not be checked: let pip read the wheel instead.
             core_metadata=dict(pin.core_metadata) if pin.core_metadata and "sha256" in pin.core_metadata else False,
             # Never the index's URL: ours, to the signed provenance target, for the files verified.
-            provenance=f"{href}{PROVENANCE_SUFFIX}" if (project, dist.filename) in ledger.provenance else None,
+            provenance=f"{href}{PROVENANCE_SUFFIX}" if dist.filename in known.provenance else None,
         ))
     files.sort(key=lambda f: f.filename)
     out.page = index.ProjectPage(name=project, files=tuple(files), versions=listing.page.versions).with_status(

@@ -102,7 +102,7 @@ class ProvenanceGate:
         self._audited: dict[tuple[str, str], tuple[str, str]] = {}
 
     def pinned(self, project: str) -> PublisherSpec | None:
-        record = self.ledger.publishers.get(project)
+        record = self.ledger.publisher(project)
         return rules.parse_spec(record["spec"]) if record else None
 
     async def screen(self, listing: Listing) -> Listing:
@@ -111,7 +111,8 @@ class ProvenanceGate:
         mode = self.policy.mode_for(project)
         if mode == "off":
             return listing
-        new = [d for d in listing.page.files if (project, d.filename) not in self.ledger.pins]
+        pins = self.ledger.project(project).pins
+        new = [d for d in listing.page.files if d.filename not in pins]
         if not new:
             return listing
         answers = await asyncio.gather(*(self._outcome(d) for d in new))

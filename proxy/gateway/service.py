@@ -215,7 +215,7 @@ class Gateway:
     async def fetch(self, project: str) -> Listing | Refusal:
         """The project's listing from the index the policy picks, or why none may supply it; refusals audited."""
         try:
-            listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
+            listing = await self.client.listing(project, self.policy, only=self.ledger.index_of(project))
         except PageRefused as e:
             self.metrics.pages_fetched.labels("refused" if e.reason != "upstream-unreachable" else "unreachable").inc()
             fault = self.metrics.refused(e.reason, e.fault)
@@ -254,7 +254,7 @@ class Gateway:
         refusal = self.policy.admit(project)
         if refusal is None:
             try:
-                listing = await self.client.listing(project, self.policy, only=self.ledger.project_index.get(project))
+                listing = await self.client.listing(project, self.policy, only=self.ledger.index_of(project))
             except PageRefused as e:
                 return {**answer, "refused": f"{e.reason}: {e}", "rule": e.reason}
             if isinstance(listing, Refusal):
@@ -308,7 +308,7 @@ class Gateway:
         self._record_trimmed(listing.project, rendered.trimmed)
         self._record_blocked(listing.project, rendered.blocked)
         records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
-        if listing.project not in self.ledger.project_index:
+        if self.ledger.index_of(listing.project) is None:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
         self.ledger.append(records)
         for changed in rendered.changed:
@@ -429,5 +429,5 @@ class Gateway:
             return refusal
         if isinstance(listing, Refusal):
             # The index no longer lists it: its files leave the signed page.
-            listing = Listing(project, self.ledger.project_index.get(project, ""), index.ProjectPage(name=project, files=()))
+            listing = Listing(project, self.ledger.index_of(project) or "", index.ProjectPage(name=project, files=()))
         return self.accept(listing).page
