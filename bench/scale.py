@@ -22,8 +22,9 @@ progress on stderr.  At each checkpoint (N projects published that way), in this
 1. the gateway's VmHWM and CPU over the fill (the process that did it);
 2. restart: SIGTERM, start again, seconds from the spawn until ``/readyz`` answers 200 ("start-up"); the
    first collection of a gateway runs at its first tick (``proxy/gateway/freshness.py``: the online roles
-   are re-signed at once after a start, then ``Collector.collect`` looks at every project), so the restart
-   is also the garbage collection.  For ``--restart-watch`` seconds after the gateway is ready (and until
+   are re-signed at once after a start, then ``Collector.collect`` looks at the projects signed since its
+   record in ``run/gc-pending.json``, at every project without one), so the restart is also the garbage
+   collection.  For ``--restart-watch`` seconds after the gateway is ready (and until
    the collection is over: at most 2 versions of each role left in ``public/metadata`` and the gateway's
    CPU idle) the index's page requests are counted: "page fetches after a restart" (goal 0: every ttl is a
    day away);

@@ -803,6 +803,12 @@ def test_a_restart_refetches_only_the_pages_whose_ttl_has_passed(tmp_path: Path,
     with GatewayProcess(tmp_path / "gw", *args) as gw:
         for project in ("app", "lib"):
             assert gw.publish(project)[0] == 200
+    # The clean stop kept the catalog: a start takes every bin from it and reads none (it would say unsaved).
+    from proxy.repository import Repository
+    from proxy.repository.catalog import Catalog
+
+    kept = Catalog(Repository.open(tmp_path / "gw"), tmp_path / "gw" / "gateway" / "run" / "catalog.json").update()
+    assert kept.projects == {"app", "lib", "base"} and not kept.unsaved
     times = tmp_path / "gw" / "gateway" / "run" / "fetched.jsonl"
     recorded = [json.loads(line) for line in times.read_bytes().splitlines()]
     assert {r["p"] for r in recorded} == {"app", "lib", "base"}  # base: prefetched as app's dependency

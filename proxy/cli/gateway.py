@@ -363,7 +363,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
 
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
                           after=pusher.push if pusher is not None else None, key_failed=key_failed, private=private,
-                          high_water=high_water_file(directory, values["cache_dir"]))
+                          high_water=high_water_file(directory, values["cache_dir"]),
+                          catalog=state_dir(directory, values["cache_dir"]) / "run" / "catalog.json")
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir
@@ -406,7 +407,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     leader = Leadership(shared / "fresh.lock") if shared is not None else None
     reload_tls = asyncio.create_task(tls.keep_loaded()) if tls is not None else None
     fresh = asyncio.create_task(keep_fresh(gateway, repo, page_ttl=values["page_ttl"], rate=values["refresh_rate"],
-                                           tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader))
+                                           tick=min(5.0, values["page_ttl"] / 4), grace=values["gc_grace"], leader=leader,
+                                           gc_state=state_dir(directory, values["cache_dir"]) / "run" / "gc-pending.json"))
     watching = asyncio.create_task(gateway.watch_advisories(ADVISORY_CHECK, leader))
     feeds = None
     if values["advisories_url"]:

@@ -578,6 +578,11 @@ class Repository:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield
 
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """The lock every signing transaction holds (across processes): a garbage collector deleting a page
+        under it cannot race a publish that is writing the same bytes back."""
+        return self._locked()
+
     # -- pages ---------------------------------------------------------
     def _current_page(self, change: _Change, project: str) -> index.ProjectPage:
         fmt = self.profile.signed_formats[0]
