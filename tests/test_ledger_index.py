@@ -155,3 +155,10 @@ def test_memory_and_start_do_not_grow_with_the_ledger(tmp_path: Path) -> None:
     assert ledger.lines_read == 0 and not ledger.reindexed
     # The in-memory form took ~5 KB per project, 100 MB here; the index is read through SQLite's page cache.
     assert peak < 4 << 20, peak
+
+
+def test_the_index_is_as_private_as_the_ledger(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    ledger.append([pin("alpha", 1)])
+    mode = ledger.path.stat().st_mode & 0o777
+    assert (tmp_path / INDEX).stat().st_mode & 0o777 == mode and not mode & 0o007

@@ -167,6 +167,8 @@ class Ledger:
 
     def _connect(self) -> sqlite3.Connection:
         for attempt in (1, 2):
+            # As private as the file it indexes (SQLite gives its -wal and -shm files the database's mode).
+            os.close(os.open(self.index_path, os.O_WRONLY | os.O_CREAT, 0o640))
             db = sqlite3.connect(self.index_path, isolation_level=None, check_same_thread=False, timeout=60)
             try:
                 db.execute("PRAGMA journal_mode=WAL")
