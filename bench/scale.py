@@ -20,7 +20,11 @@ Growing: ``--concurrency`` POSTs at once to the gateway's publish API (the miss 
 progress on stderr.  At each checkpoint (N projects published that way), in this order:
 
 1. the gateway's VmHWM and CPU over the fill (the process that did it);
-2. restart: SIGTERM, start again, seconds from the spawn until ``/readyz`` answers 200 ("start-up"); the
+2. restart: SIGTERM; "aged" (unless ``--fresh-bins``): every online role re-signed while it is down
+   (``tufproxy repo refresh DIR --force``), which is what PEP 458's one-day bin-n expiry has done to any gateway
+   older than a day; without it the first checkpoint's snapshot still names most bins at version 1 and each
+   publish re-signs a smaller snapshot than a gateway that has run a day does (its 1,000-project figures are
+   then a fresh install's, not a running gateway's); start again, seconds from the spawn until ``/readyz`` answers 200 ("start-up"); the
    first collection of a gateway runs at its first tick (``proxy/gateway/freshness.py``: the online roles
    are re-signed at once after a start, then ``Collector.collect`` looks at the projects signed since its
    record in ``run/gc-pending.json``, at every project without one), so the restart is also the garbage
@@ -413,10 +417,14 @@ def fill(gw: Gateway, names: range, concurrency: int) -> dict[str, Any]:
 
 
 # -- one checkpoint --------------------------------------------------------------------------------------------
-def restart(gw: Gateway, idx: SyntheticIndex, watch: float) -> dict[str, Any]:
-    """Stop and start the gateway; start-up time, the index requests after it, the collection's end."""
+def restart(gw: Gateway, idx: SyntheticIndex, watch: float, age: bool) -> dict[str, Any]:
+    """Stop and start the gateway (with ``age``, every online role re-signed in between: the state of a gateway
+    older than a bin-n's lifetime); start-up time, the index requests after it, the collection's end."""
     pages0, other0 = idx.counts()
     stopped = gw.stop()
+    if age:
+        subprocess.run([sys.executable, "-m", "proxy", "repo", "refresh", str(gw.directory), "--force"], check=True,
+                       stdout=subprocess.DEVNULL)
     started = gw.start()
     ready = time.monotonic()
     metadata = gw.directory / "public" / "metadata"
@@ -484,7 +492,7 @@ def checkpoint(n: int, k: int, gw: Gateway, idx: SyntheticIndex, relay: Counting
                args: argparse.Namespace, filled: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"checkpoint": n, "fill": filled}
     print(f"checkpoint {n:,}: restart", file=sys.stderr, flush=True)
-    row["restart"] = restart(gw, idx, args.restart_watch)
+    row["restart"] = restart(gw, idx, args.restart_watch, not args.fresh_bins)
     sizes = breakdown(gw.directory)
     m = metrics(gw.proc.base)
     published = int(m.get("tufproxy_gateway_projects", 0))
@@ -613,6 +621,8 @@ def main() -> None:
     ap.add_argument("--restart-watch", type=float, default=30.0)
     ap.add_argument("--workdir", type=Path, help="keep the gateway's directory and logs here (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--fresh-bins", action="store_true",
+                    help="do not re-sign every online role at each restart (see the docstring: 'aged')")
     ap.add_argument("--report", type=Path, metavar="JSON", help="only print and write the report of an earlier run's JSON")
     args = ap.parse_args()
     if args.report is not None:
@@ -655,7 +665,7 @@ def main() -> None:
             "date": datetime.fromtimestamp(began, UTC).isoformat(timespec="seconds"),
             "wall_seconds": round(time.time() - began), "loadavg_before": load_before, "loadavg_after": load_after,
             "cpus": os.cpu_count(), "python": platform.python_version(), "bins": args.bins,
-            "concurrency": args.concurrency, "probes": args.probes}
+            "concurrency": args.concurrency, "probes": args.probes, "aged": not args.fresh_bins}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scale.json").write_text(json.dumps({**meta, "checkpoints": rows}, indent=2) + "\n")
     report(meta, rows, args.out)
@@ -671,7 +681,8 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
           f"`{meta['command']}`, {meta['date']}, {meta['wall_seconds'] / 60:.0f} min wall; {meta['cpus']} CPUs, shared; "
           f"load average before `{meta['loadavg_before']}`, after `{meta['loadavg_after']}`. {meta['bins']} bins from "
           f"the start; fill through the publish API, {meta['concurrency']} at once; {meta['probes']} cold misses per "
-          "checkpoint through an edge. How each figure is measured: the docstring of `bench/scale.py`; raw figures: "
+          "checkpoint through an edge" + ("; every online role re-signed at each restart, as a gateway older than a "
+                                          "day has had them (`aged`)" if meta.get("aged") else "") + ". How each figure is measured: the docstring of `bench/scale.py`; raw figures: "
           "`scale.json`.", "", *lines, "", "Goals (ratio last / first checkpoint):", "", *verdicts, ""]
     (out / "scale.md").write_text("\n".join(md))
 

@@ -188,11 +188,15 @@ What lives where (back up the first three; the rest is fetched again):
   DIR/public/metadata/,   signed metadata and signed pages (what edges verify;
   DIR/public/simple/      a restore from an older backup keeps versions rising)
   DIR/gateway/            ledger.jsonl (pins and revocations, append-only: the
-                          memory of what was served), policy.json and
+                          memory of what was served) and ledger.sqlite (its
+                          index, rebuilt when missing), policy.json and
                           advisories.json (imported OSV advisories)
   DIR/public/packages/    files fetched on demand, checked against the ledger;
                           with --cache-dir DIR2: DIR2/packages/ instead
-  DIR/gateway/run/        worker locks and metrics (DIR2/run/ with --cache-dir)
+  DIR/gateway/run/        worker locks, metrics and what a restart takes up
+                          (fetch times, the catalog of bins, pages pending
+                          collection); DIR2/run/ with --cache-dir; never
+                          restored from a backup
 """
 
 
