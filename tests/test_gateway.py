@@ -752,9 +752,13 @@ def test_three_projects_changing_together_cost_one_signature(tmp_path: Path, tes
     with GatewayProcess(tmp_path / "gw", *args) as gw:
         for project in projects:
             assert gw.publish(project)[0] == 200
+        fetched = time.monotonic()
     for project in projects:
         test_index.add(build_wheel(tmp_path / "new", project, "9.0"))
-    # Restarted with a short ttl: all three were fetched before this process, so all are due at its first refresh.
+    # Restarted with a short ttl: all three were fetched before this process, so all are due at its first refresh
+    # once that ttl has passed since the last fetch (a start takes well under a second now: without this, the
+    # last page could still be fresh at the first refresh and be signed in a batch of its own).
+    wait_for(lambda: time.monotonic() - fetched > 1.0, what="the 1 s page ttl to pass since the last fetch")
     with GatewayProcess(tmp_path / "gw", *args, "--page-ttl", "1", "--refresh-rate", "100") as gw:
         pages = [gw.directory / "public" / "simple" / p / "index.json" for p in projects]
         wait_for(lambda: all(b"-9.0-" in p.read_bytes() for p in pages), what="three new releases signed")
