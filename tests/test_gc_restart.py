@@ -27,7 +27,7 @@ from proxy.gateway.freshness import Collector
 from proxy.protocol import index
 from proxy.protocol.profiles import GATEWAY
 from proxy.repository import Repository
-from proxy.repository.catalog import Catalog
+from proxy.repository.catalog import Catalog, snapshot_version
 
 PROJECTS = 120
 BINS = 64
@@ -176,7 +176,7 @@ def test_a_record_that_cannot_be_trusted_falls_back_to_looking_at_every_project(
     first.collect(catalog.update().take_touched(), now=t + 1)
     first.collect(catalog.update().take_touched(), now=t + 2)
     data = state.read_bytes()
-    current = freshness._snapshot_version(repo)
+    current = snapshot_version(repo)
     spoil, said = DAMAGE[damage]
     if damage == "missing":
         state.unlink()

@@ -25,7 +25,6 @@ every due page is still refreshed at the rate bound.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
@@ -42,6 +41,7 @@ from proxy.gateway.due import DueQueue
 from proxy.gateway.service import Gateway
 from proxy.protocol.hashing import new_hash
 from proxy.repository import Repository, RepositoryError
+from proxy.repository.catalog import repository_identity, snapshot_version
 from proxy.util.atomic import atomic_write
 from proxy.util.locks import Leadership
 
@@ -184,7 +184,7 @@ class Collector:
         batch signed since the previous collection returned (:meth:`Catalog.take_touched`)."""
         now = time.time() if now is None else now
         cutoff = now - self.grace
-        current = _snapshot_version(self.repo)
+        current = snapshot_version(self.repo)
         simple = self.repo.public_dir / "simple"
         looked = set(touched)
         if self._first:
@@ -267,8 +267,8 @@ class Collector:
             log.warning("the record of pages pending collection at %s is unreadable (%s): %s", self.state, e, fallback)
             return None
         try:
-            pending, noted_up_to = _parse_record(raw, _identity(self.repo))
-        except (OSError, KeyError, TypeError, ValueError) as e:
+            pending, noted_up_to = _parse_record(raw, repository_identity(self.repo))
+        except (RepositoryError, KeyError, TypeError, ValueError) as e:
             log.warning("the record of pages pending collection at %s is damaged (%s): %s", self.state, e, fallback)
             return None
         if pending is None:
@@ -295,8 +295,8 @@ class Collector:
         if self.state is None:
             return
         try:
-            identity = _identity(self.repo)
-        except OSError as e:
+            identity = repository_identity(self.repo)
+        except RepositoryError as e:
             log.warning("cannot record the pages pending collection in %s: %s", self.state, e)
             return
         record: dict[str, object] = {"format": RECORD_FORMAT, "root": identity, "snapshot": noted_up_to}
@@ -314,11 +314,6 @@ class Collector:
             log.warning("cannot record the pages pending collection in %s: %s", self.state, e)
         else:
             self._saved = data
-
-
-def _identity(repo: Repository) -> str:
-    """Which repository a record is of: a digest of its first root (one initialised again has another)."""
-    return hashlib.sha256((repo.metadata_dir / "1.root.json").read_bytes()).hexdigest()
 
 
 def _parse_record(raw: object, identity: str) -> tuple[dict[str, dict[str, float]] | None, int]:
@@ -345,13 +340,6 @@ def _parse_record(raw: object, identity: str) -> tuple[dict[str, dict[str, float
                 raise ValueError(f"page {name[:140]!r} of {project!r}")
         pending[project] = {name: float(since) for name, since in names.items()}
     return pending, noted_up_to
-
-
-def _snapshot_version(repo: Repository) -> int:
-    version = repo.metadata_json("timestamp")["signed"]["meta"]["snapshot.json"]["version"]
-    if not isinstance(version, int):
-        raise RepositoryError(f"timestamp.json in {repo.metadata_dir} names no snapshot version")
-    return version
 
 
 def _moved_projects(repo: Repository, before: int, after: int) -> set[str]:

@@ -126,7 +126,6 @@ class _Position:
     offset: int = 0
     lines: int = 0
     junk: int = 0
-    rereads: int = 0
     identity: tuple[int, int] | None = None
     head: str = ""
     tail: str = ""
@@ -135,11 +134,11 @@ class _Position:
     def of(cls, values: dict[str, str]) -> _Position:
         identity = (int(values["device"]), int(values["inode"])) if "inode" in values else None
         return cls(int(values.get("offset", 0)), int(values.get("lines", 0)), int(values.get("junk", 0)),
-                   int(values.get("rereads", 0)), identity, values.get("head", ""), values.get("tail", ""))
+                   identity, values.get("head", ""), values.get("tail", ""))
 
     def values(self) -> dict[str, str]:
         out = {"offset": str(self.offset), "lines": str(self.lines), "junk": str(self.junk),
-               "rereads": str(self.rereads), "head": self.head, "tail": self.tail}
+               "head": self.head, "tail": self.tail}
         if self.identity is not None:
             out |= {"device": str(self.identity[0]), "inode": str(self.identity[1])}
         return out
@@ -230,7 +229,7 @@ class Ledger:
                 self.reindexed = True
             elif at.identity is not None:
                 log.warning("ledger %s was removed since it was read: what was read stays known", self.path)
-            self._put(_Position(rereads=at.rereads))
+            self._put(_Position())
             self._seen_size = (None, 0)
             return False
         same = (at.identity == identity and size >= at.offset
@@ -241,12 +240,12 @@ class Ledger:
                     log.info("ledger %s is not the file its index %s describes (replaced, truncated or rewritten): "
                              "indexing it again from its first line", self.path, self.index_path)
                 self._clear()
-                at = _Position(rereads=at.rereads)
+                at = _Position()
             elif at.identity is not None:
                 how = ("replaced" if identity != at.identity else f"truncated to {size} bytes" if size < at.offset
                        else "rewritten")
                 log.warning("ledger %s was %s since it was read: reading all of it again", self.path, how)
-                at = _Position(rereads=at.rereads + 1)
+                at = _Position()
             self.reindexed = self.reindexed or starting
         elif starting and at.junk and not self._quiet:
             log.warning("ledger %s: %d line(s) are not records and were skipped (named when first read)",

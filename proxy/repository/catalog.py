@@ -52,6 +52,21 @@ class Repository(Protocol):
     def metadata_json(self, role: str, version: int | None = None) -> dict[str, Any]: ...
 
 
+def snapshot_version(repo: Repository) -> int:
+    """The version of the snapshot ``repo``'s current timestamp names; RepositoryError if it names none."""
+    version = repo.metadata_json("timestamp")["signed"]["meta"]["snapshot.json"]["version"]
+    if not isinstance(version, int):
+        raise RepositoryError("timestamp.json names no snapshot version")
+    return version
+
+
+def repository_identity(repo: Repository) -> str:
+    """Which repository a file of ours describes: a digest of its first root (one initialised again has
+    another); RepositoryError if that root cannot be read."""
+    signed = repo.metadata_json("root", 1)["signed"]
+    return hashlib.sha256(json.dumps(signed, sort_keys=True).encode()).hexdigest()
+
+
 class Catalog:
     """The published projects of ``repo``, remembered in ``persisted`` if given: see the module docstring.
     Not thread-safe: one caller of :meth:`update` at a time; :meth:`save` may run beside it in another thread."""
@@ -74,7 +89,7 @@ class Catalog:
     def update(self) -> Catalog:
         """Take up what was signed since the last call (by anyone); cheap when nothing was.  RepositoryError
         (a file missing or damaged) leaves the catalog as it was: nothing is applied until every bin is read."""
-        version = self.repo.metadata_json("timestamp")["signed"]["meta"]["snapshot.json"]["version"]
+        version = snapshot_version(self.repo)
         if version == self._snapshot:
             return self
         meta = self.repo.metadata_json("snapshot", version)["signed"]["meta"]
@@ -172,13 +187,12 @@ class Catalog:
         return True
 
     def _root_identity(self) -> str | None:
-        """A digest of the repository's first root: another repository (re-initialised) has another."""
+        """:func:`repository_identity`, read once; None (said) if it cannot be read."""
         try:
-            signed = self.repo.metadata_json("root", 1)["signed"]
+            self._identity = repository_identity(self.repo)
         except RepositoryError as e:
             log.info("catalog: not persisted (%s)", e)
             return None
-        self._identity = hashlib.sha256(json.dumps(signed, sort_keys=True).encode()).hexdigest()
         return self._identity
 
     def _load(self) -> Bins:

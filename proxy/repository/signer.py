@@ -341,7 +341,7 @@ class Repository:
         self.profile = settings.profile
         self.public_dir = self.path / "public"
         self.metadata_dir = self.public_dir / self.profile.metadata_path
-        # Bin-n -> (version, expiry) as last signed or read here; see _bin_expires.
+        # Bin-n -> (version, expiry) as last signed or read here; see _bin_due.
         self._bin_expiry: dict[str, tuple[int, datetime]] = {}
         # Told the name of every file a commit writes under public/, while a gateway copies the tree to a
         # bucket (it creates the journal): whichever process signs, a revoke or an advisory import too.
@@ -833,25 +833,28 @@ class Repository:
                         continue
                     change.dirty.add(role)
             for name in _bin_names(change):
-                if force or self._bin_expires(change, name) - when < self.settings.expiry.bin_n / 2:
+                if force or self._bin_due(change, name):
                     change.dirty.add(name)
             if not change.dirty and not due("snapshot", change.snapshot) and not due("timestamp", change.timestamp):
                 return change.report
             return change.commit()
 
-    def _bin_expires(self, change: _Change, name: str) -> datetime:
-        """When bin ``name`` as ``change``'s snapshot lists it expires: remembered from its signing or an earlier
-        look while the snapshot names the same version (a refresh then reads only the bins it re-signs)."""
+    def _bin_due(self, change: _Change, name: str) -> bool:
+        """Whether bin ``name`` as ``change``'s snapshot lists it is past half its lifetime.  Its expiry is
+        remembered from its signing or an earlier look while the snapshot names the same version (a refresh
+        then reads only the bins it re-signs)."""
         version = change.snapshot.signed.meta[f"{name}.json"].version
         kept = self._bin_expiry.get(name)
+        loaded = None
         if kept is None or kept[0] != version:
+            loaded = change._roles.get(name) or self._load(name, version)
+            kept = self._bin_expiry[name] = (loaded.signed.version, loaded.signed.expires)
+        due = kept[1] - change.now < self.settings.expiry.bin_n / 2
+        if due and loaded is not None:
             # Kept in the change only when due (it is re-signed): a first refresh looks at every bin, and holding
             # 4,096 parsed bins of 100,000 projects at once took 200 MB, a peak the process keeps.
-            md = change._roles.get(name) or self._load(name, version)
-            if md.signed.expires - change.now < self.settings.expiry.bin_n / 2:
-                change._roles[name] = md
-            kept = self._bin_expiry[name] = (md.signed.version, md.signed.expires)
-        return kept[1]
+            change._roles.setdefault(name, loaded)
+        return due
 
     def rotate_root(
         self,
