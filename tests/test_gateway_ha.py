@@ -27,6 +27,7 @@ from pathlib import Path
 import obstore
 import pytest
 
+from proxy.gateway.shared import group_ledger
 from proxy.protocol.lease import LEASE_KEY, LeaseRecord
 from proxy.repository.sample import build_wheel
 from proxy.storage.leader import GENERATION_META, Fence, LeaderLease, LeaseLost
@@ -332,7 +333,7 @@ def test_pins_revocations_and_advisories_are_the_buckets_and_hold_after_failover
         with g.edge(tmp_path / "edge1", "ha-state", leader) as edge:
             r = install("pip", edge.url, tmp_path / "t1", "lib")
             assert r.returncode == 0, r.stdout + r.stderr
-        wait_for(lambda: b"lib-1.0-py3-none-any.whl" in (asyncio.run(b.read("state/ledger.jsonl")) or b""),
+        wait_for(lambda: b"lib-1.0-py3-none-any.whl" in (asyncio.run(group_ledger(b))),
                  "the leader's pin of lib in the bucket's ledger", timeout=30)
         wait_for(lambda: _ledger_has(follower, kind="pin", project="lib"), "the follower to cache the pin", timeout=30)
         # On the follower's host: a revocation and an advisory import reach the leader through the follower's inbox.
@@ -418,7 +419,7 @@ def test_random_kills_each_followed_by_an_install_with_no_rollback(
         b = bucket(seaweed, "ha-random", monkeypatch)
 
         def pinned() -> set[str]:
-            data = asyncio.run(b.read("state/ledger.jsonl")) or b""
+            data = asyncio.run(group_ledger(b))
             return {json.loads(line)["project"] for line in data.splitlines() if b'"kind": "pin"' in line}
         wait_for(lambda: pinned() >= set(projects), "every round's pin in the bucket's ledger", timeout=30)
 

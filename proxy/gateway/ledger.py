@@ -37,6 +37,12 @@ Several processes (workers, ``tufproxy gateway revoke`` beside a running
 gateway) share the index: each takes in new lines in one write
 transaction, so no line is applied twice.
 
+The index also keys each record by what it says without its time
+(:func:`record_key`), with where its line is and whether a replica group
+holds it: a replica sends its group what it appended since (:meth:`Ledger.unshared`)
+and takes in what the group's log adds (:meth:`Ledger.take`) without
+holding either ledger in memory (:mod:`proxy.gateway.shared`).
+
 Readers pick up lines other processes appended with :meth:`Ledger.reload`.
 A torn last line (a crash mid-append) is ignored and completed by the next
 append.  A line that is not a record is counted and named in a warning,
@@ -54,7 +60,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,8 +89,14 @@ CREATE TABLE IF NOT EXISTS revoked(project TEXT NOT NULL, filename TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS publishers(project TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS provenance(project TEXT NOT NULL, filename TEXT NOT NULL, record TEXT NOT NULL,
                                       PRIMARY KEY(project, filename)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records(key BLOB PRIMARY KEY, offset INTEGER NOT NULL, length INTEGER NOT NULL,
+                                   shared INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS unshared ON records(offset) WHERE shared = 0;
+CREATE TABLE IF NOT EXISTS sync(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-_TABLES = ("projects", "pins", "seen", "revoked", "publishers", "provenance")
+_TABLES = ("projects", "pins", "seen", "revoked", "publishers", "provenance", "records", "sync")
+# The index's layout: an index written by an older one is built again (quietly: the file lost nothing).
+_LAYOUT = "2"
 _WHOLE = ""  # the filename of a revocation of a whole project (filenames are never empty)
 
 
@@ -129,16 +141,17 @@ class _Position:
     identity: tuple[int, int] | None = None
     head: str = ""
     tail: str = ""
+    layout: str = _LAYOUT
 
     @classmethod
     def of(cls, values: dict[str, str]) -> _Position:
         identity = (int(values["device"]), int(values["inode"])) if "inode" in values else None
         return cls(int(values.get("offset", 0)), int(values.get("lines", 0)), int(values.get("junk", 0)),
-                   identity, values.get("head", ""), values.get("tail", ""))
+                   identity, values.get("head", ""), values.get("tail", ""), values.get("layout", "1"))
 
     def values(self) -> dict[str, str]:
         out = {"offset": str(self.offset), "lines": str(self.lines), "junk": str(self.junk),
-               "head": self.head, "tail": self.tail}
+               "head": self.head, "tail": self.tail, "layout": self.layout}
         if self.identity is not None:
             out |= {"device": str(self.identity[0]), "inode": str(self.identity[1])}
         return out
@@ -234,7 +247,11 @@ class Ledger:
             return False
         same = (at.identity == identity and size >= at.offset
                 and (at.offset == 0 or (at.head, at.tail) == _edges(f, at.offset)))
-        if at.identity is None or not same:
+        if starting and same and at.layout != _LAYOUT:
+            log.info("ledger index %s was written by an older tufproxy: indexing %s again", self.index_path, self.path)
+            self._clear()
+            at = _Position()
+        elif at.identity is None or not same:
             if starting:
                 if at.identity is not None:
                     log.info("ledger %s is not the file its index %s describes (replaced, truncated or rewritten): "
@@ -268,15 +285,24 @@ class Ledger:
             data = rest + chunk
             end = data.rfind(b"\n") + 1
             rest = data[end:]
-            for line in data[:end].splitlines():
+            start = 0
+            while start < end:
+                stop = data.index(b"\n", start)
+                line = data[start:stop]
                 at.lines += 1
                 self.lines_read += 1
                 try:
-                    self._apply(json.loads(line))
+                    record = json.loads(line)
+                    self._apply(record)
+                    # Where the record is (a re-read moves it), for what a replica group has yet to share.
+                    self._db.execute("INSERT INTO records VALUES (?, ?, ?, 0) ON CONFLICT(key) DO UPDATE "
+                                     "SET offset = excluded.offset, length = excluded.length",
+                                     (record_key(record), at.offset + start, stop - start))
                     applied = True
                 except (ValueError, KeyError, TypeError, AttributeError):
                     if line.strip():
                         junk.append((at.lines, line[:40]))
+                start = stop + 1
             at.offset += end
         at.junk += len(junk)
         if junk and not self._quiet:
@@ -358,6 +384,91 @@ class Ledger:
         return [{"kind": "seen", "project": project, "filename": f, "counts_from": w.isoformat() if w else None}
                 for f, w in first_seen.items() if f not in known]
 
+    # -- sharing with a replica group ----------------------------------------------------------
+
+    def lacking(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The ``records`` this ledger lacks (compared without their time), in their order, each once."""
+        self.reload()
+        taken: list[dict[str, Any]] = []
+        seen: set[bytes] = set()
+        with self._lock:
+            for record in records:
+                key = record_key(record)
+                if key not in seen and self._db.execute("SELECT 1 FROM records WHERE key = ?", (key,)).fetchone() is None:
+                    taken.append(record)
+                seen.add(key)
+        return taken
+
+    def take(self, records: list[dict[str, Any]], shared: bool, position: dict[str, Any] | None = None) -> int:
+        """Append the ``records`` this ledger lacks; how many.  ``shared``: they are the group's (read from
+        the bucket), noted so with ``position``, the group's log as read up to them, in one transaction."""
+        new = self.lacking(records)
+        self.append(new)
+        if shared:
+            self.mark_shared([record_key(r) for r in records], position)
+        return len(new)
+
+    def unshared(self, limit: int) -> list[tuple[bytes, bytes]]:
+        """(key, line) of the records not yet noted as the group's, in the file's order, about ``limit``
+        bytes of them at most (always one if there is one)."""
+        self.reload()
+        with self._lock:
+            found: list[tuple[bytes, bytes]] = []
+            stale: list[bytes] = []
+            size = 0
+            try:
+                f = open(self.path, "rb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:
+                return []
+            with f:
+                for key, offset, length in self._unshared_rows():
+                    if found and size + length > limit:
+                        break
+                    f.seek(offset)
+                    line = f.read(length)
+                    try:
+                        same = record_key(json.loads(line)) == key
+                    except (ValueError, AttributeError):
+                        same = False
+                    if same:
+                        found.append((key, line))
+                        size += length + 1
+                    else:
+                        stale.append(key)
+            if stale:
+                # Records the index knew from a file replaced since: not in this one to share.  Forgotten, so
+                # the group's copy, if any, is appended again at the next pull.
+                log.warning("ledger %s: %d record(s) its index knew are no longer in it", self.path, len(stale))
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany("DELETE FROM records WHERE key = ?", [(k,) for k in stale])
+                self._db.execute("COMMIT")
+        return found
+
+    def _unshared_rows(self) -> Iterator[tuple[bytes, int, int]]:
+        after = -1
+        while rows := self._db.execute("SELECT key, offset, length FROM records WHERE shared = 0 AND offset > ? "
+                                       "ORDER BY offset LIMIT 500", (after,)).fetchall():
+            yield from rows
+            after = rows[-1][1]
+
+    def mark_shared(self, keys: list[bytes], position: dict[str, Any] | None = None) -> None:
+        """Note ``keys`` as records the group holds (and ``position``: how far its log was read)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("UPDATE records SET shared = 1 WHERE key = ?", [(k,) for k in keys])
+                if position is not None:
+                    self._db.execute("INSERT OR REPLACE INTO sync VALUES ('group', ?)", (json.dumps(position),))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def group_position(self) -> dict[str, Any]:
+        """How far this replica read its group's log (kept with the index: a rebuilt index reads it again)."""
+        rows = self._query("SELECT value FROM sync WHERE key = 'group'")
+        return json.loads(rows[0][0]) if rows else {}
+
     # -- looking up ----------------------------------------------------------------------------
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -438,6 +549,11 @@ class _Pins:
             for row in rows:
                 yield (row[0], row[1]), _pin_of(row)
             after = (rows[-1][0], rows[-1][1])
+
+
+def record_key(record: dict[str, Any]) -> bytes:
+    """What identifies a record whatever its time: the same fact written by two replicas is one record."""
+    return hashlib.sha256(json.dumps({k: v for k, v in record.items() if k != "time"}, sort_keys=True).encode()).digest()
 
 
 def _pin_of(row: tuple[Any, ...]) -> Pin:

@@ -2,29 +2,42 @@
 
 Under ``PREFIX/state/``:
 
-- ``ledger.jsonl``: the ledger (pins, revocations, the project-to-index
-  memory, provenance and publisher pins, first sights);
+- ``ledger/head.json`` and ``ledger/LOG/SEQ-GENERATION.jsonl``: the
+  ledger (pins, revocations, the project-to-index memory, provenance and
+  publisher pins, first sights) as a log of segments.  The leader writes
+  one segment per batch holding what it appended since the last (the
+  records its index has not yet noted as the group's), then the head
+  (``{"log", "count", "runs", "base"}``: how many segments, and from which
+  one on each generation wrote them).  A replica reads the head (a
+  conditional GET: nothing while it is unchanged) and only the segments
+  past the one it read last, which it notes in its ledger index
+  (:meth:`~proxy.gateway.ledger.Ledger.group_position`).  So a batch costs
+  what it wrote, whatever the ledger holds (the whole file was uploaded,
+  and read whole by each follower, before).  ``ledger.jsonl`` beside it is
+  that older form: a log whose head says ``"base": true`` starts with it;
 - ``advisories.json``: the advisory store;
 - ``inbox/REPLICA/ledger.jsonl`` and ``inbox/REPLICA/advisories.json``:
   what a follower holds that the authority lacks (a revocation or an import
   run on its host, a publish made while no leader answered), for the leader
   to take in.
 
-Only the leader writes the first two, each conditional on the ETag it last
-saw, so a leader frozen past its lease fails this write as it fails its
-timestamp's, and steps down.  It writes them before the tree
-(:class:`~proxy.storage.treepush.TreePush` calls :meth:`SharedState.sync`
+Only the leader writes the head and the advisories, each conditional on
+the ETag it last saw, so a leader frozen past its lease fails this write
+as it fails its timestamp's, and steps down; a segment it wrote before
+that is named by no head, and read by nobody.  It writes them before the
+tree (:class:`~proxy.storage.treepush.TreePush` calls :meth:`SharedState.sync`
 first), so the pins a page relies on are in the bucket before the page is.
 
 Ledger records are facts that only accumulate, and each kind applies
 idempotently, so two ledgers merge by keeping every record of both, each
-once (records compared without their time).  A replica appends what the
-bucket's ledger has and its own lacks, in the bucket's order: the file
-only ever grows, and for the one kind where the later record wins (a
-project's publisher pin) the bucket's, read later, wins.  Advisory
-stores merge by :meth:`~proxy.protocol.osv.AdvisorySet.add` (a newer
-``modified`` wins).  A replica becoming leader pulls and takes in the
-inboxes before it signs anything.
+once (records compared without their time,
+:func:`~proxy.gateway.ledger.record_key`).  A replica appends what the
+bucket's log has and its own lacks, in the log's order: the file only
+ever grows, and for the one kind where the later record wins (a project's
+publisher pin) the bucket's, read later, wins.  Advisory stores merge by
+:meth:`~proxy.protocol.osv.AdvisorySet.add` (a newer ``modified`` wins).
+A replica becoming leader pulls and takes in the inboxes before it signs
+anything.
 """
 
 from __future__ import annotations
@@ -33,7 +46,9 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,44 +63,88 @@ from proxy.util.atomic import file_stamp
 log = logging.getLogger(__name__)
 
 STATE = "state/"
-LEDGER_KEY = STATE + "ledger.jsonl"
+HEAD_KEY = STATE + "ledger/head.json"
+BASE_KEY = STATE + "ledger.jsonl"  # the whole-file ledger of older versions: a log's first part if its head says so
 ADVISORIES_KEY = STATE + "advisories.json"
 INBOX = STATE + "inbox/"
 REFRESH_EVERY = 1.0
 OFFERS_EVERY = 5.0
+SEGMENT_BYTES = 4 << 20  # a segment (and an offer) holds about this much at most: a backlog goes up in several
+READ_AHEAD = 8  # segments read at once by a replica catching up
 
 
-def record_key(line: bytes) -> bytes | None:
-    """What identifies a ledger record whatever its time (None: not a record)."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or "kind" not in record:
-        return None
-    record.pop("time", None)
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).digest()
-
-
-def records(data: bytes) -> list[tuple[bytes, dict[str, Any]]]:
-    """(key, record) of each whole record line of a ledger's bytes, in order."""
+def records(data: bytes) -> list[dict[str, Any]]:
+    """Each whole record line of a ledger's bytes, in order (junk and a torn last line are not records)."""
     found = []
     for line in data[:data.rfind(b"\n") + 1].splitlines():
-        key = record_key(line)
-        if key is not None:
-            found.append((key, json.loads(line)))
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "kind" in record:
+            found.append(record)
     return found
 
 
-def lacking(theirs: Iterable[tuple[bytes, dict[str, Any]]], ours: set[bytes]) -> list[dict[str, Any]]:
-    """Their records that ``ours`` lacks, in their order, each once."""
-    taken: list[dict[str, Any]] = []
-    seen = set(ours)
-    for key, record in theirs:
-        if key not in seen:
-            seen.add(key)
-            taken.append(record)
-    return taken
+@dataclass(frozen=True)
+class Head:
+    """The ledger log's head: ``count`` segments, segment ``runs[i][0]`` on written under generation ``runs[i][1]``."""
+
+    log: str
+    count: int = 0
+    runs: tuple[tuple[int, int], ...] = ()
+    base: bool = False  # the log starts with BASE_KEY
+
+    @classmethod
+    def decode(cls, data: bytes) -> Head | None:
+        """The head in ``data``, or None if it is not one."""
+        try:
+            raw = json.loads(data)
+            head = cls(str(raw["log"]), int(raw["count"]), tuple((int(f), int(g)) for f, g in raw["runs"]),
+                       bool(raw.get("base", False)))
+        except (ValueError, KeyError, TypeError):
+            return None
+        firsts = [f for f, _ in head.runs]
+        if not head.log.isalnum() or head.count < 0 or firsts != sorted(set(firsts)) \
+                or (head.count and (not firsts or firsts[0] != 0 or firsts[-1] >= head.count)):
+            return None
+        return head
+
+    def encode(self) -> bytes:
+        return json.dumps({"log": self.log, "count": self.count, "runs": self.runs, "base": self.base}).encode()
+
+    def segment(self, seq: int) -> str:
+        """The key of segment ``seq`` (below ``count``)."""
+        generation = next(g for f, g in reversed(self.runs) if f <= seq)
+        return f"{STATE}ledger/{self.log}/{seq:012d}-{generation}.jsonl"
+
+    def appended(self, generation: int) -> Head:
+        """This head with one more segment, written under ``generation``."""
+        runs = self.runs if self.runs and self.runs[-1][1] == generation else (*self.runs, (self.count, generation))
+        return Head(self.log, self.count + 1, runs, self.base)
+
+    def position(self) -> dict[str, Any]:
+        """What a replica notes once it holds every segment of this head."""
+        return {"log": self.log, "read": self.count, "base": self.base}
+
+
+async def segments(bucket: Bucket, head: Head, start: int) -> AsyncIterator[tuple[int, bytes | None]]:
+    """(seq, bytes or None if missing) of each segment from ``start``, in order, READ_AHEAD read at once."""
+    for first in range(start, head.count, READ_AHEAD):
+        seqs = range(first, min(first + READ_AHEAD, head.count))
+        for seq, data in zip(seqs, await asyncio.gather(*(bucket.read(head.segment(s)) for s in seqs)), strict=True):
+            yield seq, data
+
+
+async def group_ledger(bucket: Bucket) -> bytes:
+    """The group's whole ledger as the bucket holds it (for a look by hand, and tests)."""
+    found = await bucket.read(HEAD_KEY)
+    head = Head.decode(found) if found is not None else None
+    if head is None:
+        return await bucket.read(BASE_KEY) or b""
+    parts = [await bucket.read(BASE_KEY) or b""] if head.base else []
+    parts += [data or b"" async for _, data in segments(bucket, head, 0)]
+    return b"".join(parts)
 
 
 class SharedState:
@@ -100,42 +159,20 @@ class SharedState:
         self.repo = repo
         self.inbox = f"{INBOX}{hashlib.sha256(replica.encode()).hexdigest()[:16]}/"
         self._etags: dict[str, str | None] = {}  # key -> the ETag this replica last read or wrote
+        self._head: Head | None = None  # the ledger log's head as last read or written (None: none, or junk)
         self._read: dict[str, str] = {}  # inbox key -> the ETag last taken in
         self._offered: dict[str, bytes] = {}  # this replica's inbox key -> the bytes last offered
-        self._published: dict[str, bytes | None] = {}  # key -> the sha256 of the bytes this leader last wrote
-        self._bucket_keys: set[bytes] = set()  # the records of the bucket's ledger as last read
+        self._published: bytes | None = None  # the sha256 of the advisory store this leader last wrote
         self._lock = asyncio.Lock()
         self._refreshed = float("-inf")  # loop time of the last out-of-turn pull
         self._took = float("-inf")  # loop time the leader last listed the offers
-        self._local_cache: tuple[tuple[int, int, int] | None, list[tuple[bytes, dict[str, Any]]]] = (None, [])
         self._theirs: Store | None = None  # the bucket's advisory store as last read
         # What a follower offered, decided again only when its files or the bucket's changed.
         self._offer_basis: tuple[object, ...] | None = None
 
-    def _local(self) -> list[tuple[bytes, dict[str, Any]]]:
-        """This replica's ledger records, parsed again only when the file changed."""
-        stamp = file_stamp(self.ledger.path)
-        if self._local_cache[0] != stamp:
-            self._local_cache = (stamp, records(_read(self.ledger.path) or b""))
-        return self._local_cache[1]
-
-    def _local_keys(self) -> set[bytes]:
-        return {key for key, _ in self._local()}
-
     async def pull(self) -> int:
         """Take in the bucket's ledger and advisories (if they changed); how many records and advisories."""
-        taken = 0
-        found = await self.bucket.read_tagged(LEDGER_KEY, unless=self._etags.get(LEDGER_KEY))
-        if found is None:
-            self._etags[LEDGER_KEY] = None
-        elif found[1] != self._etags.get(LEDGER_KEY):
-            theirs = await asyncio.to_thread(records, found[0])
-            self._bucket_keys = {key for key, _ in theirs}
-            new = lacking(theirs, await asyncio.to_thread(self._local_keys))
-            if new:
-                await asyncio.to_thread(self.ledger.append, new)
-                taken += len(new)
-            self._etags[LEDGER_KEY] = found[1]
+        taken = await self._pull_ledger()
         found = await self.bucket.read_tagged(ADVISORIES_KEY, unless=self._etags.get(ADVISORIES_KEY))
         if found is None:
             self._etags[ADVISORIES_KEY] = None
@@ -144,6 +181,44 @@ class SharedState:
             if self._theirs is not None:
                 taken += await asyncio.to_thread(merge_into, self.advisories, self._theirs)
             self._etags[ADVISORIES_KEY] = found[1]
+        return taken
+
+    async def _pull_ledger(self) -> int:
+        """Take in the segments of the bucket's log past the last one this replica read; how many records."""
+        found = await self.bucket.read_tagged(HEAD_KEY, unless=self._etags.get(HEAD_KEY))
+        if found is not None and HEAD_KEY in self._etags and found[1] == self._etags[HEAD_KEY]:
+            return 0
+        if found is None:  # no log yet: the older whole file, if any, is the group's ledger
+            self._head = self._etags[HEAD_KEY] = None
+            base = await self.bucket.read_tagged(BASE_KEY, unless=self._etags.get(BASE_KEY))
+            if base is None or base[1] == self._etags.get(BASE_KEY):
+                return 0
+            taken = await asyncio.to_thread(self.ledger.take, records(base[0]), True)
+            self._etags[BASE_KEY] = base[1]
+            return taken
+        head = Head.decode(found[0])
+        if head is None:
+            log.warning("%s%s is not a ledger head: left alone (the next leader starts a new log)", self.bucket.url,
+                        HEAD_KEY)
+            self._head, self._etags[HEAD_KEY] = None, found[1]
+            return 0
+        at = await asyncio.to_thread(self.ledger.group_position)
+        if at.get("log") != head.log or not 0 <= at.get("read", 0) <= head.count:
+            if at.get("log") == head.log:
+                log.warning("%s%s names %d segment(s), fewer than this replica read: reading them all again",
+                            self.bucket.url, HEAD_KEY, head.count)
+            at = {"log": head.log, "read": 0, "base": False}
+        taken = 0
+        if head.base and not at.get("base"):
+            at["base"] = True
+            taken += await asyncio.to_thread(self.ledger.take, records(await self.bucket.read(BASE_KEY) or b""),
+                                             True, dict(at))
+        async for seq, data in segments(self.bucket, head, int(at["read"])):
+            if data is None:  # the head names it, so it was written: lost since, and its records with it
+                log.warning("%s%s is missing: its records are not taken in", self.bucket.url, head.segment(seq))
+            at["read"] = seq + 1
+            taken += await asyncio.to_thread(self.ledger.take, records(data or b""), True, dict(at))
+        self._head, self._etags[HEAD_KEY] = head, found[1]
         return taken
 
     def _parse_advisories(self, data: bytes, key: str) -> Store | None:
@@ -167,29 +242,56 @@ class SharedState:
             if data is None:
                 continue
             if key.endswith("/ledger.jsonl"):
-                new = lacking(await asyncio.to_thread(records, data), await asyncio.to_thread(self._local_keys))
+                # Not noted as the group's: they are, once the next segment holds them.
+                new = await asyncio.to_thread(self.ledger.take, records(data), False)
                 if new:
-                    await asyncio.to_thread(self.ledger.append, new)
-                    log.info("took %d ledger record(s) a follower offered (%s)", len(new), key)
-                    taken += len(new)
+                    log.info("took %d ledger record(s) a follower offered (%s)", new, key)
+                    taken += new
             elif key.endswith("/advisories.json"):
                 advised += await self._merge_advisories(data, key)
             self._read[key] = etag
         return taken, advised
 
-    async def _publish(self, key: str, data: bytes) -> None:
-        """Write ``key`` as the leader, conditional on the ETag last seen; step down if another wrote it."""
-        if key not in self._etags:
-            found = await self.bucket.read_tagged(key)
-            self._etags[key] = found[1] if found is not None else None
+    async def _publish_ledger(self) -> None:
+        """The leader's segments of what its ledger holds and the group's lacks, each followed by the head
+        naming it (conditional: another leader's head steps this one down)."""
+        if HEAD_KEY not in self._etags:
+            await self._pull_ledger()
+        while lines := await asyncio.to_thread(self.ledger.unshared, SEGMENT_BYTES):
+            head = self._head
+            if head is None:  # the first segment of a new log, which the older whole file starts if there is one
+                head = Head(secrets.token_hex(8), base=await self.bucket.exists(BASE_KEY))
+            generation = self.lease.generation
+            new = head.appended(generation)
+            # Unconditional: only this leader writes under its generation; a head names it only once written.
+            await self.bucket.replace(new.segment(head.count), b"".join(line + b"\n" for _, line in lines))
+            etag = await self.bucket.put_if(HEAD_KEY, new.encode(), self._etags.get(HEAD_KEY))
+            if etag is None:
+                self.lease.step_down()
+                raise LeaseLost(f"{self.bucket.url}{HEAD_KEY} changed under generation {generation}: "
+                                "another replica leads; stepped down")
+            self._head, self._etags[HEAD_KEY] = new, etag
+            await asyncio.to_thread(self.ledger.mark_shared, [key for key, _ in lines], new.position())
+
+    async def _publish_advisories(self) -> None:
+        """The leader's advisory store, if it changed, conditional on the ETag last seen."""
+        data = await asyncio.to_thread(_read, self.advisories)
+        digest = hashlib.sha256(data).digest() if data is not None else None
+        if data is None or digest == self._published:
+            return
+        if ADVISORIES_KEY not in self._etags:
+            found = await self.bucket.read_tagged(ADVISORIES_KEY)
+            self._etags[ADVISORIES_KEY] = found[1] if found is not None else None
             if found is not None and found[0] == data:
+                self._published = digest
                 return
-        etag = await self.bucket.put_if(key, data, self._etags[key])
+        etag = await self.bucket.put_if(ADVISORIES_KEY, data, self._etags[ADVISORIES_KEY])
         if etag is None:
             self.lease.step_down()
-            raise LeaseLost(f"{self.bucket.url}{key} changed under generation {self.lease.generation}: "
+            raise LeaseLost(f"{self.bucket.url}{ADVISORIES_KEY} changed under generation {self.lease.generation}: "
                             "another replica leads; stepped down")
-        self._etags[key] = etag
+        self._etags[ADVISORIES_KEY] = etag
+        self._published = digest  # the same bytes are not sent again
 
     async def _offer(self, key: str, data: bytes | None) -> None:
         """A follower's offer: ``data`` under its inbox ``key`` (None: nothing to offer, the object goes)."""
@@ -213,21 +315,16 @@ class SharedState:
                     if (await self.take_inboxes())[1]:
                         # Signed as the advisory target, as an import here would (mirror sync carries it).
                         await asyncio.to_thread(sign_store, self.repo, self.advisories)
-                for key, path in ((LEDGER_KEY, self.ledger.path), (ADVISORIES_KEY, self.advisories)):
-                    data = await asyncio.to_thread(_read, path)
-                    digest = hashlib.sha256(data).digest() if data is not None else None
-                    if data is not None and digest != self._published.get(key):
-                        await self._publish(key, data)
-                        self._published[key] = digest  # the same bytes are not sent again
+                await self._publish_ledger()
+                await self._publish_advisories()
                 return
             await self.pull()
-            basis = (file_stamp(self.ledger.path), file_stamp(self.advisories), self._etags.get(LEDGER_KEY),
+            basis = (file_stamp(self.ledger.path), file_stamp(self.advisories), self._etags.get(HEAD_KEY),
                      self._etags.get(ADVISORIES_KEY))
             if basis == self._offer_basis:
                 return  # nothing changed here or there since the last offer
-            offer = await asyncio.to_thread(lambda: lacking(self._local(), self._bucket_keys))
-            await self._offer(self.inbox + "ledger.jsonl",
-                              b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in offer) or None)
+            offer = await asyncio.to_thread(self.ledger.unshared, SEGMENT_BYTES)
+            await self._offer(self.inbox + "ledger.jsonl", b"".join(line + b"\n" for _, line in offer) or None)
             await self._offer(self.inbox + "advisories.json", await asyncio.to_thread(self._advisories_to_offer))
             self._offer_basis = basis
 
