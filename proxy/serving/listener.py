@@ -22,7 +22,9 @@ setting                        default   nginx's nearest, and its default
   progress, long downloads included, are never cut.
 * At the connection cap a newcomer takes the place of a connection only
   holding a slot, as nginx reuses idle connections, longest-quiet first: one
-  that has sent nothing or not finished its head for :data:`GRACE`; for a
+  that has sent nothing or not finished its head for :data:`GRACE` (unless a
+  whole request of its waits, unread or not started, on a loop too busy to
+  get to it); for a
   newcomer whose request already waits in its socket (a peek; over TLS, the
   finished handshake), else one that has sent nothing at all, else a
   keep-alive connection, else any connection not in a request.  A newcomer
@@ -242,8 +244,9 @@ class Connections:
         A newcomer that has sent nothing takes only a stale connection's place, so a flood of silent
         connections cannot push out a pool's keep-alive connections or a client that asked."""
         candidates = list(itertools.islice(self._quiet, 256))  # bounded work per accept; the front is the likeliest
+        # Stale by the clock, unless its request has come and waits for a busy loop to read or start it.
         stale = next((h for h in candidates if not (h.served and h.head_since is None)
-                      and now - h.head_started() > GRACE), None)
+                      and now - h.head_started() > GRACE and not h.asked()), None)
         if stale is not None or not eager:
             return stale
         silent = next((h for h in candidates if not (h.served or h.eager or h.head_since is not None)), None)
@@ -432,6 +435,13 @@ class _Handler(RequestHandler):
         """Some of the current request's answer is on the wire (aiohttp buffers the head until the body)."""
         writer = getattr(self._current_request, "_payload_writer", None)
         return writer is not None and writer.output_size > 0
+
+    def asked(self) -> bool:
+        """A request has come that is not handled yet: parsed and queued, or its bytes unread in the socket
+        (a plain one; over TLS they cannot be told from the record layer's own)."""
+        transport = self.transport
+        return bool(self._messages) or (transport is not None and transport.get_extra_info("sslcontext") is None
+                                        and _bytes_waiting(transport))
 
     def _waiting(self) -> bool:
         waiter = self._waiter
