@@ -19,7 +19,9 @@ page is published by the leader first.
   policy hides, by rule (``tufproxy why``).
 * ``POST /_tufproxy/publish/<project>``: the miss protocol (docs/concepts/gateway-design.md):
   200 ``{"project", "timestamp_version"}`` once a timestamp carrying
-  the project is written; 404 ``{"project", "reason"}`` when no index lists
+  the project is written, with ``"expect": {"roles", "targets"}`` when this
+  process signed its page lately (the snapshot, bin-n and page targets an
+  edge then fetches side by side, :class:`~proxy.gateway.publisher.Foresight`); 404 ``{"project", "reason"}`` when no index lists
   it; 502 when the index's answer was refused or unreachable.
 * ``/healthz``, ``/readyz``, ``/metrics``.
 
@@ -139,7 +141,10 @@ class GatewayApp:
             published = await self.gateway.ensure(name)
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
-        return web.json_response({"project": published.project, "timestamp_version": published.timestamp_version})
+        said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
+        if published.foresight is not None:
+            said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
+        return web.json_response(said)
 
     async def _why(self, request: web.Request) -> web.Response:
         """What a publish would offer and what the policy hides, by rule (``tufproxy why``); signs nothing."""

@@ -52,12 +52,14 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from proxy.protocol import index, lease
-from proxy.repository import Repository
+from proxy.repository import ChangeReport, Repository
 from proxy.repository.catalog import Catalog
 from proxy.repository.keys import ONLINE
 from proxy.repository.keysource import KeyUnavailable
@@ -71,6 +73,18 @@ BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 # Writing the catalog costs O(projects) (20 ms at 100,000): seldom enough to be nothing, often enough that a
 # crash costs a restart only the bins signed in the last few minutes.
 CATALOG_SAVE_EVERY = 300.0
+FORESIGHTS = 1024  # projects whose latest signing is remembered for a publish answer
+
+
+@dataclass(frozen=True)
+class Foresight:
+    """The immutable files a batch signed for one project's page: ``roles`` (role -> version, the snapshot
+    and the page's bin-n) and ``targets`` (page target -> the digest it is served under).  A publish answer
+    names them so the edge fetches them side by side (:mod:`proxy.transport.foreseen`); it trusts none the
+    sooner for it."""
+
+    roles: dict[str, int]
+    targets: dict[str, str]
 
 
 class Publisher:
@@ -111,6 +125,7 @@ class Publisher:
         # Project -> the timestamp version that last carried a new signature of its page (signed here).
         self.resigned_at: dict[str, int] = {}
         self.timestamp_version, self.timestamp_expires = 0, 0.0
+        self._foresights: OrderedDict[str, Foresight] = OrderedDict()  # by project, the newest last
         self.reload()
 
     def take_touched(self) -> set[str]:
@@ -276,6 +291,26 @@ class Publisher:
             if time.monotonic() - self._catalog_saved >= CATALOG_SAVE_EVERY:
                 await self._save_catalog()
 
+    def foresight(self, project: str) -> Foresight | None:
+        """What an edge's next lookup of ``project`` reads, if a recent batch of this process signed its page."""
+        with self._view:
+            return self._foresights.get(project)
+
+    def _foresee(self, pages: Pages, report: ChangeReport) -> None:
+        """Remember, for each page this batch signed anew, its snapshot, its bin-n and its page targets."""
+        profile = self.repo.profile
+        for project, page in pages.items():
+            self._foresights.pop(project, None)
+            found = {path: report.targets[path] for fmt in profile.signed_formats
+                     if (path := profile.page_target(project, fmt)) in report.targets}
+            if page is None or not found or "snapshot" not in report.signed:
+                continue
+            roles = {"snapshot": report.signed["snapshot"],
+                     **{role: report.signed[role] for _, role in found.values() if role in report.signed}}
+            self._foresights[project] = Foresight(roles, {path: digest for path, (digest, _) in found.items()})
+            while len(self._foresights) > FORESIGHTS:
+                self._foresights.popitem(last=False)
+
     def _sign(self, pages: Pages, resign: bool, targets: Targets | None = None) -> int:
         """Sign; how many project pages changed (0 when nothing was signed for pages)."""
         changed, resigned = 0, []
@@ -283,6 +318,8 @@ class Publisher:
             report = self.repo.publish_pages(pages, private=self.private, targets=targets)
             resigned = [*report.added, *report.removed]
             changed = len(resigned)
+            with self._view:
+                self._foresee(pages, report)
         if resign:
             self.repo.refresh(force=self._resign_all)
             self._resign_all = False

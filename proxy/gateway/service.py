@@ -46,7 +46,7 @@ from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Trimmed
 from proxy.gateway.prefetch import Budget, Keep, Prefetcher
 from proxy.gateway.provenance import ProvenanceGate
-from proxy.gateway.publisher import Publisher, signed_page
+from proxy.gateway.publisher import Foresight, Publisher, signed_page
 from proxy.protocol import index
 from proxy.protocol.access import not_listed
 from proxy.protocol.errors import Fault
@@ -93,6 +93,7 @@ class NotListed(Exception):
 class Published:
     project: str
     timestamp_version: int
+    foresight: Foresight | None = None  # what the edge's next lookup reads, if this process signed it lately
 
 
 class Gateway:
@@ -152,7 +153,7 @@ class Gateway:
             self.publisher.reload()  # another worker may have signed it
         if project in self.publisher.published:
             self.touch(project)
-            return Published(project, self.publisher.timestamp_version)
+            return Published(project, self.publisher.timestamp_version, self.publisher.foresight(project))
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
             raise NotListed(not_listed(project))
         future = self._inflight.get(project)
@@ -169,7 +170,7 @@ class Gateway:
         async with self.locks.hold(f"publish {project}", wait=PUBLISH_LOCK_WAIT):
             self.publisher.reload()
             if project in self.publisher.published:  # a worker we waited for signed it
-                return Published(project, self.publisher.timestamp_version)
+                return Published(project, self.publisher.timestamp_version, self.publisher.foresight(project))
             self.ledger.reload()
             return await self._fetch_and_publish(project, prefetch)
 
@@ -196,7 +197,7 @@ class Gateway:
             f for f in listing.page.files if f.filename in kept)), depth, budget)
         version = await self.publisher.publish({project: rendered.page})
         self.touch(project)
-        return Published(project, version)
+        return Published(project, version, self.publisher.foresight(project))
 
     async def _prefetch(self, name: str, depth: int, budget: Budget) -> None:
         """Publish a dependency as a request would (policy, pins, checks); never raise."""

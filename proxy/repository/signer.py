@@ -150,6 +150,8 @@ class ChangeReport:
     removed: list[str] = field(default_factory=list)
     yanked: list[str] = field(default_factory=list)
     signed: dict[str, int] = field(default_factory=dict)  # role -> new version
+    # Targets given new contents: path -> (the digest its consistent name carries, the role listing it).
+    targets: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _now(now: datetime | None) -> datetime:
@@ -207,6 +209,7 @@ class _Change:
         self.role(name).signed.targets[target_path] = info
         self.dirty.add(name)
         self.content[target_path] = data
+        self.report.targets[target_path] = (next(iter(info.hashes.values())), name)
         return info
 
     def delete_target(self, target_path: str) -> None:
@@ -214,6 +217,7 @@ class _Change:
         if self.role(name).signed.targets.pop(target_path, None) is not None:
             self.dirty.add(name)
             self.content.pop(target_path, None)
+            self.report.targets.pop(target_path, None)
 
     def target_bytes(self, target_path: str) -> bytes | None:
         """Current bytes of a target: staged in this change, or on disk."""

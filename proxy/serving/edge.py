@@ -34,8 +34,9 @@ import logging
 import re
 import ssl
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeGuard
 
 import aiohttp
 
@@ -58,6 +59,10 @@ WHY_DEADLINE = 60.0  # the gateway reads the index page first
 EXPLAIN_TTL = 60.0
 EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
 EXPLAIN_PROJECTS = 1024
+MAX_EXPECTED = 8  # roles, and targets, a publish answer may name (a snapshot, a bin-n, the page's formats)
+_ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_DIGEST = re.compile(r"[0-9a-f]{64,128}")
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 _SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -71,6 +76,17 @@ class GatewayRefused(TrustError):
 
 class _Refreshable(Protocol):
     async def refresh_until(self, version: int, timeout: float) -> None: ...
+
+    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int: ...
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A gateway's publish answer: the timestamp version to wait for, and the files it says come next."""
+
+    version: int
+    roles: dict[str, int]
+    targets: dict[str, str]
 
 
 class MissProtocol:
@@ -95,13 +111,14 @@ class MissProtocol:
         try:
             async with asyncio.timeout(self.deadline):
                 async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
-                    version = await self._ask(project)
-                await self.trust.refresh_until(version, max(0.1, end - loop.time()))
+                    answer = await self._ask(project)
+                self.trust.expect(answer.roles, answer.targets)
+                await self.trust.refresh_until(answer.version, max(0.1, end - loop.time()))
         except TimeoutError:
             raise MetadataPending(target, RETRY_AFTER) from None
         return True
 
-    async def _ask(self, project: str) -> int:
+    async def _ask(self, project: str) -> _Answer:
         """The timestamp version the first gateway that answers names; one that is down, or answers 5xx without
         a reason, is passed over for the next (the one failover loop)."""
         try:
@@ -109,7 +126,7 @@ class MissProtocol:
         except Exhausted as e:
             raise UpstreamUnreachable(f"publish {project}", e.tried.failures) from None
 
-    async def _ask_one(self, gateway_url: str, project: str) -> int:
+    async def _ask_one(self, gateway_url: str, project: str) -> _Answer:
         url = f"{gateway_url}_tufproxy/publish/{project}"
         try:
             # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
@@ -133,9 +150,10 @@ class MissProtocol:
         except ValueError as e:
             raise DownloadError(url, f"not a JSON answer: {e}") from e
         version = answer.get("timestamp_version") if isinstance(answer, dict) else None
-        if not isinstance(version, int) or isinstance(version, bool):
+        if not _count(version):
             raise DownloadError(url, "gateway answer has no timestamp_version")
-        return version
+        roles, targets = _expected(answer.get("expect"), project)
+        return _Answer(version, roles, targets)
 
 
     async def why(self, project: str) -> dict[str, Any]:
@@ -205,6 +223,29 @@ class MissProtocol:
         except TrustError as e:
             log.info("no account of %s from the gateway: %s", project, e)
             return None
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _expected(expect: object, project: str) -> tuple[dict[str, int], dict[str, str]]:
+    """The files a publish answer says come next, kept only if well formed and about ``project``'s page: a
+    bounded hint, never trusted (a wrong one costs a download), so anything odd is dropped whole."""
+    if not isinstance(expect, dict):
+        return {}, {}
+    roles, targets = expect.get("roles"), expect.get("targets")
+    if not isinstance(roles, dict) or not isinstance(targets, dict) or len(roles) > MAX_EXPECTED \
+            or len(targets) > MAX_EXPECTED:
+        return {}, {}
+    good_roles = {r: v for r, v in roles.items() if isinstance(r, str) and _ROLE.fullmatch(r) and _count(v)}
+    page = f"simple/{project}/"
+    good_targets = {p: d for p, d in targets.items() if isinstance(p, str) and p.startswith(page)
+                    and "/" not in p[len(page):] and _NAME.fullmatch(p[len(page):]) and isinstance(d, str)
+                    and _DIGEST.fullmatch(d)}
+    if len(good_roles) != len(roles) or len(good_targets) != len(targets):
+        return {}, {}
+    return good_roles, good_targets
 
 
 def _refusal(body: bytes) -> tuple[str | None, str | None]:

@@ -40,6 +40,7 @@ from proxy.storage.pagecache import IndexCache
 from proxy.storage.store import BlobStore
 from proxy.storage.tiered import SharedTier
 from proxy.transport.bucket import Bucket, BucketConfigError, BucketDenied, BucketFetcher, BucketUnavailable
+from proxy.transport.foreseen import Foreseen
 from proxy.transport.local import LocalFetcher
 from proxy.transport.tls import ServerTLS, TLSConfigError, client_context, server_tls
 from proxy.transport.upstream import AiohttpFetcher, Fetcher
@@ -258,10 +259,12 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
     opened.callback(audit.close)
     metrics = Metrics()
     bucket = await _open_bucket(config, metrics)
-    fetcher, file_fetcher, bases = _fetchers(config)
-    opened.push_async_callback(fetcher.close)
-    if file_fetcher is not fetcher:
+    plain, file_fetcher, bases = _fetchers(config)
+    if file_fetcher is not plain:
         opened.push_async_callback(file_fetcher.close)
+    # Metadata and pages: fetched ahead where a gateway's publish answer names them (proxy.transport.foreseen).
+    fetcher = Foreseen(plain, counted=lambda outcome: metrics.foreseen.labels(outcome).inc())
+    opened.push_async_callback(fetcher.close)
     trust_config = TrustConfig(refresh_interval=config.refresh_interval, miss_wait=config.miss_wait,
                                expiry_override=_expiry_override(config.allow_expired_until, audit))
 

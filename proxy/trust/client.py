@@ -47,7 +47,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,6 +66,7 @@ from proxy.protocol.model import (
 from proxy.protocol.tufset import TopLevelSet
 from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
 from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
+from proxy.transport.foreseen import Foreseen
 from proxy.transport.upstream import DownloadLengthError, Fetcher
 from proxy.trust.metadir import MetadataStore
 
@@ -76,6 +77,8 @@ _TOP_LEVEL = ("timestamp", "snapshot", "targets")
 # Roles small enough to verify on the event loop; every other one (snapshot, targets, bins:
 # a 16,384-bin snapshot takes hundreds of ms) verifies in a worker thread.
 _SMALL_ROLES = ("root", "timestamp")
+# Fetched under one name whatever their version (a root's next version is asked for, not foreseen).
+_UNVERSIONED = ("root", "timestamp")
 # A listing (TrustedClient.listed) fetches this many roles at once, and walks this many before the next.
 _LISTING_FETCHES, _LISTING_CHUNK = 16, 64
 # After a failed cycle with nothing usable to serve, retry at most this often.
@@ -663,6 +666,25 @@ class TrustedClient:
         if len(self._found) >= self.config.found_cache_size:
             del self._found[next(iter(self._found))]
         self._found[target_path] = (target, deadline)
+
+    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int:
+        """Start fetching, from the first mirror, what a publish answer says the next cycle and lookup read:
+        ``roles`` (a snapshot or delegated role -> its version) and ``targets`` (path -> the digest it is
+        served under).  Trusts nothing: each body is verified when asked for, like any other
+        (:mod:`proxy.transport.foreseen`).  Only with a fetcher that foresees and consistent snapshots, whose
+        versioned and hash-named files never change.  How many downloads it started."""
+        fetcher, state = self._fetcher, self._state
+        if not isinstance(fetcher, Foreseen) or state is None or not state.root.consistent_snapshot:
+            return 0
+        mirror = self.mirrors[0]
+        urls = [(mirror.metadata(self._metadata_name(state.root, role, version)),
+                 self.config.snapshot_max_length if role == "snapshot" else self.config.targets_max_length)
+                for role, version in roles.items() if role not in _UNVERSIONED]
+        urls += [(mirror.target(self.config.served_name(path, digest)), self.config.targets_max_length)
+                 for path, digest in targets.items()]
+        for url, limit in urls:
+            fetcher.expect(url, limit)
+        return len(urls)
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""

@@ -1,0 +1,105 @@
+"""Downloads started before they are asked for: an edge told which files its next lookup reads.
+
+A gateway's answer to a publish names the files an edge's next refresh and
+lookup of the project will fetch: the new snapshot, the project's bin-n,
+its pages.  In the TUF order each is asked for only once the one before it
+verified, one round trip after another.  :class:`Foreseen` starts them all
+at once when told (:meth:`Foreseen.expect`) and hands each body over when
+its URL is asked for; nothing is trusted sooner, since whoever asks still
+verifies every byte exactly as a body it fetched itself.
+
+Only names whose bytes never change are to be foreseen: a consistent
+snapshot's versioned metadata (``N.snapshot.json``) and hash-named targets.
+A body kept a moment may be older than the newest ``timestamp.json``, which
+the client would then take for a rollback.  Bounded: at most ``keep``
+bodies, each used once and within ``ttl`` seconds, each within the length
+its caller allows (a longer one, or a failed download, is fetched again the
+ordinary way, so a wrong guess costs a download and nothing else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+
+from proxy.transport.upstream import ByteStream, Fetcher
+
+KEEP = 32
+TTL = 30.0
+
+
+class Foreseen(Fetcher):
+    """``inner``, with downloads started ahead by :meth:`expect`."""
+
+    def __init__(self, inner: Fetcher, keep: int = KEEP, ttl: float = TTL,
+                 counted: Callable[[str], None] | None = None) -> None:
+        self.inner = inner
+        self.keep = keep
+        self.ttl = ttl
+        self._started: OrderedDict[str, tuple[float, asyncio.Task[bytes]]] = OrderedDict()
+        self._counted = counted or (lambda outcome: None)  # "used" or "wasted", once per download started
+
+    def expect(self, url: str, max_length: int) -> None:
+        """Start downloading ``url`` (at most ``max_length`` bytes), unless it is already under way."""
+        loop = asyncio.get_running_loop()
+        self._expire(loop.time())
+        if url in self._started:
+            return
+        task = loop.create_task(self.inner.fetch_bytes(url, max_length))
+        task.add_done_callback(_retrieved)
+        self._started[url] = (loop.time(), task)
+        while len(self._started) > self.keep:
+            _, (_, oldest) = self._started.popitem(last=False)
+            self._waste(oldest)
+
+    def _expire(self, now: float) -> None:
+        while self._started:
+            url, (began, task) = next(iter(self._started.items()))
+            if now - began <= self.ttl:
+                return
+            del self._started[url]
+            self._waste(task)
+
+    def _waste(self, task: asyncio.Task[bytes]) -> None:
+        task.cancel()
+        self._counted("wasted")
+
+    def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
+        found = self._started.pop(url, None) if start == 0 else None
+        if found is not None and asyncio.get_running_loop().time() - found[0] <= self.ttl:
+            return self._handed_over(found[1], url, max_length)
+        if found is not None:
+            self._waste(found[1])
+        return self.inner.stream(url, max_length, start) if start else self.inner.stream(url, max_length)
+
+    @contextlib.asynccontextmanager
+    async def _handed_over(self, task: asyncio.Task[bytes], url: str, max_length: int) -> AsyncIterator[ByteStream]:
+        # wait() rather than await: the download's own failure is not ours (we fetch again), a cancel of us is.
+        await asyncio.wait({task})
+        data = task.result() if not task.cancelled() and task.exception() is None else None
+        if data is None or len(data) > max_length:
+            self._counted("wasted")
+            async with self.inner.stream(url, max_length) as body:
+                yield body
+            return
+        self._counted("used")
+        yield ByteStream(_once(data), len(data))
+
+    async def close(self) -> None:
+        for _, task in self._started.values():
+            task.cancel()  # not counted: the process is stopping
+        self._started.clear()
+        await self.inner.close()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+def _retrieved(task: asyncio.Task[bytes]) -> None:
+    """A download nobody came for may have failed: that is no error of anyone's."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,154 @@
+"""Files fetched ahead on a gateway's publish answer (issue 33): the wrapper over a real HTTP server on
+127.0.0.1 (a body is handed over once, within its bound, in time; anything else is fetched again), the
+answer's parsing at the edge, and an edge in front of a real gateway, which fetches the answer's snapshot,
+bin-n and page side by side and still refuses any of them that does not verify."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from proxy.repository.sample import build_wheel
+from proxy.serving.edge import _expected
+from proxy.transport.foreseen import Foreseen
+from proxy.transport.upstream import AiohttpFetcher, DownloadHTTPError, DownloadLengthError
+from tests.support.faults import Fault, FaultyUpstream
+from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.proxyproc import ProxyProcess
+from tests.support.testindex import TestIndex
+
+
+class _Files:
+    """``/NAME`` answers NAME's bytes (``/fail`` a 500), counting what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.url = ""
+
+    async def answer(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.asked.append(name)
+        return web.Response(status=500) if name == "fail" else web.Response(body=name.encode() * 10)
+
+
+async def _served() -> AsyncIterator[_Files]:
+    files = _Files()
+    app = web.Application()
+    app.router.add_get("/{name}", files.answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    files.url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    try:
+        yield files
+    finally:
+        await runner.cleanup()
+
+
+def test_a_body_fetched_ahead_is_handed_over_once_and_anything_else_is_fetched_again() -> None:
+    async def scenario() -> list[str]:
+        outcomes: list[str] = []
+        async for files in _served():
+            fetcher = Foreseen(AiohttpFetcher(), keep=2, counted=outcomes.append)
+            try:
+                fetcher.expect(files.url + "a", 1000)
+                assert await fetcher.fetch_bytes(files.url + "a", 1000) == b"a" * 10
+                assert await fetcher.fetch_bytes(files.url + "a", 1000) == b"a" * 10  # once: then asked anew
+                assert files.asked == ["a", "a"]
+                # Longer than the caller's bound: not handed over; the ordinary fetch then refuses it itself.
+                fetcher.expect(files.url + "b", 1000)
+                with pytest.raises(DownloadLengthError):
+                    await fetcher.fetch_bytes(files.url + "b", 5)
+                # A download that failed ahead is tried again when asked for (and fails for itself).
+                fetcher.expect(files.url + "fail", 1000)
+                with pytest.raises(DownloadHTTPError):
+                    await fetcher.fetch_bytes(files.url + "fail", 1000)
+                assert files.asked.count("fail") == 2
+                # At most ``keep`` wait: the oldest goes unused.
+                for name in ("c", "d", "e"):
+                    fetcher.expect(files.url + name, 1000)
+                assert await fetcher.fetch_bytes(files.url + "c", 1000) == b"c" * 10
+                assert files.asked.count("c") == 1  # evicted before it asked: this is the ordinary fetch
+                # A resumed download (start > 0) is never served from what was fetched ahead.
+                async with fetcher.stream(files.url + "d", 1000, start=3) as body:
+                    assert b"".join([chunk async for chunk in body]) == (b"d" * 10)[3:]
+            finally:
+                await fetcher.close()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes.count("used") == 1
+    assert outcomes.count("wasted") == 3  # b (too long), fail, c (evicted)
+
+
+def test_a_body_asked_for_after_its_ttl_is_fetched_again() -> None:
+    async def scenario() -> list[str]:
+        async for files in _served():
+            fetcher = Foreseen(AiohttpFetcher(), ttl=0.0)
+            try:
+                fetcher.expect(files.url + "a", 1000)
+                await asyncio.sleep(0.01)  # past the ttl (the condition, not synchronisation)
+                assert await fetcher.fetch_bytes(files.url + "a", 1000) == b"a" * 10
+            finally:
+                await fetcher.close()
+            return files.asked
+        raise AssertionError("unreachable")
+
+    assert asyncio.run(scenario()) == ["a", "a"]
+
+
+def test_the_edge_keeps_a_publish_answers_files_only_when_the_whole_hint_is_well_formed() -> None:
+    digest = "ab" * 32
+    good = {"roles": {"snapshot": 7, "bin-3a": 5}, "targets": {"simple/lib/index.json": digest}}
+    assert _expected(good, "lib") == ({"snapshot": 7, "bin-3a": 5}, {"simple/lib/index.json": digest})
+    for bad in (None, [], {"roles": []}, {"roles": {}, "targets": {"simple/other/index.json": digest}},
+                {"roles": {}, "targets": {"simple/lib/../../x": digest}}, {"roles": {}, "targets": {"simple/lib/a/b": digest}},
+                {"roles": {"Snapshot": 1}, "targets": {}}, {"roles": {"snapshot": 0}, "targets": {}},
+                {"roles": {"snapshot": True}, "targets": {}}, {"roles": {"../x": 1}, "targets": {}},
+                {"roles": {}, "targets": {"simple/lib/index.json": "xyz"}},
+                {"roles": {f"bin-{i}": 1 for i in range(9)}, "targets": {}}):
+        assert _expected(bad, "lib") == ({}, {}), bad
+
+
+@pytest.mark.slow
+def test_an_edge_fetches_the_answers_files_side_by_side_and_still_refuses_one_that_does_not_verify(
+        tmp_path: Path) -> None:
+    index = TestIndex()
+    for name in ("lib", "other"):
+        index.add(build_wheel(tmp_path / "dists", name, "1.0"))
+    gateway_init(tmp_path / "gw")
+    with index, GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
+        # The signed tree comes through a mirror that can tamper; the miss protocol goes to the gateway itself.
+        mirror = FaultyUpstream(tmp_path / "gw" / "public")
+        with mirror, ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", mirror.url,
+                                  "--gateway-url", gw.base, "--root", str(gw.root), "--workers", "1",
+                                  "--audit-log", str(tmp_path / "edge.audit")) as edge:
+            page = urllib.request.Request(f"{edge.url}lib/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            with urllib.request.urlopen(page, timeout=30) as r:
+                assert b"lib-1.0-py3-none-any.whl" in r.read()
+            # The new snapshot, lib's bin-n and its JSON page were fetched ahead, each once.
+            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 3
+            for name in (r"metadata/\d+\.snapshot\.json", r"metadata/\d+\.bin-[0-9a-f]+\.json",
+                         r"simple/lib/[0-9a-f]{64}\.index\.json"):
+                asked = [p for p in mirror.requests if re.fullmatch(f"/{name}", p)]
+                assert asked and len(asked) == len(set(asked)), (name, mirror.requests)
+
+            # A page that is not the signed one, fetched ahead like any: refused, never served.
+            mirror.inject(r"/simple/other/.*", Fault.GARBAGE)
+            page = urllib.request.Request(f"{edge.url}other/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(page, timeout=30)
+            assert refused.value.code == 502, refused.value.read()
+            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 6
+            audit = [json.loads(line) for line in (tmp_path / "edge.audit").read_text().splitlines()]
+            assert any(a.get("event") == "refused" and a.get("fault") == "repository"
+                       and "simple/other/" in str(a.get("target")) for a in audit), audit
