@@ -10,7 +10,8 @@ front of it in turn: nothing (direct), proxpi, devpi-server, and a fresh
 and uv install the same five projects (and their dependencies) into a
 fresh target, cold (fresh servers and caches) and warm (the same servers, a
 new client with no cache); medians of ``--rounds``, and each figure's ratio
-to direct.
+to direct.  Each round runs every setup in turn (round-robin), so load that
+drifts on a shared machine weighs on all of them alike.
 
     python bench/install.py [--rounds 3] [--rtt-ms 40] [--only direct,tufproxy]
 
@@ -338,21 +339,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-install-") as tmp:
         work = Path(tmp)
         breakdown = phases(index, work / "phases", projects) if "tufproxy" in wanted else []
-        for name in wanted:
-            setup = kinds[name](index, work / name)
-            try:
-                for client in ("pip", "uv"):
-                    for r in range(args.rounds):
+        setups = {name: kinds[name](index, work / name) for name in wanted}
+        # Round-robin: each round runs every setup in turn, so a machine whose load drifts (a shared one)
+        # drifts under all of them alike, and the ratios compare figures taken minutes apart at most.
+        for client in ("pip", "uv"):
+            for r in range(args.rounds):
+                for name, setup in setups.items():
+                    if any(f.startswith(f"{name}:") for f in failures):
+                        continue
+                    try:
                         setup.fresh()
                         for phase in ("cold", "warm"):
                             took = install(client, setup.url, work / "target")
                             times.setdefault((name, client, phase), []).append(took)
                             log(f"{name:9} {client:3} {phase} round {r + 1}: {took:.2f} s")
-            except (Unavailable, RuntimeError, subprocess.CalledProcessError) as e:
-                failures.append(f"{name}: {e}")
-                log(f"{name} failed: {e}")
-            finally:
-                setup.stop()
+                    except (Unavailable, RuntimeError, subprocess.CalledProcessError) as e:
+                        failures.append(f"{name}: {e}")
+                        log(f"{name} failed: {e}")
+                    finally:
+                        setup.stop()
     write(args, projects, times, failures, wanted, breakdown)
 
 
@@ -365,7 +370,8 @@ def write(args: argparse.Namespace, projects: dict[str, list[Dist]], times: dict
              f"pip and uv install {' '.join(REQUIREMENTS)} (and their dependencies) into an empty target with no "
              f"client cache, from a local index of {len(projects)} real projects (real wheels, PEP 658 metadata) "
              f"that answers every request after {args.rtt_ms:g} ms. Cold: fresh servers and caches; warm: the same "
-             f"servers again. Median seconds of {args.rounds} rounds; the ratio is to direct (lower is better).", "",
+             f"servers again. Median seconds of {args.rounds} rounds, each running every setup in turn; the ratio is "
+             f"to direct (lower is better).", "",
              "| setup | pip cold | pip warm | uv cold | uv warm |", "|---|---:|---:|---:|---:|"]
     for name in wanted:
         cells = []
