@@ -1,0 +1,122 @@
+"""A big file cold through edge -> gateway, beside nginx proxy_cache cold, from one index (issue 33, item 5).
+
+A local index (``bench/install.py``'s, in this process, no added delay)
+lists one project whose only file is a wheel holding ``--mb`` MiB of random
+bytes, written as a Python bytes literal, so the wheel is larger (287 MB for
+200), built once into ``bench/.cache/gateway_cold/``.  Each round, in turn:
+
+* **floor**: the file straight from the index, read to the end;
+* **nginx**: a fresh nginx ``proxy_cache`` (1 worker) in front of the index,
+  the file asked through it once (cold: fetched, stored, sent);
+* **tufproxy**: a fresh ``tufproxy gateway`` and a ``tufproxy serve`` edge
+  in front of it; the project's page asked first (untimed: the miss that
+  publishes it), then the file once, cold in both.
+
+Each is read to the end with one client (``curl -o /dev/null``); medians of
+``--rounds``.  The figure is the speed ratio nginx / tufproxy (the issue's
+goal: at least 0.66).
+
+    python bench/gateway_cold.py [--mb 200] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from contenders import Server, _nginx_conf, free_port, nginx_argv  # noqa: E402
+from install import Index, Tufproxy, load  # noqa: E402
+
+from proxy.repository.sample import build_wheel  # noqa: E402
+
+CACHE = HERE / ".cache" / "gateway_cold"
+
+
+def big_wheel(mb: int) -> Path:
+    """A wheel holding ``mb`` MiB of random bytes (which do not compress), built once."""
+    found = sorted(CACHE.glob(f"bigcold-{mb}.0-*.whl"))
+    if found:
+        return found[0]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return build_wheel(CACHE, "bigcold", f"{mb}.0", payload=os.urandom(mb << 20))
+
+
+def curl(url: str) -> float:
+    """Seconds to read ``url`` to its end with curl (which fails the run on an HTTP error)."""
+    began = time.monotonic()
+    subprocess.run(["curl", "-sSf", "-o", "/dev/null", url], check=True, timeout=600)
+    return time.monotonic() - began
+
+
+class Nginx:
+    """A fresh nginx proxy_cache in front of the index."""
+
+    def __init__(self, index: Index, workdir: Path) -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        port = free_port()
+        conf = _nginx_conf(workdir, port, f"""
+  proxy_cache_path {workdir}/cache levels=1:2 keys_zone=pkgs:10m max_size=10g inactive=1d use_temp_path=off;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://127.0.0.1:{index.port};
+      proxy_http_version 1.1;
+      proxy_cache pkgs;
+      proxy_cache_valid 200 1d;
+    }}
+  }}""")
+        self.server = Server("nginx", nginx_argv(conf, workdir), workdir, f"http://127.0.0.1:{port}/simple/")
+        self.base = f"http://127.0.0.1:{port}/"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    wheel = big_wheel(args.mb)
+    projects = load([wheel])
+    [dist] = projects["bigcold"]
+    index = Index(projects, 0.0)
+    times: dict[str, list[float]] = {"floor": [], "nginx": [], "tufproxy": []}
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-cold-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)  # nginx's worker runs as another user when we are root
+        for r in range(args.rounds):
+            times["floor"].append(curl(f"http://127.0.0.1:{index.port}/files/{dist.filename}"))
+            nginx = Nginx(index, work / "nginx")
+            try:
+                times["nginx"].append(curl(f"{nginx.base}files/{dist.filename}"))
+            finally:
+                nginx.server.stop()
+            chain = Tufproxy(index, work / "tufproxy")
+            chain.fresh()
+            try:
+                curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
+                times["tufproxy"].append(curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
+            finally:
+                chain.stop()
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    size = len(dist.data) / 1e6
+    print(f"# A {size:.0f} MB file cold: edge -> gateway beside nginx proxy_cache ({time.strftime('%Y-%m-%d')})\n")
+    print(f"`python bench/gateway_cold.py --mb {args.mb} --rounds {args.rounds}`; load average at the end "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; one client (curl); medians.\n")
+    print("| path | median (s) | MB/s | all rounds (s) |\n|---|---:|---:|---|")
+    for k, v in times.items():
+        print(f"| {k} | {med[k]:.2f} | {size / med[k]:.0f} | {' '.join(f'{x:.2f}' for x in v)} |")
+    print(f"\nspeed ratio nginx / tufproxy: **{med['nginx'] / med['tufproxy']:.2f}** (goal >= 0.66)")
+
+
+if __name__ == "__main__":
+    main()
