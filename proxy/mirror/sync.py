@@ -391,7 +391,10 @@ class _Sync:
                     return None
             return w
 
-        return [w for w in await asyncio.gather(*(one(w) for w in wanted)) if w is not None]
+        try:
+            return [w for w in await asyncio.gather(*(one(w) for w in wanted)) if w is not None]
+        finally:
+            await protocol.close()
 
     async def plan(self, given: list[Wanted]) -> _Plan:
         """The projects to check (see the module docstring): with a manifest the last sync left and the same

@@ -100,6 +100,7 @@ class MissProtocol:
         self.trust = trust
         self.locks = locks
         self.deadline = deadline
+        self._session: aiohttp.ClientSession | None = None  # kept open: a cold install misses once per project
         # project -> (when asked, the gateway's account or None), the newest last, bounded.
         self._accounts: OrderedDict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = OrderedDict()
 
@@ -118,6 +119,17 @@ class MissProtocol:
             raise MetadataPending(target, RETRY_AFTER) from None
         return True
 
+    def _client(self) -> aiohttp.ClientSession:
+        """The session every question to the gateways goes through, its connections kept alive between them."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
     async def _ask(self, project: str) -> _Answer:
         """The timestamp version the first gateway that answers names; one that is down, or answers 5xx without
         a reason, is passed over for the next (the one failover loop)."""
@@ -129,13 +141,10 @@ class MissProtocol:
     async def _ask_one(self, gateway_url: str, project: str) -> _Answer:
         url = f"{gateway_url}_tufproxy/publish/{project}"
         try:
-            # A session per miss: misses are rare (once per project per edge), and nothing is left to close.
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
             rid = request_id.get()
             headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
-            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
-            async with aiohttp.ClientSession(connector=connector) as session, \
-                    session.post(url, headers=headers, allow_redirects=False) as response:
+            async with self._client().post(url, headers=headers, allow_redirects=False) as response:
                 if response.status != 200:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     slug, detail = _refusal(body)
@@ -162,11 +171,9 @@ class MissProtocol:
         async def ask(_i: int, gateway_url: str) -> dict[str, Any]:
             url = f"{gateway_url}_tufproxy/why/{project}"
             headers = self.auth.headers(url) if self.auth else {}
-            connector = aiohttp.TCPConnector(ssl=self.ssl_context if self.ssl_context is not None else True)
             try:
-                async with aiohttp.ClientSession(connector=connector) as session, \
-                        session.get(url, headers=headers, allow_redirects=False,
-                                    timeout=aiohttp.ClientTimeout(total=WHY_DEADLINE)) as response:
+                async with self._client().get(url, headers=headers, allow_redirects=False,
+                                              timeout=aiohttp.ClientTimeout(total=WHY_DEADLINE)) as response:
                     if response.status != 200:
                         raise DownloadHTTPError(url, response.status)
                     answer = json.loads(await response.content.read(MAX_WHY))

@@ -292,6 +292,8 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         if layout.miss_protocol and gateways
         else None
     )
+    if miss is not None:
+        opened.push_async_callback(miss.close)
     settings = ProxySettings(
         max_file_size=config.max_file_size,
         upstream_freshness=max(3 * config.refresh_interval, 30.0),
