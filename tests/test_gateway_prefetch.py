@@ -12,6 +12,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,29 @@ def test_a_prefetch_publishes_nothing_a_request_could_not(tmp_path: Path, test_i
         wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="refused"}') >= 1, "refusal", timeout=10)
         assert not _published(gw, "pf-forbidden") and "pf-forbidden" not in _pages_asked(test_index)
         assert any(r.get("reason") == "deny-project" for r in gw.audit())
+
+
+@pytest.mark.slow
+def test_a_prefetch_of_a_cooled_down_release_makes_nothing_of_it_installable(tmp_path: Path) -> None:
+    """pf-old needs pf-fresh, whose only release is a day old under a 30-day cooldown: the prefetch goes
+    through the policy as a request would, so no signed page lists that file, and its metadata (whose
+    dependencies would be prefetched next) is never read from the index."""
+    fresh = datetime.now(UTC) - timedelta(days=1)
+    with TestIndex(separate_files_host=True) as index:
+        index.add(build_wheel(tmp_path / "dists", "pf-old", "1.0", requires=["pf-fresh"]))
+        index.add(build_wheel(tmp_path / "dists", "pf-fresh", "1.0", requires=["pf-further"]),
+                  upload_time=fresh.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        index.add(build_wheel(tmp_path / "dists", "pf-further", "1.0"))
+        with _gateway(tmp_path, index, "--min-release-age", "30d", "--prefetch-depth", "2") as gw:
+            assert gw.publish("pf-old")[0] == 200
+            wait_for(lambda: "pf-fresh" in _pages_asked(index), "the prefetch of pf-fresh's page", timeout=30)
+            wait_for(lambda: metric(gw.base, "tufproxy_gateway_prefetches_total") >= 1, "its outcome", timeout=30)
+            req = urllib.request.Request(f"{gw.base}simple/pf-fresh/",
+                                         headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert json.loads(r.read())["files"] == []  # listed by its index, offered by nobody yet
+        assert not any(p.endswith("pf_fresh-1.0-py3-none-any.whl.metadata") for p in index.requests)
+        assert "pf-further" not in _pages_asked(index)
 
 
 @pytest.mark.slow
