@@ -123,11 +123,16 @@ class _Replica:
                                  cast(Repository, None), name)
 
 
+def _two(seaweed: Seaweed, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[_Replica, _Replica]:
+    """Replicas "a" and "b" of one group on ``prefix``, neither leading yet."""
+    return (_Replica(seaweed, prefix, tmp_path / "a", "a", monkeypatch),
+            _Replica(seaweed, prefix, tmp_path / "b", "b", monkeypatch))
+
+
 @pytest.mark.slow
 def test_a_batch_costs_what_it_wrote_and_followers_read_only_new_segments(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    leader = _Replica(seaweed, "log", tmp_path / "a", "a", monkeypatch)
-    follower = _Replica(seaweed, "log", tmp_path / "b", "b", monkeypatch)
+    leader, follower = _two(seaweed, "log", tmp_path, monkeypatch)
 
     async def scenario() -> None:
         assert await leader.lease.step() and not await follower.lease.step()
@@ -179,8 +184,7 @@ def test_a_batch_costs_what_it_wrote_and_followers_read_only_new_segments(
 @pytest.mark.slow
 def test_a_stale_leaders_segment_is_named_by_no_head_and_it_steps_down(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = _Replica(seaweed, "fence", tmp_path / "a", "a", monkeypatch)
-    second = _Replica(seaweed, "fence", tmp_path / "b", "b", monkeypatch)
+    first, second = _two(seaweed, "fence", tmp_path, monkeypatch)
 
     async def scenario() -> None:
         assert await first.lease.step()
@@ -212,8 +216,7 @@ def test_a_stale_leaders_segment_is_named_by_no_head_and_it_steps_down(
 @pytest.mark.slow
 def test_the_older_whole_file_starts_the_log_and_a_missing_segment_or_junk_head_is_survived(
         seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    leader = _Replica(seaweed, "older", tmp_path / "a", "a", monkeypatch)
-    follower = _Replica(seaweed, "older", tmp_path / "b", "b", monkeypatch)
+    leader, follower = _two(seaweed, "older", tmp_path, monkeypatch)
 
     async def scenario() -> None:
         # A bucket written by a version that kept the whole file: read by both, and the new log starts with it.
