@@ -54,6 +54,7 @@ the same contents fills in.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -202,6 +203,17 @@ class Ledger:
         with self._lock:
             self._db.close()
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction of the index (the caller holds ``_lock``): other processes wait for it."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     # -- taking lines in -----------------------------------------------------------------------
 
     def reload(self) -> bool:
@@ -220,13 +232,8 @@ class Ledger:
                 identity = (st.st_dev, st.st_ino) if st is not None else None
                 if not starting and self._seen_size == (identity, st.st_size if st is not None else 0):
                     return False  # nothing appended: the common case, on every file request
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
+                with self._transaction():
                     applied = self._take_in_locked(f, identity, st.st_size if st is not None else 0, starting)
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
                 self.revoked = frozenset((p, f or None) for p, f in self._db.execute("SELECT project, filename "
                                                                                       "FROM revoked"))
                 return applied
@@ -388,12 +395,14 @@ class Ledger:
 
     def lacking(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """The ``records`` this ledger lacks (compared without their time), in their order, each once."""
+        return self._lacking([(record_key(r), r) for r in records])
+
+    def _lacking(self, keyed: list[tuple[bytes, dict[str, Any]]]) -> list[dict[str, Any]]:
         self.reload()
         taken: list[dict[str, Any]] = []
         seen: set[bytes] = set()
         with self._lock:
-            for record in records:
-                key = record_key(record)
+            for key, record in keyed:
                 if key not in seen and self._db.execute("SELECT 1 FROM records WHERE key = ?", (key,)).fetchone() is None:
                     taken.append(record)
                 seen.add(key)
@@ -402,10 +411,11 @@ class Ledger:
     def take(self, records: list[dict[str, Any]], shared: bool, position: dict[str, Any] | None = None) -> int:
         """Append the ``records`` this ledger lacks; how many.  ``shared``: they are the group's (read from
         the bucket), noted so with ``position``, the group's log as read up to them, in one transaction."""
-        new = self.lacking(records)
+        keyed = [(record_key(r), r) for r in records]
+        new = self._lacking(keyed)
         self.append(new)
         if shared:
-            self.mark_shared([record_key(r) for r in records], position)
+            self.mark_shared([key for key, _ in keyed], position)
         return len(new)
 
     def unshared(self, limit: int) -> list[tuple[bytes, bytes]]:
@@ -439,9 +449,8 @@ class Ledger:
                 # Records the index knew from a file replaced since: not in this one to share.  Forgotten, so
                 # the group's copy, if any, is appended again at the next pull.
                 log.warning("ledger %s: %d record(s) its index knew are no longer in it", self.path, len(stale))
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.executemany("DELETE FROM records WHERE key = ?", [(k,) for k in stale])
-                self._db.execute("COMMIT")
+                with self._transaction():
+                    self._db.executemany("DELETE FROM records WHERE key = ?", [(k,) for k in stale])
         return found
 
     def _unshared_rows(self) -> Iterator[tuple[bytes, int, int]]:
@@ -453,16 +462,10 @@ class Ledger:
 
     def mark_shared(self, keys: list[bytes], position: dict[str, Any] | None = None) -> None:
         """Note ``keys`` as records the group holds (and ``position``: how far its log was read)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany("UPDATE records SET shared = 1 WHERE key = ?", [(k,) for k in keys])
-                if position is not None:
-                    self._db.execute("INSERT OR REPLACE INTO sync VALUES ('group', ?)", (json.dumps(position),))
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, self._transaction():
+            self._db.executemany("UPDATE records SET shared = 1 WHERE key = ?", [(k,) for k in keys])
+            if position is not None:
+                self._db.execute("INSERT OR REPLACE INTO sync VALUES ('group', ?)", (json.dumps(position),))
 
     def group_position(self) -> dict[str, Any]:
         """How far this replica read its group's log (kept with the index: a rebuilt index reads it again)."""

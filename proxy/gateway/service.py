@@ -153,7 +153,7 @@ class Gateway:
             self.publisher.reload()  # another worker may have signed it
         if project in self.publisher.published:
             self.touch(project)
-            return Published(project, self.publisher.timestamp_version, self.publisher.foresight(project))
+            return self._published(project, self.publisher.timestamp_version)
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
             raise NotListed(not_listed(project))
         future = self._inflight.get(project)
@@ -164,13 +164,17 @@ class Gateway:
         # shield: a caller that gives up does not cancel the publish others wait for.
         return await asyncio.shield(future)
 
+    def _published(self, project: str, version: int) -> Published:
+        """The answer to a publish of ``project``: the version carrying it, and what an edge reads next."""
+        return Published(project, version, self.publisher.foresight(project))
+
     async def _publish_new(self, project: str, prefetch: tuple[int, Budget] | None) -> Published:
         if self.locks is None:
             return await self._fetch_and_publish(project, prefetch)
         async with self.locks.hold(f"publish {project}", wait=PUBLISH_LOCK_WAIT):
             self.publisher.reload()
             if project in self.publisher.published:  # a worker we waited for signed it
-                return Published(project, self.publisher.timestamp_version, self.publisher.foresight(project))
+                return self._published(project, self.publisher.timestamp_version)
             self.ledger.reload()
             return await self._fetch_and_publish(project, prefetch)
 
@@ -197,7 +201,7 @@ class Gateway:
             f for f in listing.page.files if f.filename in kept)), depth, budget)
         version = await self.publisher.publish({project: rendered.page})
         self.touch(project)
-        return Published(project, version, self.publisher.foresight(project))
+        return self._published(project, version)
 
     async def _prefetch(self, name: str, depth: int, budget: Budget) -> None:
         """Publish a dependency as a request would (policy, pins, checks); never raise."""

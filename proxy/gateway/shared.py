@@ -265,12 +265,8 @@ class SharedState:
             new = head.appended(generation)
             # Unconditional: only this leader writes under its generation; a head names it only once written.
             await self.bucket.replace(new.segment(head.count), b"".join(line + b"\n" for _, line in lines))
-            etag = await self.bucket.put_if(HEAD_KEY, new.encode(), self._etags.get(HEAD_KEY))
-            if etag is None:
-                self.lease.step_down()
-                raise LeaseLost(f"{self.bucket.url}{HEAD_KEY} changed under generation {generation}: "
-                                "another replica leads; stepped down")
-            self._head, self._etags[HEAD_KEY] = new, etag
+            await self._put_as_leader(HEAD_KEY, new.encode())
+            self._head = new
             await asyncio.to_thread(self.ledger.mark_shared, [key for key, _ in lines], new.position())
 
     async def _publish_advisories(self) -> None:
@@ -285,13 +281,18 @@ class SharedState:
             if found is not None and found[0] == data:
                 self._published = digest
                 return
-        etag = await self.bucket.put_if(ADVISORIES_KEY, data, self._etags[ADVISORIES_KEY])
+        await self._put_as_leader(ADVISORIES_KEY, data)
+        self._published = digest  # the same bytes are not sent again
+
+    async def _put_as_leader(self, key: str, data: bytes) -> None:
+        """Write ``key`` if it still has the ETag this replica last saw; else another replica leads since:
+        step down (LeaseLost), as a stale leader's timestamp write does."""
+        etag = await self.bucket.put_if(key, data, self._etags.get(key))
         if etag is None:
             self.lease.step_down()
-            raise LeaseLost(f"{self.bucket.url}{ADVISORIES_KEY} changed under generation {self.lease.generation}: "
+            raise LeaseLost(f"{self.bucket.url}{key} changed under generation {self.lease.generation}: "
                             "another replica leads; stepped down")
-        self._etags[ADVISORIES_KEY] = etag
-        self._published = digest  # the same bytes are not sent again
+        self._etags[key] = etag
 
     async def _offer(self, key: str, data: bytes | None) -> None:
         """A follower's offer: ``data`` under its inbox ``key`` (None: nothing to offer, the object goes)."""
