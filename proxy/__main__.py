@@ -2,4 +2,6 @@
 
 from proxy.cli import main
 
-raise SystemExit(main())
+# Guarded: a spawned worker process (PEP 740 verification) imports this module again as __mp_main__.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,10 +16,14 @@ import base64
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
+import signal
+import socketserver
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,10 +35,14 @@ from aiohttp import web
 
 from proxy.protocol import index
 from proxy.protocol import provenance as rules
+from proxy.protocol.errors import Fault
 from proxy.protocol.provenance import Outcome, PublisherSpec, decide, parse_spec
+from proxy.protocol.refusals import row, rule_fault
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
-from proxy.trust.provenance import SigstoreTrust
+from proxy.serving.provenance import EdgeProvenance, ProvenanceUnavailable
+from proxy.trust import provenance as sigstore_trust
+from proxy.trust.provenance import SigstoreTrust, verify_offline
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init
 from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
@@ -96,6 +104,9 @@ def test_decide_covers_every_mode() -> None:
     assert [decide("pin", pin, o) for o in (verified, missing, invalid)] == [None, rules.RULE_MISSING, rules.RULE_INVALID]
     assert decide("pin", other, verified) == rules.RULE_CHANGED
     assert [decide("require", None, o) for o in (verified, missing, invalid)] == [None, rules.RULE_MISSING, rules.RULE_INVALID]
+    unavailable = Outcome("unavailable", "not fetched")
+    assert [decide(m, pin, unavailable) for m in rules.MODES] == [None, *[rules.RULE_UNAVAILABLE] * 3]
+    assert rule_fault(rules.RULE_UNAVAILABLE) is Fault.UPSTREAM and rule_fault(rules.RULE_INVALID) is Fault.REPOSITORY
 
 
 # ------------------------------------------------------------ the verifier, on real bundles, offline
@@ -112,23 +123,22 @@ def offline_trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SigstoreTr
 def test_real_bundles_verify_and_variants_do_not(offline_trust: SigstoreTrust, tmp_path: Path) -> None:
     real_sha = hashlib.sha256((ASSETS / REAL).read_bytes()).hexdigest()
     gitlab_sha = hashlib.sha256((ASSETS / GITLAB).read_bytes()).hexdigest()
-    good = offline_trust.verify(real_provenance(), REAL, real_sha)
+    good = verify_offline(False, real_provenance(), REAL, real_sha)
     assert good.state == "verified" and str(good.publisher) == REAL_PUBLISHER
     assert good.digest == hashlib.sha256(real_provenance()).hexdigest()
-    assert str(offline_trust.verify(gitlab_provenance(), GITLAB, gitlab_sha).publisher) == GITLAB_PUBLISHER
+    assert str(verify_offline(False, gitlab_provenance(), GITLAB, gitlab_sha).publisher) == GITLAB_PUBLISHER
     bad = {
-        "tampered signature": offline_trust.verify(tampered(real_provenance()), REAL, real_sha),
-        "wrong digest": offline_trust.verify(real_provenance(), REAL, "0" * 64),
-        "another file's provenance": offline_trust.verify(gitlab_provenance(), REAL, real_sha),
-        "invalid JSON": offline_trust.verify(b"{not json", REAL, real_sha),
-        "no bundle": offline_trust.verify(b'{"version": 1, "attestation_bundles": []}', REAL, real_sha),
+        "tampered signature": verify_offline(False, tampered(real_provenance()), REAL, real_sha),
+        "wrong digest": verify_offline(False, real_provenance(), REAL, "0" * 64),
+        "another file's provenance": verify_offline(False, gitlab_provenance(), REAL, real_sha),
+        "invalid JSON": verify_offline(False, b"{not json", REAL, real_sha),
+        "no bundle": verify_offline(False, b'{"version": 1, "attestation_bundles": []}', REAL, real_sha),
     }
     assert {k: v.state for k, v in bad.items()} == dict.fromkeys(bad, "invalid"), bad
     assert "digest" in bad["wrong digest"].detail
     assert "subject does not match" in bad["another file's provenance"].detail
     # Production bundles do not verify against the staging trust root (which ships with sigstore-python too).
-    staging = SigstoreTrust("staging", offline=True)
-    assert staging.verify(real_provenance(), REAL, real_sha).state == "invalid"
+    assert verify_offline(True, real_provenance(), REAL, real_sha).state == "invalid"
     # The real staging bundle (signed by an e-mail login, no PEP 740 publisher kind): the staging root accepts its
     # chain and only the publisher policy refuses it; the production root refuses the chain itself.
     attestation = json.loads((ASSETS / "rfc8785-0.1.2-py3-none-any.whl.publish.attestation").read_bytes())
@@ -136,8 +146,8 @@ def test_real_bundles_verify_and_variants_do_not(offline_trust: SigstoreTrust, t
     as_google = json.dumps({"version": 1, "attestation_bundles": [{"publisher": {"kind": "Google", "email": "william@yossarian.net"},
                                                                    "attestations": [attestation]}]}).encode()
     wheel_sha = hashlib.sha256((ASSETS / wheel).read_bytes()).hexdigest()
-    assert "OIDCIssuer does not match" in staging.verify(as_google, wheel, wheel_sha).detail
-    assert "certificate chain" in offline_trust.verify(as_google, wheel, wheel_sha).detail
+    assert "OIDCIssuer does not match" in verify_offline(True, as_google, wheel, wheel_sha).detail
+    assert "certificate chain" in verify_offline(False, as_google, wheel, wheel_sha).detail
     # A FILE trust root: the shipped production root, given as a file, verifies; the staging one does not.
     from sigstore._utils import read_embedded
 
@@ -147,7 +157,148 @@ def test_real_bundles_verify_and_variants_do_not(offline_trust: SigstoreTrust, t
     for path, state in ((prod_file, "verified"), (stage_file, "invalid")):
         trust = SigstoreTrust(str(path), offline=False)
         trust.prepare(tmp_path / f"home-{path.stem}")
-        assert trust.verify(real_provenance(), REAL, real_sha).state == state
+        assert trust.unavailable() is None  # a FILE is offline: nothing to refresh
+        assert verify_offline(False, real_provenance(), REAL, real_sha).state == state
+
+
+# ------------------------------------------------------------ verification in worker processes
+
+@pytest.mark.slow
+def test_workers_verify_a_dead_one_costs_one_file_and_none_outlives_its_parent(offline_trust: SigstoreTrust,
+                                                                              tmp_path: Path) -> None:
+    real_sha = hashlib.sha256((ASSETS / REAL).read_bytes()).hexdigest()
+
+    async def check() -> Outcome:
+        return await offline_trust.check(real_provenance(), REAL, real_sha)
+
+    async def scenario() -> list[Outcome]:
+        first = await check()
+        pool = offline_trust._pool
+        assert pool is not None
+        for pid in [p.pid for p in pool._processes.values()]:  # killed as the OOM killer would
+            os.kill(pid, signal.SIGKILL)
+        return [first, await check(), await check()]
+
+    try:
+        first, lost, again = asyncio.run(scenario())
+    finally:
+        offline_trust.close()
+    assert first.state == "verified" and again.state == "verified", (first, again)
+    assert lost.state == "unavailable" and "worker died" in lost.detail, lost
+    # A parent killed outright (no cleanup runs) takes its verification workers with it.
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import asyncio, os, signal, sys
+from pathlib import Path
+from proxy.trust.provenance import SigstoreTrust
+async def main():
+    trust = SigstoreTrust("production", offline=True, processes=2)
+    trust.prepare(Path({str(tmp_path / "home")!r}))
+    await asyncio.gather(*(trust.check(b"{{}}", "a-1.tar.gz", "0" * 64) for _ in range(4)))
+    print(*[p.pid for p in trust._pool._processes.values()], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+if __name__ == "__main__":  # the spawned workers import this file again
+    asyncio.run(main())
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[1])
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert len(workers) == 2, done.stderr
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie has exited
+
+    wait_for(lambda: all(gone(pid) for pid in workers), "verification workers gone with their parent")
+
+
+# ------------------------------------------------------------ online: the trust root refreshed once, not per file
+
+class RefusingProxy:
+    """An HTTPS proxy on 127.0.0.1 that refuses every CONNECT and counts them: the Sigstore CDN unreachable."""
+
+    def __init__(self) -> None:
+        self.connects = 0
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _handler(self) -> type[socketserver.StreamRequestHandler]:
+        proxy = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                if self.rfile.readline(8192).startswith(b"CONNECT "):
+                    proxy.connects += 1
+                self.wfile.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+        return Handler
+
+    def __enter__(self) -> RefusingProxy:
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def unreachable_cdn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RefusingProxy]:
+    for name in ("XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "unused"))  # restored after the test (prepare sets them)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with RefusingProxy() as proxy:
+        for name in ("HTTPS_PROXY", "https_proxy"):
+            monkeypatch.setenv(name, proxy.url)  # python-tuf's fetcher takes it: nothing leaves 127.0.0.1
+        yield proxy
+
+
+def test_online_verification_refreshes_the_trust_root_once_not_per_attestation(tmp_path: Path,
+                                                                               unreachable_cdn: RefusingProxy) -> None:
+    """pypi-attestations left to itself refreshes over TUF for each attestation; here one refresh serves all, a
+    failed one is not retried per file, and a file that cannot be checked is ``unavailable``, never ``invalid``."""
+    from sigstore.models import ClientTrustConfig
+
+    with pytest.raises(Exception, match="TUF"):
+        ClientTrustConfig.production(offline=False)  # what one refresh costs at this proxy
+    one_refresh, unreachable_cdn.connects = unreachable_cdn.connects, 0
+    assert one_refresh >= 1
+    real_sha = hashlib.sha256((ASSETS / REAL).read_bytes()).hexdigest()
+    trust = SigstoreTrust("production", offline=False)
+    trust.prepare(tmp_path / "sigstore")
+
+    async def page_of_files() -> list[Outcome]:  # as the gateway checks a page's files: all at once
+        return await asyncio.gather(*(trust.check(real_provenance(), REAL, real_sha) for _ in range(16)))
+
+    outcomes = asyncio.run(page_of_files())
+    assert {o.state for o in outcomes} == {"unavailable"}, outcomes[0]
+    assert "no current Sigstore trust root" in outcomes[0].detail and "TUF" in outcomes[0].detail
+    assert unreachable_cdn.connects == one_refresh
+    # The edge refuses such a file as the upstream's fault (502, audited), not as the repository's lie.
+    edge = EdgeProvenance(trust, tmp_path / "pins.jsonl")
+    with pytest.raises(ProvenanceUnavailable) as refused:
+        asyncio.run(edge.check("pypi-attestations", REAL, f"packages/pypi-attestations/{REAL}", real_sha,
+                               real_provenance()))
+    trust.close()
+    assert row(refused.value).fault is Fault.UPSTREAM and row(refused.value).status == 502
+    assert unreachable_cdn.connects == one_refresh and not edge.known(f"packages/pypi-attestations/{REAL}", real_sha)
+
+
+def test_a_recently_refreshed_trust_root_outlives_a_failed_refresh_for_a_day(tmp_path: Path,
+                                                                           unreachable_cdn: RefusingProxy) -> None:
+    trust = SigstoreTrust("production", offline=False)
+    trust.prepare(tmp_path / "sigstore")
+    now = time.monotonic()
+    trust._refreshed = now - sigstore_trust.REFRESH_SECONDS - 1  # due again, and the CDN does not answer
+    assert trust.unavailable() is None
+    assert unreachable_cdn.connects >= 1
+    trust._refreshed, trust._failed = now - sigstore_trust.STALE_SECONDS - 1, None
+    assert "no current Sigstore trust root" in (trust.unavailable() or "")
 
 
 # ------------------------------------------------------------ end to end, a gateway process
@@ -273,12 +424,17 @@ def test_pin_mode_verifies_pins_refuses_bad_input_and_keeps_pins_across_restart(
         assert signed_files(gw_dir, "plain") == ["plain-1.0-py3-none-any.whl"]  # no provenance, no pin: published
         # Bad input: each file left out with a clear reason; its project page signs without it.
         for project, words in (("badjson", "not a PEP 740 provenance object"), ("huge", "larger than"),
-                               ("otherfile", "subject does not match"), ("slowhost", "not fetched"),
-                               ("foreign", "neither the index nor a --files-origin")):
+                               ("otherfile", "subject does not match"), ("foreign", "neither the index nor a --files-origin")):
             assert gw.publish(project)[0] == 200, project
             assert signed_files(gw_dir, project) == [], project
             record = next(r for r in refusals(gw, rules.RULE_INVALID) if r["project"] == project)
             assert words in record["detail"] and record["file"] == f"{project}-1.0-py3-none-any.whl", record
+            assert record["fault"] == "repository", record
+        # A provenance host that does not answer in time: left out too, but as the upstream's fault, not a lie.
+        assert gw.publish("slowhost")[0] == 200
+        assert signed_files(gw_dir, "slowhost") == []
+        record = next(r for r in refusals(gw, rules.RULE_UNAVAILABLE) if r["project"] == "slowhost")
+        assert "not fetched" in record["detail"] and record["fault"] == "upstream", record
         # The signed page never carries the index's provenance URL: its own, to the signed provenance target.
         page = Repository.open(gw_dir).current_page("pypi-attestations")
         assert page is not None and page.files[0].provenance == f"../../packages/pypi-attestations/{REAL}.provenance"

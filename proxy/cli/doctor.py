@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.protocol.errors import CommandError
-from proxy.protocol.provenance import RULE_CHANGED, RULE_INVALID, RULE_MISSING
+from proxy.protocol.provenance import RULE_CHANGED, RULE_INVALID, RULE_MISSING, RULE_UNAVAILABLE
 
 TIMEOUT = 10.0
 MAX_BODY = 1 << 20
@@ -170,10 +170,11 @@ def metric_checks(part: str, samples: Samples | None, now: datetime) -> list[Che
                                 "files on an origin not allowed: add it with --files-origin (the gateway's audit "
                                 "log names it: tufproxy audit)"))
         refused = sum(_value(samples, "tufproxy_gateway_refusals_total", reason=rule) or 0
-                      for rule in (RULE_INVALID, RULE_MISSING, RULE_CHANGED))
+                      for rule in (RULE_INVALID, RULE_MISSING, RULE_CHANGED, RULE_UNAVAILABLE))
         checks.append(Check("ok", "provenance", "no file refused for its provenance since start") if not refused else
                       Check("warning", "provenance", f"{refused:.0f} file(s) refused since start for their provenance "
-                            "(missing, invalid, or another publisher): tufproxy audit on the gateway's audit log "
+                            "(missing, invalid, from another publisher, or not checkable then): "
+                            "tufproxy audit on the gateway's audit log "
                             "names them; tufproxy why PROJECT --gateway URL says which rule"))
         blocked = _value(samples, "tufproxy_gateway_advisory_blocked_files") or 0
         checks.append(Check("ok", "advisory blocks", f"{blocked:.0f} file(s) kept out by advisories now"))

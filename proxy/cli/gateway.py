@@ -70,7 +70,7 @@ from proxy.repository.keysource import KeyUnavailable
 from proxy.repository.signer import JOURNAL
 from proxy.serving import listener
 from proxy.serving.access import AccessMiddleware, refusals_counter
-from proxy.serving.config import _rules, _store_url, access_options, add_arguments, read_config
+from proxy.serving.config import _rules, _store_url, access_options, add_arguments, cpu_count, read_config
 from proxy.serving.guard import Guard
 from proxy.serving.passwords import AuthFileError, Passwords
 from proxy.serving.serve import stop_on_signals
@@ -375,7 +375,8 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         Path(files_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CommandError(f"cache dir {values['cache_dir']} is not usable: {e.strerror}") from e
-    trust = SigstoreTrust(values["sigstore_trust_root"], values["sigstore_offline"])
+    trust = SigstoreTrust(values["sigstore_trust_root"], values["sigstore_offline"],
+                          processes=max(1, cpu_count() // values["workers"]))
     try:
         trust.prepare(ledger_dir(directory) / "sigstore")
     except OSError as e:
@@ -443,6 +444,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await publisher.stop()
         await served.stop()
         await http.close()
+        trust.close()
         audit.close()
         if leader is not None:
             leader.close()

@@ -28,6 +28,7 @@ from proxy.protocol.errors import CommandError, TrustError
 from proxy.protocol.options import ConfigError, parse_datetime, parse_size, parsed
 from proxy.protocol.profiles import get_profile
 from proxy.serving.config import add_arguments as add_serve_arguments
+from proxy.serving.config import cpu_count
 from proxy.serving.config import resolve as serve_config
 from proxy.serving.serve import start as start_edge
 from proxy.storage.audit import redact_url
@@ -154,12 +155,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             if args.provenance == "yes":
                 # Offline always: a tree across an air gap is checked with the root that came with it, or FILE.
                 sigstore = SigstoreTrust(parsed("--sigstore-trust-root", parse_trust_root, args.sigstore_trust_root),
-                                         offline=True)
+                                         offline=True, processes=min(args.jobs, cpu_count()))
                 sigstore.prepare(Path(home))
-            report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
-                                             allow_expired_until=until,
-                                             profile=get_profile(args.profile) if args.profile else None,
-                                             sigstore=sigstore))
+            try:
+                report = asyncio.run(verify_tree(Path(args.dir), Path(args.root) if args.root else None, jobs=args.jobs,
+                                                 allow_expired_until=until,
+                                                 profile=get_profile(args.profile) if args.profile else None,
+                                                 sigstore=sigstore))
+            finally:
+                if sigstore is not None:
+                    sigstore.close()
     except (OSError, ValueError) as e:
         raise CommandError(str(e)) from e
     sound = report.sound(strict=args.strict)

@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 MAX_PROVENANCE_SIZE = 1 * 2**20  # PyPI's are a few KiB; anything near this is junk
 CONCURRENCY = 16
 MAX_REMEMBERED = 100_000  # outcomes of files left out, kept so a refresh neither re-verifies nor re-audits them
-_NOT_FETCHED = "provenance not fetched"
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -96,8 +95,8 @@ class ProvenanceGate:
         self.trust = trust
         self.max_size = max_size
         self._slots = asyncio.Semaphore(CONCURRENCY)
-        # (file URL, filename, sha256, provenance URL) -> outcome, for files not pinned (left out); fetch
-        # failures are not kept (the next refresh tries again), and a left-out file is audited when its rule changes.
+        # (file URL, filename, sha256, provenance URL) -> outcome, for files not pinned (left out); unavailable
+        # ones are not kept (the next refresh tries again), and a left-out file is audited when its rule changes.
         self._outcomes: dict[tuple[str, str, str, str], Outcome] = {}
         self._audited: dict[tuple[str, str], tuple[str, str]] = {}
 
@@ -174,7 +173,7 @@ class ProvenanceGate:
         if (known := self._outcomes.get(key)) is not None:
             return known, None
         outcome, data = await self._verified(dist)
-        if not outcome.detail.startswith(_NOT_FETCHED):
+        if outcome.state != "unavailable":
             if len(self._outcomes) >= MAX_REMEMBERED:
                 self._outcomes.clear()
             self._outcomes[key] = outcome
@@ -193,8 +192,8 @@ class ProvenanceGate:
             except DownloadLengthError:
                 return Outcome("invalid", f"provenance object larger than {self.max_size} bytes"), None
             except DownloadError as e:
-                return Outcome("invalid", f"{_NOT_FETCHED}: {str(e)[:300]}"), None
-        return await asyncio.to_thread(self.trust.verify, data, dist.filename, dist.hashes["sha256"]), data
+                return Outcome("unavailable", f"provenance not fetched: {str(e)[:300]}"), None
+        return await self.trust.check(data, dist.filename, dist.hashes["sha256"]), data
 
 
 def signed_publisher(repo: Repository, project: str) -> tuple[PublisherSpec, str] | None:

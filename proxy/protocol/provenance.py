@@ -14,6 +14,11 @@ left out and by which rule:
   are left out.
 * ``require``: as ``pin``, and every file needs valid provenance.
 
+In every mode but ``off``, a file whose provenance could not be checked
+now (its object not fetched, or, online, no current Sigstore trust root)
+is left out by ``provenance-unavailable``: an upstream's fault, not the
+repository's, and not remembered, so the next refresh tries again.
+
 A publisher pinned up front (``--trusted-publisher``) is checked in every
 mode but ``off``.
 """
@@ -31,6 +36,7 @@ MODES = ("off", "verify", "pin", "require")
 RULE_INVALID = "provenance-invalid"
 RULE_MISSING = "provenance-missing"
 RULE_CHANGED = "publisher-changed"
+RULE_UNAVAILABLE = "provenance-unavailable"
 
 # PEP 740 publisher kinds and the spec prefixes that name them.
 _KINDS = {"github": "GitHub", "gitlab": "GitLab", "google": "Google"}
@@ -127,7 +133,8 @@ def parse_project_modes(value: Any) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What verification found for one file: ``missing``, ``invalid`` (with why) or ``verified``."""
+    """What verification found for one file: ``missing``, ``invalid`` (with why), ``unavailable`` (could not be
+    checked now, with why) or ``verified``."""
 
     state: str
     detail: str = ""
@@ -163,6 +170,8 @@ def decide(mode: str, expected: PublisherSpec | None, outcome: Outcome) -> str |
         return None
     if outcome.state == "invalid":
         return RULE_INVALID
+    if outcome.state == "unavailable":
+        return RULE_UNAVAILABLE
     if outcome.state == "missing":
         if mode == "require" or (mode == "pin" and expected is not None):
             return RULE_MISSING

@@ -76,9 +76,11 @@ UNEXPECTED = Row(500, Fault.OURS, "internal error", audit=False)
 
 # The gateway's rules that leave a project or file out of what it signs are the organisation's policy
 # (operator), except these: each caught the index contradicting what was already trusted or attested,
-# or listing a file it gave no hash for.
+# or listing a file it gave no hash for,
 REPOSITORY_RULES = frozenset({"upstream-changed-file", "hash-mismatch", "provenance-invalid", "publisher-changed",
                               "missing-hash"})
+# and these, which could not check a file now because something upstream did not answer.
+UPSTREAM_RULES = frozenset({"provenance-unavailable"})
 
 # Reason phrases travel in the status line: printable ASCII, bounded.
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -120,6 +122,8 @@ def row(error: BaseException) -> Row:
 
 def rule_fault(rule: str) -> Fault:
     """Whose decision a gateway rule that left something out was (its metric's ``kind``, its audit's ``fault``)."""
+    if rule in UPSTREAM_RULES:
+        return Fault.UPSTREAM
     return Fault.REPOSITORY if rule in REPOSITORY_RULES else Fault.OPERATOR
 
 

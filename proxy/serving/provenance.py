@@ -12,19 +12,21 @@ restarts).  So a holder of the gateway's online key who signs a swapped
 file, drops a pinned project's provenance, or names another publisher,
 still cannot get the file past the edge: that is a
 :class:`ProvenanceRefused`, refused and audited by the one refusal table.
-A file verified once is not verified again in this process.
+A file verified once is not verified again in this process.  One whose
+provenance cannot be checked now (online, no current Sigstore trust root)
+is a :class:`ProvenanceUnavailable`: refused as the upstream's fault, and
+tried again at the next request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
 from pathlib import Path
 
 from proxy.protocol import provenance as rules
-from proxy.protocol.errors import RepositoryError
+from proxy.protocol.errors import RepositoryError, TrustError
 from proxy.protocol.provenance import PublisherSpec
 from proxy.trust.provenance import SigstoreTrust
 
@@ -48,6 +50,12 @@ class ProvenanceMissing(ProvenanceRefused):
 
 class PublisherChanged(ProvenanceRefused):
     reason = rules.RULE_CHANGED
+
+
+class ProvenanceUnavailable(TrustError):
+    """The file's provenance cannot be checked now: an upstream's fault (TrustError's), not the repository's."""
+
+    reason = rules.RULE_UNAVAILABLE
 
 
 class EdgeProvenance:
@@ -97,8 +105,10 @@ class EdgeProvenance:
                 raise ProvenanceMissing(target, f"no provenance, and {project} is pinned to {pinned}",
                                         str(pinned), None)
             return
-        outcome = await asyncio.to_thread(self.trust.verify, data, filename, sha256)
+        outcome = await self.trust.check(data, filename, sha256)
         seen = str(outcome.publisher) if outcome.publisher else None
+        if outcome.state == "unavailable":
+            raise ProvenanceUnavailable(f"{target}: provenance cannot be checked now: {outcome.detail}", target=target)
         if outcome.state != "verified":
             raise ProvenanceInvalid(target, f"provenance does not verify: {outcome.detail}",
                                     str(pinned) if pinned else None, seen)

@@ -27,7 +27,7 @@ from proxy.protocol.access import Rules
 from proxy.protocol.errors import CommandError, ExpiredMetadata, RepositoryError, StoreError, TrustError
 from proxy.protocol.model import ExpiryOverride
 from proxy.protocol.profiles import LayoutError, Profile, detect_profile
-from proxy.serving.config import ServeConfig
+from proxy.serving.config import ServeConfig, cpu_count
 from proxy.serving.edge import MissProtocol
 from proxy.serving.guard import Guard
 from proxy.serving.listener import Limits, Listener
@@ -87,6 +87,8 @@ class Running:
         await self.metadata_fetcher.close()
         self.proxy.resolver.pages.close()
         self.proxy.resolver.audit.close()
+        if self.proxy.resolver.provenance is not None:
+            self.proxy.resolver.provenance.trust.close()
 
 
 def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
@@ -363,7 +365,8 @@ def _edge_provenance(config: ServeConfig) -> EdgeProvenance | None:
     """``--verify-provenance``: the edge's own Sigstore trust root (prepared under the cache dir) and pins."""
     if not config.verify_provenance:
         return None
-    trust = SigstoreTrust(config.sigstore_trust_root, config.sigstore_offline)
+    trust = SigstoreTrust(config.sigstore_trust_root, config.sigstore_offline,
+                          processes=max(1, cpu_count() // config.workers))
     try:
         trust.prepare(config.cache_dir / "sigstore")
         return EdgeProvenance(trust, config.cache_dir / "provenance-pins.jsonl")

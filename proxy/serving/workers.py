@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
@@ -56,6 +55,7 @@ from proxy.protocol.errors import EXIT_ERROR, CommandError
 from proxy.serving.config import ServeConfig
 from proxy.serving.serve import DRAIN_SECONDS, bind, run_loop, start
 from proxy.util import metrics
+from proxy.util.lifetime import die_with
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ _RESTART_WINDOW = 60.0
 # Past the drain, stragglers get this much more before SIGKILL.
 _KILL_GRACE = 5.0
 _SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # A worker publishes its gauges (and eviction count) this often, not only when it serves a scrape.
 _GAUGE_SYNC = 5.0
 # A report on the readiness pipe is one write of at most this many bytes, so reports never interleave.
@@ -391,7 +390,7 @@ class Supervisor:
     def _child(self, supervisor: int) -> NoReturn:
         code = 1
         try:
-            _die_with(supervisor)
+            die_with(supervisor, EXIT_ERROR)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -418,15 +417,6 @@ class Supervisor:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-
-
-def _die_with(parent: int) -> None:
-    """SIGTERM this process when ``parent`` dies (Linux); if it already has, go now."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # it died before the line above took effect
-        os._exit(EXIT_ERROR)
 
 
 def run(config: ServeConfig) -> int:

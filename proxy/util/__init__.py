@@ -5,4 +5,4 @@ writes (:mod:`~proxy.util.atomic`) and cross-process locks
 (:mod:`~proxy.util.locks`). Imports nothing else of ``proxy``.
 """
 
-__all__ = ["atomic", "locks", "logs", "metrics"]
+__all__ = ["atomic", "lifetime", "locks", "logs", "metrics"]
