@@ -11,9 +11,19 @@ and uv install the same five projects (and their dependencies) into a
 fresh target, cold (fresh servers and caches) and warm (the same servers, a
 new client with no cache); medians of ``--rounds``, and each figure's ratio
 to direct.  Each round runs every setup in turn (round-robin), so load that
-drifts on a shared machine weighs on all of them alike.
+drifts on a shared machine weighs on all of them alike.  ``floor`` (in
+``--only``) is the same index with no delay: what the client itself costs,
+the best any proxy could do.
 
-    python bench/install.py [--rounds 3] [--rtt-ms 40] [--only direct,tufproxy]
+The clients' target and temporary directory (``TMPDIR``: uv's throwaway
+cache under ``--no-cache``, pip's build and ``--target`` staging) are on
+``--client-dir``, a tmpfs (``/dev/shm``) where there is one: on a disk
+shared with other work, uv's unpacking of the wheels (its "Prepared" phase)
+took 150 to 900 ms from one run to the next whatever served them, which
+swamped the servers' differences.  uv's own phases (resolve, prepare,
+install) are reported beside the totals.
+
+    python bench/install.py [--rounds 3] [--rtt-ms 40] [--only direct,tufproxy] [--client-dir DIR]
 
 Results: ``bench/results/install.md`` (the command is written at its top).
 """
@@ -25,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -52,6 +63,8 @@ CORPUS = [*REQUIREMENTS, "attrs", "python-dateutil", "pyyaml", "jinja2", "packag
           "platformdirs", "filelock"]
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 TUFPROXY = [sys.executable, "-m", "proxy"]
+UV_PHASES = ("Resolved", "Prepared", "Installed")
+_UV_PHASE = re.compile(r"^(Resolved|Prepared|Installed) \d+ packages? in ([\d.]+)(ms|s)$", re.MULTILINE)
 
 
 def fetch_corpus(log: Callable[[str], None]) -> list[Path]:
@@ -200,6 +213,12 @@ class Direct(Setup):
         self.url = self.index.url
 
 
+class Floor(Direct):
+    """The same index with no delay (``Floor.index`` is that one): what the client costs by itself."""
+
+    name = "floor"
+
+
 class Tufproxy(Setup):
     name = "tufproxy"
 
@@ -255,22 +274,40 @@ class Devpi(Setup):
         self.url = f"{base}root/up/+simple/"
 
 
-def install(client: str, url: str, target: Path) -> float:
-    """Seconds for ``client`` to install :data:`REQUIREMENTS` from ``url`` into an empty ``target``, no cache."""
+def install(client: str, url: str, target: Path, tmp: Path | None = None) -> tuple[float, dict[str, float]]:
+    """Seconds for ``client`` to install :data:`REQUIREMENTS` from ``url`` into an empty ``target``, no cache,
+    with ``TMPDIR`` at ``tmp``; and uv's phases (:func:`uv_phases`; none for pip)."""
     shutil.rmtree(target, ignore_errors=True)
     if client == "pip":
         argv = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "-q",
                 "--no-cache-dir", "--no-compile", "--index-url", url, "--target", str(target), *REQUIREMENTS]
-    else:
-        argv = [str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--no-cache", "--python",
+    else:  # not -q: uv's summary lines time its phases
+        argv = [str(Path(sys.executable).parent / "uv"), "pip", "install", "--no-cache", "--python",
                 sys.executable, "--index-url", url, "--target", str(target), *REQUIREMENTS]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     took = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"{client} via {url}: {(done.stdout + done.stderr)[-500:]}")
-    return took
+    return took, uv_phases(done.stderr) if client == "uv" else {}
+
+
+def uv_phases(output: str) -> dict[str, float]:
+    """Seconds of each phase uv's summary lines name ("Resolved 19 packages in 284ms", "... in 1.02s")."""
+    return {m[1]: float(m[2]) / (1000 if m[3] == "ms" else 1) for m in _UV_PHASE.finditer(output)}
+
+
+def client_dir(given: Path | None, fallback: Path) -> tuple[Path, str]:
+    """Where the clients' target and TMPDIR go, and how the results describe it."""
+    if given is not None:
+        return given, str(given)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix="bench-install-", dir=shm)), "tmpfs (/dev/shm)"
+    return fallback, f"{fallback} (no /dev/shm)"
 
 
 def _timed(method: str, url: str, accept: str = "application/vnd.pypi.simple.v1+json") -> tuple[float, float, int]:
@@ -323,7 +360,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="delay before every index answer (default 40)")
-    ap.add_argument("--only", default="direct,tufproxy,proxpi,devpi")
+    ap.add_argument("--only", default="direct,tufproxy,proxpi,devpi",
+                    help="setups: direct, tufproxy, proxpi, devpi, floor (the index with no delay)")
+    ap.add_argument("--client-dir", type=Path, default=None,
+                    help="the clients' target and TMPDIR (default: a directory on /dev/shm, tmpfs, if there is one)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "install.md")
     args = ap.parse_args()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -333,13 +373,18 @@ def main() -> None:
     if {"proxpi", "devpi"} & set(wanted) and (why := ensure_venv(log)):
         log(f"peers unavailable: {why}")
         wanted = [w for w in wanted if w not in ("proxpi", "devpi")]
-    kinds = {c.name: c for c in (Direct, Tufproxy, Proxpi, Devpi)}
+    kinds = {c.name: c for c in (Direct, Tufproxy, Proxpi, Devpi, Floor)}
     times: dict[tuple[str, str, str], list[float]] = {}
+    uv_parts: dict[tuple[str, str, str], list[float]] = {}
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-install-") as tmp:
         work = Path(tmp)
+        clients, args.client_where = client_dir(args.client_dir, work / "client")
+        client_tmp = clients / "tmp"
+        client_tmp.mkdir(parents=True, exist_ok=True)
         breakdown = phases(index, work / "phases", projects) if "tufproxy" in wanted else []
-        setups = {name: kinds[name](index, work / name) for name in wanted}
+        floor = Index(projects, 0.0) if "floor" in wanted else index
+        setups = {name: kinds[name](floor if name == "floor" else index, work / name) for name in wanted}
         # Round-robin: each round runs every setup in turn, so a machine whose load drifts (a shared one)
         # drifts under all of them alike, and the ratios compare figures taken minutes apart at most.
         for client in ("pip", "uv"):
@@ -350,28 +395,37 @@ def main() -> None:
                     try:
                         setup.fresh()
                         for phase in ("cold", "warm"):
-                            took = install(client, setup.url, work / "target")
+                            took, parts = install(client, setup.url, clients / "target", client_tmp)
                             times.setdefault((name, client, phase), []).append(took)
-                            log(f"{name:9} {client:3} {phase} round {r + 1}: {took:.2f} s")
+                            for part, seconds in parts.items():
+                                uv_parts.setdefault((name, phase, part), []).append(seconds)
+                            shown = " ".join(f"{p.lower()} {parts[p]:.2f}" for p in UV_PHASES if p in parts)
+                            log(f"{name:9} {client:3} {phase} round {r + 1}: {took:.2f} s{f' ({shown})' if shown else ''}")
                     except (Unavailable, RuntimeError, subprocess.CalledProcessError) as e:
                         failures.append(f"{name}: {e}")
                         log(f"{name} failed: {e}")
                     finally:
                         setup.stop()
-    write(args, projects, times, failures, wanted, breakdown)
+        if args.client_dir is None and clients != work / "client":
+            shutil.rmtree(clients, ignore_errors=True)
+    write(args, projects, times, failures, wanted, breakdown, uv_parts)
 
 
 def write(args: argparse.Namespace, projects: dict[str, list[Dist]], times: dict[tuple[str, str, str], list[float]],
-          failures: list[str], wanted: list[str], breakdown: list[tuple[str, float]]) -> None:
+          failures: list[str], wanted: list[str], breakdown: list[tuple[str, float]],
+          uv_parts: dict[tuple[str, str, str], list[float]] | None = None) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
+    where = getattr(args, "client_where", None)
+    command = (f"`python bench/install.py --rounds {args.rounds} --rtt-ms {args.rtt_ms:g} --only {','.join(wanted)}"
+               f"{f' --client-dir {args.client_dir}' if args.client_dir is not None else ''}`")
     lines = [f"# Installs through edge -> gateway, beside direct, proxpi and devpi-server ({time.strftime('%Y-%m-%d')})",
-             "", f"`python bench/install.py --rounds {args.rounds} --rtt-ms {args.rtt_ms:g} --only {','.join(wanted)}`; "
-             f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.", "",
+             "", f"{command}; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.", "",
              f"pip and uv install {' '.join(REQUIREMENTS)} (and their dependencies) into an empty target with no "
              f"client cache, from a local index of {len(projects)} real projects (real wheels, PEP 658 metadata) "
              f"that answers every request after {args.rtt_ms:g} ms. Cold: fresh servers and caches; warm: the same "
              f"servers again. Median seconds of {args.rounds} rounds, each running every setup in turn; the ratio is "
-             f"to direct (lower is better).", "",
+             f"to direct (lower is better).{f' Target and TMPDIR of the clients: {where}.' if where else ''}"
+             f"{' floor: the same index with no delay.' if 'floor' in wanted else ''}", "",
              "| setup | pip cold | pip warm | uv cold | uv warm |", "|---|---:|---:|---:|---:|"]
     for name in wanted:
         cells = []
@@ -381,6 +435,17 @@ def write(args: argparse.Namespace, projects: dict[str, list[Dist]], times: dict
                 ratio = f" ({value / base:.2f}x)" if value and base and name != "direct" else ""
                 cells.append("-" if value is None else f"{value:.2f}{ratio}")
         lines.append(f"| {name} | {' | '.join(cells)} |")
+    if uv_parts:
+        lines += ["", "uv's own account of those runs: median seconds of its phases (resolve: index pages and metadata; "
+                  "prepare: download and unpack the wheels; install: into the target), wall time less them being "
+                  "its start-up:", "",
+                  "| setup | cold resolve | cold prepare | cold install | warm resolve | warm prepare | warm install |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name in wanted:
+            cells = [f"{statistics.median(v):.2f}" if (v := uv_parts.get((name, phase, part))) else "-"
+                     for phase in ("cold", "warm") for part in UV_PHASES]
+            if any(c != "-" for c in cells):
+                lines.append(f"| {name} | {' | '.join(cells)} |")
     if breakdown:
         lines += ["", "One cold miss through edge -> gateway, each hop asked in turn on a new connection (seconds):", "",
                   "| step | seconds |", "|---|---:|", *(f"| {step} | {s:.3f} |" for step, s in breakdown)]
