@@ -171,8 +171,20 @@ def test_workers_verify_a_dead_one_costs_one_file_and_none_outlives_its_parent(o
     async def check() -> Outcome:
         return await offline_trust.check(real_provenance(), REAL, real_sha)
 
+    from sigstore._utils import read_embedded
+
+    slot = tmp_path / "sigstore" / "cache" / "sigstore-python" / "tuf" / urllib.parse.quote(
+        "https://tuf-repo-cdn.sigstore.dev", safe="") / "trusted_root.json"
+
     async def scenario() -> list[Outcome]:
         first = await check()
+        # A worker keeps its sigstore Verifier while the trust root file stays the same, and builds a new one
+        # when a refresh replaces it: here with the staging root, which refuses production's chain.
+        production = slot.read_bytes()
+        slot.write_bytes(read_embedded("trusted_root.json", "https://tuf-repo-cdn.sigstage.dev"))
+        assert "certificate chain" in (await check()).detail
+        slot.write_bytes(production)
+        assert (await check()).state == "verified"
         pool = offline_trust._pool
         assert pool is not None
         for pid in [p.pid for p in pool._processes.values()]:  # killed as the OOM killer would
@@ -213,6 +225,19 @@ if __name__ == "__main__":  # the spawned workers import this file again
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie has exited
 
     wait_for(lambda: all(gone(pid) for pid in workers), "verification workers gone with their parent")
+
+
+def test_the_seam_a_worker_keeps_its_verifier_through_is_still_there() -> None:
+    """Workers keep a Verifier by wrapping ``Verifier.production``/``staging``; pypi-attestations must still build
+    its verifier through them (else each attestation pays for parsing the trust root again: slower, not wrong)."""
+    import inspect
+
+    import pypi_attestations._impl as impl
+    from sigstore.verify import Verifier
+
+    assert impl.Verifier is Verifier
+    source = inspect.getsource(impl.Attestation.verify)
+    assert "Verifier.production(offline=offline)" in source and "Verifier.staging(offline=offline)" in source
 
 
 # ------------------------------------------------------------ online: the trust root refreshed once, not per file

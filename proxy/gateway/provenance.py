@@ -114,9 +114,7 @@ class ProvenanceGate:
         new = [d for d in listing.page.files if d.filename not in pins]
         if not new:
             return listing
-        answers = await asyncio.gather(*(self._outcome(d) for d in new))
-        outcomes = [o for o, _ in answers]
-        fetched = [data for _, data in answers]
+        outcomes, fetched = await self._screened(new)
         records: list[dict[str, Any]] = []
         pinned = None
         if mode in ("pin", "require"):
@@ -165,35 +163,50 @@ class ProvenanceGate:
             return listing
         return replace(listing, page=replace(listing.page, files=tuple(d for d in listing.page.files if d.filename not in gone)))
 
-    async def _outcome(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
-        """The file's outcome, and the provenance object's bytes when they were fetched just now."""
-        if dist.provenance is None:
-            return Outcome("missing"), None
-        key = (dist.url, dist.filename, dist.hashes["sha256"], dist.provenance)
-        if (known := self._outcomes.get(key)) is not None:
-            return known, None
-        outcome, data = await self._verified(dist)
-        if outcome.state != "unavailable":
-            if len(self._outcomes) >= MAX_REMEMBERED:
-                self._outcomes.clear()
-            self._outcomes[key] = outcome
-        return outcome, data
+    async def _screened(self, dists: list[DistFile]) -> tuple[list[Outcome], list[bytes | None]]:
+        """Each file's outcome, and the provenance object's bytes where they were fetched just now: all of the
+        page's fetched at once, then verified together."""
+        outcomes: list[Outcome | None] = [None] * len(dists)
+        keys = [(d.url, d.filename, d.hashes["sha256"], d.provenance or "") for d in dists]
+        for i, dist in enumerate(dists):
+            if dist.provenance is None:
+                outcomes[i] = Outcome("missing")
+            else:
+                outcomes[i] = self._outcomes.get(keys[i])
+        asked = [i for i, o in enumerate(outcomes) if o is None]
+        fetched: list[bytes | None] = [None] * len(dists)
+        arrived: list[tuple[int, bytes]] = []
+        for i, got in zip(asked, await asyncio.gather(*(self._fetch(dists[i]) for i in asked)), strict=True):
+            if isinstance(got, Outcome):
+                outcomes[i] = got
+            else:
+                fetched[i] = got
+                arrived.append((i, got))
+        checked = await self.trust.check_all([(data, dists[i].filename, dists[i].hashes["sha256"]) for i, data in arrived])
+        for (i, _), verified in zip(arrived, checked, strict=True):
+            outcomes[i] = verified
+        for i in asked:
+            if (found := outcomes[i]) is not None and found.state != "unavailable":
+                if len(self._outcomes) >= MAX_REMEMBERED:
+                    self._outcomes.clear()
+                self._outcomes[keys[i]] = found
+        return [o for o in outcomes if o is not None], fetched
 
-    async def _verified(self, dist: DistFile) -> tuple[Outcome, bytes | None]:
+    async def _fetch(self, dist: DistFile) -> bytes | Outcome:
+        """The file's provenance object, or why there is none to verify."""
         assert dist.provenance is not None
         url = dist.provenance  # absolute and credential-free since the listing was validated
         allowed = (*self.http.index_urls, *self.http.files_origins)
         if not url.startswith(("http://", "https://")) or origin(url) not in {origin(a) for a in allowed}:
-            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin"), None
+            return Outcome("invalid", f"provenance at {origin(url)[:200]}, neither the index nor a --files-origin")
         async with self._slots:
             try:
                 async with self.http.get(url, self.max_size, allowed, accept="application/json") as response:
-                    data = b"".join([chunk async for chunk in response.body])
+                    return b"".join([chunk async for chunk in response.body])
             except DownloadLengthError:
-                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes"), None
+                return Outcome("invalid", f"provenance object larger than {self.max_size} bytes")
             except DownloadError as e:
-                return Outcome("unavailable", f"provenance not fetched: {str(e)[:300]}"), None
-        return await self.trust.check(data, dist.filename, dist.hashes["sha256"]), data
+                return Outcome("unavailable", f"provenance not fetched: {str(e)[:300]}")
 
 
 def signed_publisher(repo: Repository, project: str) -> tuple[PublisherSpec, str] | None:

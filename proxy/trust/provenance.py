@@ -10,7 +10,9 @@ certificate.  No Sigstore, DSSE or in-toto check is written here.
 at most one per core given: it is all CPU (about 2 ms an attestation, most
 of it certificate chain and signature checks) and holds the GIL, so in
 threads a page of a hundred files would verify on one core and stall the
-event loop meanwhile.  ``mirror verify`` uses it too.
+event loop meanwhile.  ``mirror verify`` uses it too.  Each worker keeps
+one sigstore ``Verifier`` per trust root (:func:`_keep_verifiers`), where
+pypi-attestations would build one per attestation.
 
 The trust root: ``production`` or ``staging``, refreshed over TUF by
 sigstore-python, or with ``--sigstore-offline yes`` the one that ships
@@ -41,6 +43,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -126,27 +129,41 @@ class SigstoreTrust:
             return f"no current Sigstore trust root: {self._failed[1] if self._failed else 'not refreshed'}"
 
     async def check(self, data: bytes, filename: str, sha256: str) -> Outcome:
-        """Verify provenance object ``data`` for the file in a worker process, once the trust root is current
-        (:meth:`unavailable`).  A worker that died (killed, out of memory) makes it ``unavailable``, and the
-        next call starts a new pool."""
+        """Verify provenance object ``data`` for the file in a worker process: :meth:`check_all` of one."""
+        return (await self.check_all([(data, filename, sha256)]))[0]
+
+    async def check_all(self, files: Sequence[tuple[bytes, str, str]]) -> list[Outcome]:
+        """Verify each (provenance object, filename, sha256) in worker processes, once the trust root is current
+        (:meth:`unavailable`).  A page's files go in a few chunks, not one by one: each hand-over to a worker
+        costs this process more than the loop's share of a fetch.  A worker that died (killed, out of memory)
+        makes its chunk ``unavailable``, and the next call starts a new pool."""
+        if not files:
+            return []
         loop = asyncio.get_running_loop()
         if not self.offline:
             if self._refresher is None:
                 self._refresher = ThreadPoolExecutor(1, thread_name_prefix="sigstore-refresh")
             if (why := await loop.run_in_executor(self._refresher, self.unavailable)) is not None:
-                return Outcome("unavailable", why, digest=hashlib.sha256(data).hexdigest())
+                return [Outcome("unavailable", why, digest=hashlib.sha256(data).hexdigest()) for data, _, _ in files]
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_start, initargs=(os.getpid(),))
         pool = self._pool
-        try:
-            return await loop.run_in_executor(pool, verify_offline, self.staging, data, filename, sha256)
-        except BrokenProcessPool as e:
-            if self._pool is pool:
-                self._pool = None
-                pool.shutdown(wait=False, cancel_futures=True)
-                log.error("a PEP 740 verification worker died (%s): starting new ones", e)
-            return Outcome("unavailable", f"the verification worker died: {e}", digest=hashlib.sha256(data).hexdigest())
+        size = -(-len(files) // (2 * self.processes))  # two chunks a worker: one slow chunk does not hold up the rest
+
+        async def chunk(part: Sequence[tuple[bytes, str, str]]) -> list[Outcome]:
+            try:
+                return await loop.run_in_executor(pool, verify_many, self.staging, part)
+            except BrokenProcessPool as e:
+                if self._pool is pool:
+                    self._pool = None
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    log.error("a PEP 740 verification worker died (%s): starting new ones", e)
+                return [Outcome("unavailable", f"the verification worker died: {e}",
+                                digest=hashlib.sha256(data).hexdigest()) for data, _, _ in part]
+
+        done = await asyncio.gather(*(chunk(files[i:i + size]) for i in range(0, len(files), size)))
+        return [outcome for part in done for outcome in part]
 
     def close(self) -> None:
         """Stop the worker processes (a verification running now is abandoned)."""
@@ -166,7 +183,50 @@ def _worker_start(parent: int) -> None:
     die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _quiet()
+    _keep_verifiers()
+
+
+def _keep_verifiers() -> None:
+    """In a verification worker (a process that does nothing else): one sigstore ``Verifier`` per trust root.
+
+    pypi-attestations builds a new ``Verifier.production()`` (or ``staging()``) for every attestation, which
+    reads and parses the trust root from the cache each time: about 40 % of a verification's CPU.  Here the
+    two constructors keep what they built while the trust root file is the same one (its inode, size and
+    mtime): a refresh that replaces it gets a new one at the next attestation.  Offline only, as workers ask.
+    """
+    from sigstore.verify import Verifier
+
+    kept: dict[str, tuple[tuple[int, int, int], Verifier]] = {}
+
+    def keeping(name: str) -> classmethod:
+        build = getattr(Verifier, name)
+
+        def make(cls: type[Verifier], *, offline: bool = False) -> Verifier:
+            cache = os.environ.get("XDG_CACHE_HOME")  # set by SigstoreTrust.prepare
+            if not offline or cache is None:
+                return build(offline=offline)
+            path = Path(cache) / "sigstore-python" / "tuf" / quote(
+                _SIGSTORE_URLS[name], safe="") / "trusted_root.json"
+            try:
+                stat = path.stat()
+                key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                return build(offline=offline)  # not there yet: sigstore writes the shipped one on its first build
+            if (hit := kept.get(name)) is not None and hit[0] == key:
+                return hit[1]
+            verifier = build(offline=offline)
+            kept[name] = (key, verifier)
+            return verifier
+
+        return classmethod(make)
+
+    Verifier.production = keeping("production")  # type: ignore[method-assign,assignment]
+    Verifier.staging = keeping("staging")  # type: ignore[method-assign,assignment]
     import pypi_attestations  # noqa: F401
+
+
+def verify_many(staging: bool, files: Sequence[tuple[bytes, str, str]]) -> list[Outcome]:
+    return [verify_offline(staging, *file) for file in files]
 
 
 def verify_offline(staging: bool, data: bytes, filename: str, sha256: str) -> Outcome:
