@@ -190,7 +190,9 @@ class ProvenanceGate:
                 if len(self._outcomes) >= MAX_REMEMBERED:
                     self._outcomes.clear()
                 self._outcomes[keys[i]] = found
-        return [o for o in outcomes if o is not None], fetched
+        done = [o for o in outcomes if o is not None]
+        assert len(done) == len(dists)  # every file: missing, known, not fetched, or verified just now
+        return done, fetched
 
     async def _fetch(self, dist: DistFile) -> bytes | Outcome:
         """The file's provenance object, or why there is none to verify."""
