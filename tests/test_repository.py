@@ -10,12 +10,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from securesystemslib.signer import CryptoSigner
 from tuf.api import exceptions as tuf_exc
-from tuf.api.metadata import Metadata
+from tuf.api.metadata import Metadata, Root
 
 from proxy.protocol import index
 from proxy.protocol.layout import PageFormat, consistent_name, core_metadata_target, file_target, project_page_target
 from proxy.repository import Repository
+from proxy.repository.keys import KeyStore
 from tests.conftest import SampleRepo
 from tests.support.net import free_port, wait_for_port
 from tests.support.tree import all_targets, signed_timestamp
@@ -138,3 +140,22 @@ def test_plain_http_server_serves_a_tree_the_reference_client_accepts(sample_rep
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_a_batch_reads_the_online_key_once_however_many_roles_it_signs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = Repository.init(tmp_path / "g", bins=64, layout="gateway", clock_versions=True)
+    reads: list[str] = []
+    original = KeyStore.load_file
+
+    def counting(self: KeyStore, name: str) -> CryptoSigner:
+        reads.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(KeyStore, "load_file", counting)
+    report = repo.publish_pages({f"p{i}": index.ProjectPage(name=f"p{i}", files=()) for i in range(8)})
+    online = [role for role in report.signed if role in ("timestamp", "snapshot") or role.startswith("bin-")]
+    assert len(online) > 4 and reads == ["online"]
+    root = Metadata[Root].from_bytes((repo.metadata_dir / "1.root.json").read_bytes()).signed
+    timestamp = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
+    root.verify_delegate("timestamp", timestamp.signed_bytes, timestamp.signatures)
