@@ -27,7 +27,7 @@ from tuf.api.metadata import (
     Timestamp,
 )
 
-from proxy.protocol.tufset import TopLevelSet
+from proxy.protocol.tufset import TopLevelSet, Verified
 from proxy.protocol.verify import DelegationIndex, VerifiedRole, verify_delegated, walk
 from proxy.transport.upstream import AiohttpFetcher
 from proxy.trust import (
@@ -155,6 +155,93 @@ def test_mutated_timestamp_bytes_never_verify_as_something_else(data: st.DataObj
         return
     assert ts is not None
     assert ts.to_dict() == Metadata.from_bytes(GOOD_TIMESTAMP).signed.to_dict()
+
+
+# -- Verified: a cycle takes back its own verified bytes -------------------------------------
+
+
+def _top_level(snapshot_version: int, targets_version: int, key: CryptoSigner = KEY) -> tuple[bytes, bytes, bytes]:
+    """(timestamp, snapshot, targets) bytes: timestamp and snapshot at ``snapshot_version``."""
+    targets = signed_bytes(Targets(version=targets_version, expires=NOW + timedelta(hours=1)), key)
+    snapshot = signed_bytes(Snapshot(version=snapshot_version, expires=NOW + timedelta(hours=1),
+                                     meta={"targets.json": MetaFile(targets_version)}), key)
+    ts = signed_bytes(Timestamp(version=snapshot_version, expires=NOW + timedelta(hours=1),
+                                snapshot_meta=MetaFile(snapshot_version)), key)
+    return ts, snapshot, targets
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The roles python-tuf checks a signature threshold for, in order."""
+    seen: list[str] = []
+    original = Root.verify_delegate
+
+    def counting(self: Root, role: str, *args: object) -> None:
+        seen.append(role)
+        original(self, role, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Root, "verify_delegate", counting)
+    return seen
+
+
+def _first_cycle(memo: Verified) -> tuple[bytes, bytes, bytes]:
+    ts, snapshot, targets = _top_level(1, 1)
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    top.update_timestamp(ts)
+    top.update_snapshot(snapshot)
+    top.update_targets(targets)
+    return ts, snapshot, targets
+
+
+def test_local_bytes_verified_before_are_not_checked_again(checked: list[str]) -> None:
+    memo = Verified()
+    ts, snapshot, targets = _first_cycle(memo)
+    new_ts, new_snapshot, _ = _top_level(2, 1)
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    checked.clear()
+    assert top.load_local_timestamp(ts)
+    assert top.update_timestamp(new_ts) is not None
+    top.load_local_snapshot(snapshot)  # the intermediate one: loaded, then refused as not final
+    assert top.has("snapshot") and top.snapshot.version == 1
+    assert checked == ["timestamp"]  # the new timestamp only
+    top.update_snapshot(new_snapshot)
+    assert top.load_local_targets(targets)  # still listed at v1: the set's own checks accept it
+    assert checked == ["timestamp", "snapshot"]
+    assert memo.reused == 3
+
+
+def test_taken_back_bytes_still_guard_against_rollback(checked: list[str]) -> None:
+    memo = Verified()
+    ts, snapshot, _ = _top_level(2, 5)
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    top.update_timestamp(ts)
+    top.update_snapshot(snapshot)
+    new_ts, rolled_back, _ = _top_level(3, 4)  # a newer snapshot listing an older targets
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    assert top.load_local_timestamp(ts)
+    top.update_timestamp(new_ts)
+    top.load_local_snapshot(snapshot)
+    assert memo.reused == 2
+    with pytest.raises(Rollback):
+        top.update_snapshot(rolled_back)
+
+
+def test_other_bytes_or_another_root_are_checked(checked: list[str]) -> None:
+    memo = Verified()
+    ts, _, _ = _first_cycle(memo)
+    forged = signed_bytes(Metadata.from_bytes(ts).signed, OTHER)  # the same content, a key root does not trust
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    checked.clear()
+    assert not top.load_local_timestamp(forged)
+    assert checked == ["timestamp"] and memo.reused == 0
+    root = Metadata.from_bytes(ROOT_BYTES).signed
+    root.version = 2
+    other_root = signed_bytes(root, KEY)  # the same keys, but other root bytes: nothing is taken back
+    top = TopLevelSet(ROOT_BYTES, NOW, memo)
+    top.update_root(other_root)
+    checked.clear()
+    assert top.load_local_timestamp(ts)
+    assert checked == ["timestamp"] and memo.reused == 0
 
 
 # -- delegation lookup -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tuf.api.metadata import Root
 
 from proxy.protocol.errors import MetadataPending
 from proxy.trust import BadSignature
@@ -38,6 +39,26 @@ async def test_refresh_until_sees_a_new_publication(env: Env, tmp_path: Path) ->
     fetched = env.up.count(TS)
     await client.refresh_until(wanted, timeout=10)  # already there: no cycle at all
     assert env.up.count(TS) == fetched
+
+
+async def test_a_cycle_checks_the_signatures_of_new_metadata_only(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The previous snapshot is still loaded first (rollback), but not parsed and signature-checked again."""
+    client = env.client()
+    await client.refresh(force=True)
+    checked: list[str] = []
+    original = Root.verify_delegate
+
+    def counting(self: Root, role: str, *args: object) -> None:
+        checked.append(role)
+        original(self, role, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Root, "verify_delegate", counting)
+    target = env.publish(tmp_path)
+    await client.refresh_until(env.version("timestamp"), timeout=10)
+    # The trusted root verifies itself as each cycle begins; then the new timestamp and snapshot (targets did not move).
+    assert sorted(checked) == ["root", "snapshot", "timestamp"]
+    assert (await client.get_target(target)).path == target
 
 
 async def test_a_cycle_that_predates_the_publication_is_joined_then_another_runs(env: Env, tmp_path: Path) -> None:

@@ -87,3 +87,14 @@ def test_behaviour_we_rely_on() -> None:
     ts4 = TrustedMetadataSet(_sign(root, key), EnvelopeType.METADATA)
     with pytest.raises(tuf_exc.UnsignedMetadataError):
         ts4.update_timestamp(_sign(Timestamp(version=2, expires=now + timedelta(hours=1), snapshot_meta=MetaFile(1)), other))
+
+
+def test_the_loader_tufset_remembers_is_an_instance_attribute_with_this_signature() -> None:
+    """proxy.protocol.tufset.Verified wraps the set's ``_load_data`` (parse, type check, signature threshold)."""
+    from tuf.ngclient._internal import trusted_metadata_set as tms
+
+    source = inspect.getsource(TrustedMetadataSet.__init__)
+    assert "self._load_data = _load_from_metadata" in source
+    assert list(inspect.signature(tms._load_from_metadata).parameters) == ["role", "data", "delegator", "role_name"]
+    for method in ("update_timestamp", "update_snapshot", "update_delegated_targets"):
+        assert "self._load_data(" in inspect.getsource(getattr(TrustedMetadataSet, method))

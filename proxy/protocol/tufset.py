@@ -15,16 +15,27 @@ No other module imports ``tuf.ngclient``.
 This module is pure: bytes in, verified objects or a typed
 :mod:`proxy.protocol.errors` exception out.  tuf's coarse exceptions are
 mapped onto ours by re-reading the offending bytes on the error path only.
+
+A :class:`Verified` memo, kept by a long-running client across its cycles,
+lets a cycle take back *local* bytes (``load_local_*``: what an earlier cycle
+of the same process verified and persisted) without parsing, re-encoding
+and checking their signatures again: python-tuf's own check is what ran
+the first time, on the very same bytes, against the very same root bytes,
+and its result is a pure function of those.  Everything else the set does
+with the role (version, rollback, expiry, the snapshot's meta) still runs,
+every cycle.  Bytes from the network are always verified, and remembered.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tuf.api import exceptions as tuf_exc
-from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, Targets, Timestamp
+from tuf.api.metadata import Metadata, MetaFile, Root, Signed, Snapshot, Targets, Timestamp
 from tuf.api.serialization import DeserializationError
 from tuf.ngclient._internal.trusted_metadata_set import TrustedMetadataSet
 from tuf.ngclient.config import EnvelopeType
@@ -35,20 +46,78 @@ from proxy.protocol.verify import check_length_and_hashes
 R = TypeVar("R")
 
 
+# What python-tuf's loader returns for a role that verified: the payload, its signed bytes, its signatures.
+_Loaded = tuple[Any, bytes, dict[str, Any]]
+
+
+class Verified:
+    """Top-level roles python-tuf verified, by (role, digest of their bytes, digest of the root bytes they
+    verified under): what a later cycle's ``load_local_*`` of the same bytes under the same root takes back
+    unchecked.  Only successes are kept, at most ``size`` (the newest last)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[str, str | None, bytes, bytes], _Loaded] = OrderedDict()
+        self.reused = 0  # loads answered from here (observability, tests)
+
+    def get(self, key: tuple[str, str | None, bytes, bytes]) -> _Loaded | None:
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+            self.reused += 1
+        return found
+
+    def put(self, key: tuple[str, str | None, bytes, bytes], loaded: _Loaded) -> None:
+        self._kept[key] = loaded
+        self._kept.move_to_end(key)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+
 class TopLevelSet:
     """Fresh trusted top-level metadata for one refresh cycle.
 
     Load order is root → timestamp → snapshot → targets, as in the spec.
     ``load_local_*`` feed previously trusted bytes (rollback protection and
     cache); their failures are expected and swallowed.  ``update_*`` feed
-    bytes from the network and raise typed errors.
+    bytes from the network and raise typed errors.  ``verified``: see
+    :class:`Verified` (the module docstring).
     """
 
-    def __init__(self, trusted_root: bytes, now: datetime) -> None:
+    def __init__(self, trusted_root: bytes, now: datetime, verified: Verified | None = None) -> None:
         self._set = _guard("root", trusted_root, lambda: TrustedMetadataSet(trusted_root, EnvelopeType.METADATA))
         # The set freezes its clock at construction; pin it to the caller's.
         self._set.reference_time = now
         self.now = now
+        self._verified = verified
+        self._root_digest = hashlib.sha256(trusted_root).digest()  # of the root the set trusts now
+        self._local = False  # whether the bytes being loaded are local ones (a memo hit may answer them)
+        if verified is not None:
+            self._set._load_data = self._remembering(self._set._load_data)
+
+    def _remembering(self, load: Callable[..., _Loaded]) -> Callable[..., _Loaded]:
+        """python-tuf's loader (parse, type check, the delegator's signature threshold), remembered per bytes."""
+        verified = self._verified
+        assert verified is not None
+
+        def remembered(role: type[Signed], data: bytes, delegator: object = None, role_name: str | None = None) -> _Loaded:
+            if delegator is None or delegator is not self._set.root or role.type == Root.type:
+                return load(role, data, delegator, role_name)  # a root, or not a top-level role
+            key = (role.type, role_name, hashlib.sha256(data).digest(), self._root_digest)
+            if self._local and (found := verified.get(key)) is not None:
+                return found
+            loaded = load(role, data, delegator, role_name)
+            verified.put(key, loaded)
+            return loaded
+
+        return remembered
+
+    def _load_local(self, load: Callable[[], object]) -> bool:
+        self._local = True
+        try:
+            return _swallow(load)
+        finally:
+            self._local = False
 
     @property
     def root(self) -> Root:
@@ -80,11 +149,13 @@ class TopLevelSet:
                 return errors.VersionMismatch("root", trusted + 1, offered or -1)
             return None
 
-        return _guard("root", data, lambda: self._set.update_root(data), details)
+        root = _guard("root", data, lambda: self._set.update_root(data), details)
+        self._root_digest = hashlib.sha256(data).digest()
+        return root
 
     def load_local_timestamp(self, data: bytes) -> bool:
         """True when the local timestamp loaded as final (not expired)."""
-        return _swallow(lambda: self._set.update_timestamp(data))
+        return self._load_local(lambda: self._set.update_timestamp(data))
 
     def update_timestamp(self, data: bytes) -> Timestamp | None:
         """The new timestamp, or None when it is the version already trusted."""
@@ -118,7 +189,7 @@ class TopLevelSet:
 
     def load_local_snapshot(self, data: bytes) -> bool:
         """True when the local snapshot is the final one (no download needed)."""
-        return _swallow(lambda: self._set.update_snapshot(data, trusted=True))
+        return self._load_local(lambda: self._set.update_snapshot(data, trusted=True))
 
     def update_snapshot(self, data: bytes) -> Snapshot:
         meta = self._set.timestamp.snapshot_meta
@@ -145,7 +216,7 @@ class TopLevelSet:
         return _guard("snapshot", data, lambda: self._set.update_snapshot(data, trusted=True), details)
 
     def load_local_targets(self, data: bytes) -> bool:
-        return _swallow(lambda: self._set.update_targets(data))
+        return self._load_local(lambda: self._set.update_targets(data))
 
     def update_targets(self, data: bytes) -> Targets:
         meta = self.snapshot_meta("targets")

@@ -35,6 +35,11 @@ bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
   keeps rollback protection even when a later step of that cycle failed;
   a refused role is never written.  Every trusted root is also kept by
   version (``roots/N.root.json``).  Delegated roles are written when verified.
+* A cycle still loads the previous timestamp, snapshot and targets first
+  (rollback protection, as the spec says), but bytes this process verified
+  before, under the same root, are taken back without being parsed and
+  signature-checked again (:class:`~proxy.protocol.tufset.Verified`); the
+  set's version, rollback and expiry checks run on them every cycle.
 * Mirrors are tried in order (:func:`proxy.transport.failover.failover`):
   transport failures move on; verification failures are logged and move
   on too, and are never accepted.
@@ -63,7 +68,7 @@ from proxy.protocol.model import (
     VerifiedTarget,
     consistent_target_urls,
 )
-from proxy.protocol.tufset import TopLevelSet
+from proxy.protocol.tufset import TopLevelSet, Verified
 from proxy.protocol.verify import Found, RoleRequest, VerifiedRole, verify_delegated, walk
 from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
 from proxy.transport.foreseen import Foreseen
@@ -157,6 +162,8 @@ class TrustedClient:
             raise errors.NotInitialized(f"no trusted root in {metadata_dir}: initialize it first")
         TopLevelSet(root, _utcnow())  # the trusted root must at least verify itself
         self._root_bytes = root
+        # What python-tuf verified in this process: a cycle takes its own persisted bytes back unchecked.
+        self._verified = Verified()
         # What the directory holds: previous cycles' trusted bytes.
         self._local: dict[str, bytes] = {
             role: data for role in _TOP_LEVEL if (data := self._store.read(role)) is not None
@@ -197,7 +204,7 @@ class TrustedClient:
         """The persisted metadata as a state, if it is complete and still valid."""
         if set(self._local) != set(_TOP_LEVEL):
             return None
-        top = TopLevelSet(self._root_bytes, self._expiry_clock())
+        top = TopLevelSet(self._root_bytes, self._expiry_clock(), self._verified)
         if not (
             top.load_local_timestamp(self._local["timestamp"])
             and top.load_local_snapshot(self._local["snapshot"])
@@ -326,7 +333,7 @@ class TrustedClient:
 
     async def _cycle(self) -> _State:
         """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
-        top = TopLevelSet(self._root_bytes, self._expiry_clock())
+        top = TopLevelSet(self._root_bytes, self._expiry_clock(), self._verified)
         rotated = await self._update_root(top)
         if rotated and self._state is not None and _keys_rotated(self._state.root, top.root):
             # Spec 5.3.11: the live state was verified under keys the new root no longer trusts (a leaked
