@@ -807,6 +807,7 @@ def test_a_restart_refetches_only_the_pages_whose_ttl_has_passed(tmp_path: Path,
     with GatewayProcess(tmp_path / "gw", *args) as gw:
         for project in ("app", "lib"):
             assert gw.publish(project)[0] == 200
+        wait_for(lambda: "base" in gw.listed(), what="base published behind app, as its dependency")
     # The clean stop kept the catalog: a start takes every bin from it and reads none (it would say unsaved).
     from proxy.repository import Repository
     from proxy.repository.catalog import Catalog
