@@ -75,6 +75,24 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
 
 
 @pytest.mark.slow
+def test_a_metadata_request_fetches_its_file_ahead_once(tmp_path: Path, test_index: TestIndex) -> None:
+    """A resolver asks for a file's .metadata, then for the file: the gateway starts the file when asked for the
+    first, so the download finds it kept or under way, one index round trip sooner; never twice."""
+    name = "pf_d-1.0-py3-none-any.whl"
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw:
+        assert gw.publish("pf-d")[0] == 200
+        assert not any(p.endswith(name) for p in test_index.requests)
+        for _ in range(2):
+            with urllib.request.urlopen(f"{gw.base}packages/pf-d/{name}.metadata", timeout=10) as r:
+                assert r.read() == test_index.file(name).core
+        wait_for(lambda: metric(gw.base, 'tufproxy_gateway_files_total{outcome="ok"}') == 2, "the file kept ahead")
+        assert metric(gw.base, "tufproxy_gateway_files_read_ahead_total") == 1
+        with urllib.request.urlopen(f"{gw.base}packages/pf-d/{name}", timeout=10) as r:
+            assert r.read() == test_index.file(name).data
+        assert len([p for p in test_index.requests if p.endswith(name)]) == 1
+
+
+@pytest.mark.slow
 def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw:
         assert gw.publish("pf-a")[0] == 200

@@ -34,6 +34,14 @@ pip and uv do not wait a second round trip to the index for what the
 gateway read a moment before.  Bytes that do not match the pin are
 dropped and the file is fetched as usual.
 
+A ``.metadata`` request also starts the fetch of its file, unless it is
+kept or under way already (at most :data:`READ_AHEAD_AT_ONCE` at a time,
+none above :data:`READ_AHEAD_MAX_SIZE`): a resolver asks for the metadata
+of the version it picks and then for the file, so by the time pip or uv
+downloads, the file is on its way or kept, not one more index round trip
+away.  It is the same fetch as a request's, checked and kept the same way;
+a request for the file meanwhile joins it.
+
 A client that goes away mid-file does not stop the fetch: the file is
 still checked and kept for the next request.  Worker processes do not
 share a fetch in flight: two workers asked for one cold file at the same
@@ -74,6 +82,9 @@ log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
 # Kept files this process checked, by (path, inode, mtime, size); beyond this many the oldest are checked again.
 MAX_CHECKED = 100_000
+# Files fetched ahead of their request (see the module docstring): at most this many at once, none bigger.
+READ_AHEAD_AT_ONCE = 8
+READ_AHEAD_MAX_SIZE = 64 * 2**20
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
@@ -132,6 +143,7 @@ class FileSource:
         self.pace = pace
         self._inflight: dict[str, Download] = {}
         self._checked: dict[tuple[str, int, int, int], None] = {}
+        self._reading_ahead: set[str] = set()
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
         target = core_metadata_target(project, filename) if core else file_target(project, filename)
@@ -149,13 +161,17 @@ class FileSource:
             if core and self.read_ahead is not None and (early := self.read_ahead.take(target)) is not None:
                 await self._keep_read_ahead(path, target, pin, early)
             if await self._kept(path, target, pin, core):
+                if core:
+                    self._read_ahead(project, filename, pin)
                 if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
                     return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
                 return web.FileResponse(path)
             if not pin.url:
                 raise web.HTTPServiceUnavailable(reason="pin rebuilt from the signed page; its index URL is learnt at "
                                                  "the project's next refresh", headers={"Retry-After": "5"})
-            download = self._start(request, pin, target, path, core)
+            download = self._start(pin, target, path, core, request.remote, request.path)
+        if core:
+            self._read_ahead(project, filename, pin)
         refusal = await first_bytes(download, joined)
         if refusal is not None:
             raise refusal  # the app's one table answers it, before any byte went out
@@ -202,7 +218,19 @@ class FileSource:
             self.journal.wrote([target])
         self.metrics.files.labels("read-ahead").inc()
 
-    def _start(self, request: web.Request, pin: Pin, target: str, path: Path, core: bool) -> Download:
+    def _read_ahead(self, project: str, filename: str, pin: Pin) -> None:
+        """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""
+        target = file_target(project, filename)
+        path = self.files_dir / target
+        if (target in self._inflight or len(self._reading_ahead) >= READ_AHEAD_AT_ONCE or not pin.url
+                or pin.size is None or pin.size > READ_AHEAD_MAX_SIZE or path.exists()):
+            return
+        download = self._start(pin, target, path, False, None, f"(read ahead of {core_metadata_target(project, filename)})")
+        self._reading_ahead.add(target)
+        download.result.add_done_callback(lambda _: self._reading_ahead.discard(target))
+        self.metrics.files_read_ahead.inc()
+
+    def _start(self, pin: Pin, target: str, path: Path, core: bool, client: str | None, request_path: str) -> Download:
         if core:
             if not pin.core_metadata:
                 raise web.HTTPNotFound(reason="no core metadata published for this file")
@@ -218,7 +246,7 @@ class FileSource:
         # The bucket's copy first, checked against the same pin; the index if it has none (or it does not match).
         fetcher, urls = (BucketFetcher(bucket, self.http), [bucket.key_url(target), url]) if bucket is not None \
             else (self.http, [url])
-        task = asyncio.ensure_future(self._fetch(download, fetcher, urls, path, request.remote, request.path))
+        task = asyncio.ensure_future(self._fetch(download, fetcher, urls, path, client, request_path))
         task.add_done_callback(lambda t: self._finished(download, t))
         return download
 

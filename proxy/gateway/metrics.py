@@ -48,6 +48,10 @@ class GatewayMetrics:
         )
         self.files = Counter("tufproxy_gateway_files_total", "Files fetched from an index, by outcome (read-ahead: a "
                              ".metadata file the prefetch read, kept at its first request)", ["outcome"], registry=r)
+        self.files_read_ahead = Counter(
+            "tufproxy_gateway_files_read_ahead_total",
+            "Distribution files fetched ahead of any request for them, when a client asked for their .metadata",
+            registry=r)
         self.file_bytes = Counter("tufproxy_gateway_file_bytes_total", "Verified bytes of files fetched from indexes", registry=r)
         self.signing_errors = Counter("tufproxy_gateway_signing_errors_total",
                                       "Times the online key failed to sign (token removed, KMS unreachable)", registry=r)
