@@ -36,6 +36,8 @@ class _Files:
     async def answer(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.asked.append(name)
+        if name.startswith("missing"):
+            return web.Response(status=404)
         return web.Response(status=500) if name == "fail" else web.Response(body=name.encode() * 10)
 
 
@@ -90,6 +92,30 @@ def test_a_body_fetched_ahead_is_handed_over_once_and_anything_else_is_fetched_a
     assert outcomes.count("wasted") == 3  # b (too long), fail, c (evicted)
 
 
+def test_a_404_fetched_ahead_is_handed_over_only_where_absence_was_foreseen() -> None:
+    """The next root's probe: its 404 a moment ago is the answer (no second round trip); anywhere else a 404
+    ahead may be a file not written yet, and is asked again."""
+    async def scenario() -> tuple[list[str], list[str]]:
+        outcomes: list[str] = []
+        async for files in _served():
+            fetcher = Foreseen(AiohttpFetcher(), counted=outcomes.append)
+            try:
+                fetcher.expect(files.url + "missing-root", 1000, absent_ok=True)
+                fetcher.expect(files.url + "missing-page", 1000)
+                for name in ("missing-root", "missing-page"):
+                    with pytest.raises(DownloadHTTPError) as absent:
+                        await fetcher.fetch_bytes(files.url + name, 1000)
+                    assert absent.value.status == 404
+            finally:
+                await fetcher.close()
+            return files.asked, outcomes
+        raise AssertionError("unreachable")
+
+    asked, outcomes = asyncio.run(scenario())
+    assert asked.count("missing-root") == 1 and asked.count("missing-page") == 2
+    assert outcomes == ["used", "wasted"]
+
+
 def test_a_body_asked_for_after_its_ttl_is_fetched_again() -> None:
     async def scenario() -> list[str]:
         async for files in _served():
@@ -135,8 +161,9 @@ def test_an_edge_fetches_the_answers_files_side_by_side_and_still_refuses_one_th
             page = urllib.request.Request(f"{edge.url}lib/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
             with urllib.request.urlopen(page, timeout=30) as r:
                 assert b"lib-1.0-py3-none-any.whl" in r.read()
-            # The new snapshot, lib's bin-n and its JSON page were fetched ahead, each once.
-            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 3
+            # The next root's probe (a 404), the new snapshot, lib's bin-n and its JSON page were fetched ahead,
+            # each once.
+            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 4
             for name in (r"metadata/\d+\.snapshot\.json", r"metadata/\d+\.bin-[0-9a-f]+\.json",
                          r"simple/lib/[0-9a-f]{64}\.index\.json"):
                 asked = [p for p in mirror.requests if re.fullmatch(f"/{name}", p)]
@@ -148,7 +175,7 @@ def test_an_edge_fetches_the_answers_files_side_by_side_and_still_refuses_one_th
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(page, timeout=30)
             assert refused.value.code == 502, refused.value.read()
-            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 6
+            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 8
             audit = [json.loads(line) for line in (tmp_path / "edge.audit").read_text().splitlines()]
             assert any(a.get("event") == "refused" and a.get("fault") == "repository"
                        and "simple/other/" in str(a.get("target")) for a in audit), audit

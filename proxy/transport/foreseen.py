@@ -9,7 +9,13 @@ its URL is asked for; nothing is trusted sooner, since whoever asks still
 verifies every byte exactly as a body it fetched itself.
 
 Only names whose bytes never change are to be foreseen: a consistent
-snapshot's versioned metadata (``N.snapshot.json``) and hash-named targets.
+snapshot's versioned metadata (``N.snapshot.json``) and hash-named targets,
+and the next root (``N+1.root.json``), which a cycle asks for first and
+which is usually not there.  For that one alone (``absent_ok``) a 404 seen
+ahead is handed over as the 404 it was: one taken a moment before is
+what a slower network would have answered, and the cycle goes on to the
+timestamp without waiting a round trip for it.  Any other failure ahead is
+fetched again.
 A body kept a moment may be older than the newest ``timestamp.json``, which
 the client would then take for a rollback.  Bounded: at most ``keep``
 bodies, each used once and within ``ttl`` seconds, each within the length
@@ -25,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
-from proxy.transport.upstream import ByteStream, Fetcher
+from proxy.transport.upstream import ByteStream, DownloadHTTPError, Fetcher
 
 KEEP = 32
 TTL = 30.0
@@ -39,25 +45,27 @@ class Foreseen(Fetcher):
         self.inner = inner
         self.keep = keep
         self.ttl = ttl
-        self._started: OrderedDict[str, tuple[float, asyncio.Task[bytes]]] = OrderedDict()
+        # url -> (when started, the download, whether its 404 is handed over)
+        self._started: OrderedDict[str, tuple[float, asyncio.Task[bytes], bool]] = OrderedDict()
         self._counted = counted or (lambda outcome: None)  # "used" or "wasted", once per download started
 
-    def expect(self, url: str, max_length: int) -> None:
-        """Start downloading ``url`` (at most ``max_length`` bytes), unless it is already under way."""
+    def expect(self, url: str, max_length: int, absent_ok: bool = False) -> None:
+        """Start downloading ``url`` (at most ``max_length`` bytes), unless it is already under way; with
+        ``absent_ok``, its 404 is handed over too (see the module docstring)."""
         loop = asyncio.get_running_loop()
         self._expire(loop.time())
         if url in self._started:
             return
         task = loop.create_task(self.inner.fetch_bytes(url, max_length))
         task.add_done_callback(_retrieved)
-        self._started[url] = (loop.time(), task)
+        self._started[url] = (loop.time(), task, absent_ok)
         while len(self._started) > self.keep:
-            _, (_, oldest) = self._started.popitem(last=False)
+            _, (_, oldest, _) = self._started.popitem(last=False)
             self._waste(oldest)
 
     def _expire(self, now: float) -> None:
         while self._started:
-            url, (began, task) = next(iter(self._started.items()))
+            url, (began, task, _) = next(iter(self._started.items()))
             if now - began <= self.ttl:
                 return
             del self._started[url]
@@ -70,16 +78,21 @@ class Foreseen(Fetcher):
     def stream(self, url: str, max_length: int, start: int = 0) -> AbstractAsyncContextManager[ByteStream]:
         found = self._started.pop(url, None) if start == 0 else None
         if found is not None and asyncio.get_running_loop().time() - found[0] <= self.ttl:
-            return self._handed_over(found[1], url, max_length)
+            return self._handed_over(found[1], url, max_length, found[2])
         if found is not None:
             self._waste(found[1])
         return self.inner.stream(url, max_length, start) if start else self.inner.stream(url, max_length)
 
     @contextlib.asynccontextmanager
-    async def _handed_over(self, task: asyncio.Task[bytes], url: str, max_length: int) -> AsyncIterator[ByteStream]:
+    async def _handed_over(self, task: asyncio.Task[bytes], url: str, max_length: int,
+                           absent_ok: bool) -> AsyncIterator[ByteStream]:
         # wait() rather than await: the download's own failure is not ours (we fetch again), a cancel of us is.
         await asyncio.wait({task})
-        data = task.result() if not task.cancelled() and task.exception() is None else None
+        failed = task.exception() if not task.cancelled() else None
+        if absent_ok and isinstance(failed, DownloadHTTPError) and failed.status == 404:
+            self._counted("used")
+            raise DownloadHTTPError(url, 404)
+        data = task.result() if not task.cancelled() and failed is None else None
         if data is None or len(data) > max_length:
             self._counted("wasted")
             async with self.inner.stream(url, max_length) as body:
@@ -89,7 +102,7 @@ class Foreseen(Fetcher):
         yield ByteStream(_once(data), len(data))
 
     async def close(self) -> None:
-        for _, task in self._started.values():
+        for _, task, _ in self._started.values():
             task.cancel()  # not counted: the process is stopping
         self._started.clear()
         await self.inner.close()

@@ -676,14 +676,17 @@ class TrustedClient:
 
     def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int:
         """Start fetching, from the first mirror, what a publish answer says the next cycle and lookup read:
-        ``roles`` (a snapshot or delegated role -> its version) and ``targets`` (path -> the digest it is
-        served under).  Trusts nothing: each body is verified when asked for, like any other
-        (:mod:`proxy.transport.foreseen`).  Only with a fetcher that foresees and consistent snapshots, whose
-        versioned and hash-named files never change.  How many downloads it started."""
+        the next root's probe (usually a 404, handed over as such), ``roles`` (a snapshot or delegated role ->
+        its version) and ``targets`` (path -> the digest it is served under).  Trusts nothing: each body is
+        verified when asked for, like any other (:mod:`proxy.transport.foreseen`).  Only with a fetcher that
+        foresees and consistent snapshots, whose versioned and hash-named files never change.  How many
+        downloads it started."""
         fetcher, state = self._fetcher, self._state
         if not isinstance(fetcher, Foreseen) or state is None or not state.root.consistent_snapshot:
             return 0
         mirror = self.mirrors[0]
+        fetcher.expect(mirror.metadata(f"{state.root.version + 1}.root.json"), self.config.root_max_length,
+                       absent_ok=True)
         urls = [(mirror.metadata(self._metadata_name(state.root, role, version)),
                  self.config.snapshot_max_length if role == "snapshot" else self.config.targets_max_length)
                 for role, version in roles.items() if role not in _UNVERSIONED]
@@ -691,7 +694,7 @@ class TrustedClient:
                  for path, digest in targets.items()]
         for url, limit in urls:
             fetcher.expect(url, limit)
-        return len(urls)
+        return len(urls) + 1
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
