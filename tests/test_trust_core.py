@@ -43,6 +43,7 @@ from proxy.trust import (
     UnknownTarget,
     VersionMismatch,
 )
+from tests.support.sigchecks import count_signature_checks
 from tests.support.upstream import Upstream
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -173,15 +174,7 @@ def _top_level(snapshot_version: int, targets_version: int, key: CryptoSigner = 
 @pytest.fixture
 def checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The roles python-tuf checks a signature threshold for, in order."""
-    seen: list[str] = []
-    original = Root.verify_delegate
-
-    def counting(self: Root, role: str, *args: object) -> None:
-        seen.append(role)
-        original(self, role, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Root, "verify_delegate", counting)
-    return seen
+    return count_signature_checks(monkeypatch)
 
 
 def _first_cycle(memo: Verified) -> tuple[bytes, bytes, bytes]:

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tuf.api.metadata import Root
 
 from proxy.protocol.errors import MetadataPending
 from proxy.trust import BadSignature
 from tests.support.poll import poll
+from tests.support.sigchecks import count_signature_checks
 from tests.support.trustenv import Env, env, tampered
 from tests.support.upstream import Reply
 
@@ -46,14 +46,7 @@ async def test_a_cycle_checks_the_signatures_of_new_metadata_only(
     """The previous snapshot is still loaded first (rollback), but not parsed and signature-checked again."""
     client = env.client()
     await client.refresh(force=True)
-    checked: list[str] = []
-    original = Root.verify_delegate
-
-    def counting(self: Root, role: str, *args: object) -> None:
-        checked.append(role)
-        original(self, role, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Root, "verify_delegate", counting)
+    checked = count_signature_checks(monkeypatch)
     target = env.publish(tmp_path)
     await client.refresh_until(env.version("timestamp"), timeout=10)
     # The trusted root verifies itself as each cycle begins; then the new timestamp and snapshot (targets did not move).
