@@ -99,9 +99,9 @@ class SigstoreTrust:
         os.environ["XDG_CACHE_HOME"] = str(home / "cache")
         os.environ["XDG_DATA_HOME"] = str(home / "data")
         if self.file is not None:
-            target = home / "cache" / "sigstore-python" / "tuf" / quote(_SIGSTORE_URLS["production"], safe="")
-            target.mkdir(parents=True, exist_ok=True)
-            (target / "trusted_root.json").write_bytes(self.file.read_bytes())
+            target = _trusted_root_file(home / "cache", "production")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.file.read_bytes())
 
     def unavailable(self) -> str | None:
         """None when the trust root is current enough to verify with (refreshing it if due), else why not."""
@@ -173,6 +173,11 @@ class SigstoreTrust:
         self._pool = self._refresher = None
 
 
+def _trusted_root_file(cache: Path, root: str) -> Path:
+    """Where sigstore-python, its cache at ``cache`` (XDG_CACHE_HOME), keeps the trust root it verifies with."""
+    return cache / "sigstore-python" / "tuf" / quote(_SIGSTORE_URLS[root], safe="") / "trusted_root.json"
+
+
 def _quiet() -> None:
     logging.getLogger("sigstore._internal.tuf").setLevel(logging.ERROR)  # "offline mode" on every verify
 
@@ -205,8 +210,7 @@ def _keep_verifiers() -> None:
             cache = os.environ.get("XDG_CACHE_HOME")  # set by SigstoreTrust.prepare
             if not offline or cache is None:
                 return build(offline=offline)
-            path = Path(cache) / "sigstore-python" / "tuf" / quote(
-                _SIGSTORE_URLS[name], safe="") / "trusted_root.json"
+            path = _trusted_root_file(Path(cache), name)
             try:
                 stat = path.stat()
                 key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
