@@ -40,9 +40,13 @@ async def first_bytes(download: Download, joined: bool) -> BaseException | None:
     Streaming starts once ``STREAM_AFTER`` bytes arrived or, for the request
     that started the fetch, ``STREAM_DELAY`` passed: a small file is
     usually verified by then and answered whole, so a refusal keeps its
-    clear status instead of a reset connection.  A request that joined a
-    fetch waits for the bytes alone: if that fetch is a slow one that gets
-    abandoned, it has sent nothing yet and may get a fresh fetch of its own.
+    clear status instead of a reset connection.  Once every byte of an
+    exact-length body arrived, only local work is left (the hash, the
+    store's publish): streaming would gain nothing and could only turn a
+    late refusal into a reset, so it waits for the result.  A request that
+    joined a fetch waits for the bytes alone: if that fetch is a slow one
+    that gets abandoned, it has sent nothing yet and may get a fresh fetch
+    of its own.
     """
     deadline = time.monotonic() + STREAM_DELAY
     while True:
@@ -50,11 +54,12 @@ async def first_bytes(download: Download, joined: bool) -> BaseException | None:
         result = download.result
         if result.done():
             return None if result.cancelled() else result.exception()
-        if download.available > STREAM_AFTER or (
-                not joined and download.available > 1 and time.monotonic() >= deadline):
+        whole = download.want.exact and download.available >= download.want.length
+        if not whole and (download.available > STREAM_AFTER or (
+                not joined and download.available > 1 and time.monotonic() >= deadline)):
             return None
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(None if joined else max(0.0, deadline - time.monotonic()) or None):
+            async with asyncio.timeout(None if joined or whole else max(0.0, deadline - time.monotonic()) or None):
                 await changed.wait()
 
 
