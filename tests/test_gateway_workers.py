@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -53,6 +54,12 @@ def _workers(gw: GatewayProcess) -> list[int]:
     assert gw.proc is not None
     children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
     return [int(pid) for pid in children]
+
+
+def _serving_workers(gw: GatewayProcess) -> list[int]:
+    """The workers the supervisor logged ready: a restarted one is a child well before it listens."""
+    ready = {int(pid) for pid in re.findall(r"worker \d+ ready \(pid (\d+)\)", gw.log_path.read_text())}
+    return [pid for pid in _workers(gw) if pid in ready]
 
 
 @pytest.mark.slow
@@ -122,7 +129,9 @@ def test_kill_9_of_one_worker_mid_publish_leaves_verifying_metadata(tmp_path: Pa
         TrustedClient.initialize(tmp_path / "edge-meta", gw.root.read_bytes())
         trusted = [asyncio.run(_edge_refresh(tmp_path / "edge-meta", gw.base))]
         for round_ in range(5):
-            workers = wait_for(lambda: len(_workers(gw)) == 2 and _workers(gw), what="two gateway workers")
+            # Both serving before one is killed: killing the other while its replacement still starts
+            # would leave nobody listening, which is not what this test is about.
+            workers = wait_for(lambda: len(_serving_workers(gw)) == 2 and _serving_workers(gw), what="two serving workers")
             names = [f"crash{(round_ * 6 + k) % 30}" for k in range(6)]
             threads = [threading.Thread(target=_publish_quietly, args=(gw, n)) for n in names]
             for t in threads:

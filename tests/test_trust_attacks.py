@@ -446,6 +446,9 @@ async def test_unchanged_bins_are_reused_across_cycles(env: Env, tmp_path: Path)
     before = {path: (info["bin"], env.version(info["bin"])) for path, info in all_targets(env.repo).items()}
     for path in before:
         await client.get_target(path)
+    # Those lookups may have started a background cycle; a forced refresh joins one in flight, so it
+    # must end before the publication or the refresh below could be that older cycle.
+    await client.refresh(force=True)
     env.publish(tmp_path)
     unchanged = [p for p, (name, version) in before.items() if env.version(name) == version]
     changed = [p for p, (name, version) in before.items() if env.version(name) != version]
