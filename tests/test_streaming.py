@@ -93,33 +93,11 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
         # Counted when the fetch reaches the mismatch, which may come after the client has exited.
         counted = 'tufproxy_verification_failures_total{reason="hash-mismatch"}'
         wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), "the hash-mismatch metric", timeout=30)
-        # pip resumes and retries a cut download many times: the lie is fetched once per minute, not per try.
-        assert liar.count(r"/packages/big/.*\.whl") <= 2
     assert r.returncode != 0, r.stdout
     assert not (tmp_path / "t").exists() or not list((tmp_path / "t").glob("big*"))
     assert_cache_clean(tmp_path / "cache", big.repo)
     assert not list((tmp_path / "cache" / "blobs").rglob(hashlib.sha256(big.wheel.read_bytes()).hexdigest()))
     assert any(r["reason"] == "hash-mismatch" and r["upstream_url"].endswith(big.wheel.name) for r in _refusals(tmp_path))
-
-
-@pytest.mark.slow
-def test_a_file_that_did_not_verify_is_refused_from_memory_and_an_unreachable_one_is_asked_again(tmp_path: Path) -> None:
-    """Clients retry a refused file: the lie is answered from memory, not fetched whole again; an outage is not kept."""
-    signed = _signed(tmp_path, 256 * 1024)
-    wheel = r"/packages/big/.*\.whl"
-    url = lambda p: p.base + signed.url_path.lstrip("/")  # noqa: E731
-    with FaultyUpstream(_tampered_copy(signed, tmp_path / "tampered")) as liar, _proxy(tmp_path, signed, liar) as p:
-        # Every byte arrived before the verdict: a clear 502, not a connection cut after the headers.
-        assert [asyncio.run(_get(url(p)))[0] for _ in range(3)] == [502, 502, 502]
-        assert liar.count(wheel) == 1
-    assert [r["reason"] for r in _refusals(tmp_path)] == ["hash-mismatch"] * 3  # each refused request is on record
-    shutil.rmtree(tmp_path / "cache")
-    with FaultyUpstream(signed.repo.public_dir) as down, _proxy(tmp_path, signed, down) as p:
-        down.inject(wheel, Fault.STATUS, status=503)
-        assert [asyncio.run(_get(url(p)))[0] for _ in range(2)] == [502, 502]
-        assert down.count(wheel) == 2
-        down.clear()
-        assert asyncio.run(_get(url(p))) == (200, signed.wheel.read_bytes())
 
 
 @pytest.mark.slow
