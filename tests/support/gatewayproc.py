@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
@@ -14,10 +16,17 @@ from tests.support.proxyproc import ProxyProcess
 
 
 def gateway_init(directory: Path, *args: str) -> None:
-    """``tufproxy gateway init DIR`` with few bins (fast), or fail the test."""
-    r = subprocess.run([sys.executable, "-m", "proxy", "gateway", "init", str(directory), "--bins", "16", *args],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    """``tufproxy gateway init DIR`` with few bins (fast), or fail the test.
+
+    Run in this process: it is a fixture here, and a subprocess would spend
+    most of its second importing the gateway (the CLI's own behaviour is
+    tested as a subprocess in tests/test_gateway.py).
+    """
+    from proxy.cli import build_parser
+
+    parsed = build_parser("gateway").parse_args(["gateway", "init", str(directory), "--bins", "16", *args])
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        assert parsed.func(parsed) == 0, err.getvalue()
 
 
 def metric(base: str, name: str) -> float:
