@@ -143,7 +143,7 @@ def test_kill_9_of_one_worker_mid_publish_leaves_verifying_metadata(tmp_path: Pa
                 t.join(15)
             # Until the kernel has closed the dead worker's listener, a connect may still land in its queue and be
             # refused (net.ipv4.tcp_migrate_req is off by default): not what this test is about.
-            wait_for(lambda: victim not in _workers(gw), what="the killed worker reaped")
+            wait_for(lambda v=victim: v not in _workers(gw), what="the killed worker reaped")
             trusted.append(asyncio.run(_edge_refresh(tmp_path / "edge-meta", gw.base)))
         # The supervisor replaced the dead workers; publishing still works and moves versions on.
         wait_for(lambda: len(_workers(gw)) == 2, what="workers restarted")
