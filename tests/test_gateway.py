@@ -426,6 +426,17 @@ def test_cold_file_streams_before_the_index_finishes(
             response.read()
         assert not (gateway.directory / "public" / "packages" / "bigpkg" / big.name).exists()
         wait_for(lambda: any(a.get("reason") == "hash-mismatch" for a in gateway.audit()), what="audit record")
+        # The client resuming the cut body is refused at once; a new request asks the index again.
+        asked = lambda: sum(r.endswith(big.name) for r in test_index.requests)  # noqa: E731
+        before = asked()
+        for headers, fetched in (({"Range": f"bytes={len(first)}-"}, 0), ({}, 1)):
+            again = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=30)
+            again.request("GET", f"/packages/bigpkg/{big.name}", headers=headers)
+            answer = again.getresponse()
+            with contextlib.suppress(http.client.IncompleteRead, ConnectionError):
+                answer.read()
+            again.close()
+            assert asked() == before + fetched and (fetched or answer.status == 502)
     else:
         assert first + response.read() == big.read_bytes()
         assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()

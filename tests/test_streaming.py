@@ -93,11 +93,29 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
         # Counted when the fetch reaches the mismatch, which may come after the client has exited.
         counted = 'tufproxy_verification_failures_total{reason="hash-mismatch"}'
         wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), "the hash-mismatch metric", timeout=30)
+        # pip resumes the cut download (Range) and retries each 502: those continue the lie and are not fetched again.
+        assert liar.count(r"/packages/big/.*\.whl") == 1
     assert r.returncode != 0, r.stdout
     assert not (tmp_path / "t").exists() or not list((tmp_path / "t").glob("big*"))
     assert_cache_clean(tmp_path / "cache", big.repo)
     assert not list((tmp_path / "cache" / "blobs").rglob(hashlib.sha256(big.wheel.read_bytes()).hexdigest()))
     assert any(r["reason"] == "hash-mismatch" and r["upstream_url"].endswith(big.wheel.name) for r in _refusals(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_resume_of_a_file_that_lied_is_refused_from_memory_and_a_new_request_fetches_again(tmp_path: Path) -> None:
+    """pip resumes a cut download with Range: that continues the lie, so it is not fetched whole again."""
+    signed = _signed(tmp_path, 256 * 1024)
+    wheel = r"/packages/big/.*\.whl"
+    with FaultyUpstream(_tampered_copy(signed, tmp_path / "tampered")) as liar, _proxy(tmp_path, signed, liar) as p:
+        url = p.base + signed.url_path.lstrip("/")
+        # Every byte arrived before the verdict: a clear 502, not a connection cut after the headers.
+        assert asyncio.run(_get(url))[0] == 502 and liar.count(wheel) == 1
+        resumes = [asyncio.run(_get(url, {"Range": f"bytes={n}-"})) for n in (1000, 2000, 3000)]
+        assert [status for status, _ in resumes] == [502] * 3 and liar.count(wheel) == 1
+        # A new request is not a continuation: the upstream is asked again (it may serve the right bytes now).
+        assert asyncio.run(_get(url))[0] == 502 and liar.count(wheel) == 2
+    assert [r["reason"] for r in _refusals(tmp_path)] == ["hash-mismatch"] * 5  # each refused request is on record
 
 
 @pytest.mark.slow
@@ -277,10 +295,10 @@ def test_pip_with_a_short_timeout_gets_a_file_slower_than_it(tmp_path: Path, str
         assert r.returncode == 0, r.stdout + r.stderr
 
 
-async def _get(url: str) -> tuple[int, bytes]:
+async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     async with aiohttp.ClientSession() as s:
         try:
-            async with s.get(url) as r:
+            async with s.get(url, headers=headers) as r:
                 return r.status, await r.read()
         except aiohttp.ClientPayloadError:
             return 200, b""

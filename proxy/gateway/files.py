@@ -69,7 +69,7 @@ from proxy.protocol.layout import core_metadata_target, file_target
 from proxy.protocol.model import file_digest
 from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
-from proxy.storage.downloads import Download, Tee
+from proxy.storage.downloads import Download, InFlight, Tee
 from proxy.storage.store import Blob
 from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
@@ -141,7 +141,7 @@ class FileSource:
         self.metrics = metrics
         self.max_file_size = max_file_size
         self.pace = pace
-        self._inflight: dict[str, Download] = {}
+        self._inflight = InFlight()
         self._checked: dict[tuple[str, int, int, int], None] = {}
         self._reading_ahead: set[str] = set()
 
@@ -155,7 +155,7 @@ class FileSource:
             pin = self.ledger.pins.get((project, filename))
         if pin is None or self.ledger.is_revoked(project, filename):
             raise web.HTTPNotFound(reason="not published by this gateway")
-        download = self._inflight.get(target)
+        download = self._inflight.get(target, resume="Range" in request.headers)
         joined = download is not None
         if download is None:
             if core and self.read_ahead is not None and (early := self.read_ahead.take(target)) is not None:
@@ -222,7 +222,7 @@ class FileSource:
         """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""
         target = file_target(project, filename)
         path = self.files_dir / target
-        if (target in self._inflight or len(self._reading_ahead) >= READ_AHEAD_AT_ONCE or not pin.url
+        if (self._inflight.get(target) is not None or len(self._reading_ahead) >= READ_AHEAD_AT_ONCE or not pin.url
                 or pin.size is None or pin.size > READ_AHEAD_MAX_SIZE or path.exists()):
             return
         download = self._start(pin, target, path, False, None, f"(read ahead of {core_metadata_target(project, filename)})")
@@ -241,19 +241,13 @@ class FileSource:
         else:
             length = pin.size if pin.size is not None else self.max_file_size
             want, url = Want(target, pin.hashes, length, pin.size is not None, f"gateway pin from {pin.index}"), pin.url
-        download = self._inflight[target] = Download(target, want)
+        download = Download(target, want)
         bucket = self.shared_copy() if self.shared_copy is not None else None
         # The bucket's copy first, checked against the same pin; the index if it has none (or it does not match).
         fetcher, urls = (BucketFetcher(bucket, self.http), [bucket.key_url(target), url]) if bucket is not None \
             else (self.http, [url])
-        task = asyncio.ensure_future(self._fetch(download, fetcher, urls, path, client, request_path))
-        task.add_done_callback(lambda t: self._finished(download, t))
+        self._inflight.add(download, asyncio.ensure_future(self._fetch(download, fetcher, urls, path, client, request_path)))
         return download
-
-    def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
-        if self._inflight.get(download.key) is download:
-            del self._inflight[download.key]
-        download.finish(task)
 
     async def _fetch(self, download: Download, fetcher: Fetcher, urls: list[str], path: Path, client: str | None,
                      request_path: str) -> Blob:

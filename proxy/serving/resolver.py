@@ -121,10 +121,12 @@ class ProxySettings:
 
 @dataclass
 class Ask(Asker):
-    """A request, as plain values.  ``whole``: the client needs a finished file (Range, conditional, HEAD)."""
+    """A request, as plain values.  ``whole``: the client needs a finished file (Range, conditional, HEAD);
+    ``resume``: it asks for part of a file (Range), so it may hold the rest from an earlier answer."""
 
     accept: str | None = None
     whole: bool = False
+    resume: bool = False
     if_none_match: str | None = None
     route: str = "other"
     # Whether the client may read a private project (by name); None: it may not.
@@ -503,7 +505,7 @@ class Resolver:
         download, joined = self.downloads.start(
             f"{want.path}@{_first_hash_of(want.hashes)}", want, source.urls, _AuditingObserver(self, ask),
             lambda: self.store.get(want.hashes["sha256"], want.length if want.exact else None)
-            if "sha256" in want.hashes else None)
+            if "sha256" in want.hashes else None, resume=ask.resume)
         if joined:
             self.metrics.singleflight_joins.inc()
         return download, joined

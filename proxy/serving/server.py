@@ -146,7 +146,7 @@ class Proxy:
         headers = request.headers
         ask = Ask(request_id=request_id.get(), client=request.remote, path=request.rel_url.raw_path,
                   accept=headers.get("Accept"), if_none_match=headers.get("If-None-Match"),
-                  whole=request.method == "HEAD" or _asks_whole_file(headers),
+                  whole=request.method == "HEAD" or _asks_whole_file(headers), resume="Range" in headers,
                   private_ok=self._private_ok(request.get(USER, ANONYMOUS_USER)))
         decision = await self.resolver.resolve(ask)
         request[ROUTE] = ask.route

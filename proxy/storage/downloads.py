@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
 _FOLLOW_POLL = (0.005, 0.05)
 # ... reads and hashes at most this much at a time.
 _FOLLOW_READ = 4 * 2**20
+# A download refused for the repository's lie answers resumes of its key this long (see InFlight).
+LIE_MEMORY = 60.0
+LIES_KEPT = 1024
 log = logging.getLogger(__name__)
 
 
@@ -112,6 +116,53 @@ class Download:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class InFlight:
+    """Downloads in flight by key, and for a while those that ended in the repository's lie.
+
+    A client whose download was cut because the bytes did not verify
+    resumes it: pip sends ``Range`` for the rest, six times, and retries
+    each 502 five times, and each of those would fetch the whole body once
+    more to see the same lie (30 fetches of a 50 MB file for one install).
+    Such a resume continues the very body that lied, so for ``LIE_MEMORY``
+    seconds (at most ``LIES_KEPT`` keys) it joins the finished download and
+    gets the refusal at once.  A plain request fetches again: an upstream
+    that serves the right bytes again is trusted the moment it does.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[str, Download] = {}
+        self._lied: OrderedDict[str, tuple[float, Download]] = OrderedDict()
+
+    def get(self, key: str, resume: bool = False) -> Download | None:
+        """The download of ``key`` to join: running, or (for a ``resume``) refused for a lie a moment ago;
+        None: start one."""
+        found = self._running.get(key)
+        if found is not None or not resume:
+            return found
+        lied = self._lied.get(key)
+        if lied is None:
+            return None
+        if lied[0] > time.monotonic():
+            return lied[1]
+        del self._lied[key]
+        return None
+
+    def add(self, download: Download, task: asyncio.Task[Blob]) -> None:
+        """``download`` runs as ``task``; once it ends, it is finished and forgotten (remembered if it lied)."""
+        self._running[download.key] = download
+        task.add_done_callback(lambda t: self._finished(download, t))
+
+    def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
+        if self._running.get(download.key) is download:
+            del self._running[download.key]
+        download.finish(task)
+        if not task.cancelled() and isinstance(task.exception(), RepositoryError):
+            self._lied.pop(download.key, None)
+            self._lied[download.key] = (time.monotonic() + LIE_MEMORY, download)
+            while len(self._lied) > LIES_KEPT:
+                self._lied.popitem(last=False)
 
 
 class Tee:
@@ -265,30 +316,24 @@ class Downloads:
         # Bodies of unsigned length reserve space as they grow: bound how many grow at once.
         self._unknown_length = asyncio.Semaphore(unknown_length_limit)
         self._queue_wait = queue_wait
-        self._inflight: dict[str, Download] = {}
+        self._inflight = InFlight()
         self._locks = FetchLocks(store.root / "locks")
         # Following another process's file that makes no progress this long: fetch it too.
         self._follow_stall = max(60.0, 3 * pace.stall)
 
     def start(self, key: str, want: Want, urls: list[str], observer: Observer,
-              cached: Callable[[], Blob | None]) -> tuple[Download, bool]:
+              cached: Callable[[], Blob | None], resume: bool = False) -> tuple[Download, bool]:
         """The download of ``key``: the one in flight (joined: True), or a new one.
 
-        ``cached`` looks the blob up again once the cross-process lock is held.
+        ``cached`` looks the blob up again once the cross-process lock is held;
+        ``resume``: the client continues a body it holds part of (see :class:`InFlight`).
         """
-        found = self._inflight.get(key)
+        found = self._inflight.get(key, resume)
         if found is not None:
             return found, True
         download = Download(key, want)
-        self._inflight[key] = download
-        task = asyncio.ensure_future(self._run(download, urls, observer, cached))
-        task.add_done_callback(lambda t: self._finished(download, t))
+        self._inflight.add(download, asyncio.ensure_future(self._run(download, urls, observer, cached)))
         return download, False
-
-    def _finished(self, download: Download, task: asyncio.Task[Blob]) -> None:
-        if self._inflight.get(download.key) is download:
-            del self._inflight[download.key]
-        download.finish(task)
 
     async def _run(self, download: Download, urls: list[str], observer: Observer,
                    cached: Callable[[], Blob | None]) -> Blob:
