@@ -178,7 +178,7 @@ class _Change:
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
         self.signed_elsewhere: set[str] = set()  # roles (and root) signed by the ceremony: published as they are
-        self._signers: dict[str, list[Signer]] = {}  # role -> its signers, each key read once per change
+        self._keys: dict[str, Signer] = {}  # each key read once per change (see _key)
         self.root: Metadata[Root] = repo._load("root", repo.root_version())
         self.report = ChangeReport()
 
@@ -235,18 +235,16 @@ class _Change:
         md.signed.version = max(md.signed.version + 1, floor)
         md.signed.expires = self.now + self.repo.settings.expiry.for_role(role_name)
         md.signatures.clear()
-        for signer in self._signers_for(role_name):
+        for signer in self.repo._signers_for(role_name, self.online, self._key):
             md.sign(signer, append=True)
         self.report.signed[role_name] = md.signed.version
 
-    def _signers_for(self, role_name: str) -> list[Signer]:
-        """The role's signers, read once per change: a batch signs every bin it touches, the snapshot and the
+    def _key(self, name: str) -> Signer:
+        """The key ``name``, read once per change: a batch signs every bin it touches, the snapshot and the
         timestamp with the one online key, which is not read (and parsed) from its file again for each."""
-        if self.online is not None or (role_name not in ("timestamp", "snapshot") and not _is_bin(role_name)):
-            return self.repo._signers_for(role_name, self.online)
-        if ONLINE not in self._signers:
-            self._signers[ONLINE] = self.repo._signers_for(role_name)
-        return self._signers[ONLINE]
+        if name not in self._keys:
+            self._keys[name] = self.repo.keys.load(name)
+        return self._keys[name]
 
     def commit(self) -> ChangeReport:
         """Sign everything that changed and publish it, timestamp last."""
@@ -572,11 +570,13 @@ class Repository:
     def root_version(self) -> int:
         return self._parse("root.json").signed.version
 
-    def _signers_for(self, role: str, online: Signer | None = None) -> list[Signer]:
+    @staticmethod
+    def _signers_for(role: str, online: Signer | None, load: Callable[[str], Signer]) -> list[Signer]:
+        """Which keys sign ``role``: ``online`` (a new online key) or the key kept, read with ``load``."""
         if role in ("timestamp", "snapshot") or _is_bin(role):
-            return [online or self.keys.load(ONLINE)]
+            return [online or load(ONLINE)]
         if role in (TARGETS, BINS):
-            return [self.keys.load(role)]
+            return [load(role)]
         raise ValueError(role)
 
     def check_key(self, name: str) -> None:
