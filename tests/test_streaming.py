@@ -93,8 +93,9 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
         # Counted when the fetch reaches the mismatch, which may come after the client has exited.
         counted = 'tufproxy_verification_failures_total{reason="hash-mismatch"}'
         wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), "the hash-mismatch metric", timeout=30)
-        # pip resumes the cut download (Range) and retries each 502: those continue the lie and are not fetched again.
-        assert liar.count(r"/packages/big/.*\.whl") == 1
+        if client == "pip":  # uv retries with whole new requests, and those fetch again
+            # pip resumes the cut download (Range) and retries each 502: those continue the lie, not fetched again.
+            assert liar.count(r"/packages/big/.*\.whl") == 1
     assert r.returncode != 0, r.stdout
     assert not (tmp_path / "t").exists() or not list((tmp_path / "t").glob("big*"))
     assert_cache_clean(tmp_path / "cache", big.repo)

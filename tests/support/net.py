@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+
+# Ports handed to servers the tests start: below the kernel's ephemeral range (where bind(0) and outgoing
+# connections take theirs), a slice of its own per pytest-xdist worker. A port picked with bind(0) and then
+# closed could be taken by anyone before the server bound it: by the other worker's server, whose answers
+# then passed for this one's (CI saw a gateway fail with "address already in use" while the test went on
+# against another test's gateway).
+_FIRST_PORT = 12000
+_PORTS_PER_WORKER = 2000
+
+
+def _ports() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = _FIRST_PORT + (int(worker) if worker.isdigit() else 0) * _PORTS_PER_WORKER
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    if first + _PORTS_PER_WORKER > ephemeral:
+        raise RuntimeError(f"no room for test ports of xdist worker gw{worker} below {ephemeral}")
+    return itertools.cycle(range(first, first + _PORTS_PER_WORKER))
+
+
+_next_ports: Iterator[int] | None = None
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 nothing listens on right now, from this process's own slice (see above)."""
+    global _next_ports
+    if _next_ports is None:
+        _next_ports = _ports()
+    for _ in range(_PORTS_PER_WORKER):
+        port = next(_next_ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free test port left")
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
