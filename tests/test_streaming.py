@@ -90,8 +90,7 @@ def test_a_same_length_tampered_50mb_wheel_never_installs(tmp_path: Path, big: S
     with FaultyUpstream(_tampered_copy(big, tmp_path / "tampered"), rate=40 * 2**20) as liar, \
             _proxy(tmp_path, big, liar) as p:
         # pip with one retry per 502 instead of five: the resumes still come (six), its backoff (40 s) is not the test.
-        r = pip("install", "--retries", "1", "--index-url", p.url, "--target", str(tmp_path / "t"), "big") \
-            if client == "pip" else install(client, p.url, tmp_path / "t", "big")
+        r = install(client, p.url, tmp_path / "t", "big", pip_args=("--retries", "1"))
         # Counted when the fetch reaches the mismatch, which may come after the client has exited.
         counted = 'tufproxy_verification_failures_total{reason="hash-mismatch"}'
         wait_for(lambda: counted in asyncio.run(_text(p.base + "metrics")), "the hash-mismatch metric", timeout=30)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -56,10 +57,11 @@ def uv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=clean_env())
 
 
-def install(client: str, index_url: str, target: Path, *requirements: str) -> subprocess.CompletedProcess[str]:
-    """Install ``requirements`` into ``target`` with ``client`` ('pip' or 'uv')."""
+def install(client: str, index_url: str, target: Path, *requirements: str,
+            pip_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Install ``requirements`` into ``target`` with ``client`` ('pip' or 'uv'); ``pip_args`` go to pip only."""
     if client == "pip":
-        return pip("install", "--index-url", index_url, "--target", str(target), *requirements)
+        return pip("install", *pip_args, "--index-url", index_url, "--target", str(target), *requirements)
     return uv("pip", "install", "--python", sys.executable, "--index-url", index_url,
               "--target", str(target), *requirements)
 

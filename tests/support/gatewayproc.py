@@ -19,8 +19,8 @@ def gateway_init(directory: Path, *args: str) -> None:
     """``tufproxy gateway init DIR`` with few bins (fast), or fail the test.
 
     Run in this process: it is a fixture here, and a subprocess would spend
-    most of its second importing the gateway (the CLI's own behaviour is
-    tested as a subprocess in tests/test_gateway.py).
+    most of its second importing the gateway (``gateway init`` itself runs
+    as a subprocess in tests/test_keys.py and test_gateway.py's CLI errors).
     """
     from proxy.cli import build_parser
 
