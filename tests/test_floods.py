@@ -82,6 +82,17 @@ def get(p: ProxyProcess, path: str = "healthz", timeout: float = 5) -> int:
         return int(e.code)
 
 
+def lagged_get(p: ProxyProcess, lag: float = 0.05) -> int:
+    """GET /healthz with the request sent ``lag`` s after the handshake, as across a network: the server
+    accepts the connection before it has said anything."""
+    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as sock:
+        time.sleep(lag)  # the network's delay between the handshake and the request: the scenario, not a wait
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = sock.makefile("rb").read()
+    status = re.match(rb"HTTP/1\.1 (\d{3}) ", answer)
+    return int(status.group(1)) if status else 0
+
+
 def metric(p: ProxyProcess, name: str, labels: str = "") -> float:
     text = urllib.request.urlopen(f"{p.base}metrics", timeout=5).read().decode()
     found = re.findall(rf"^{name}(?:{{{labels}[^}}]*}})? ([0-9.e+]+)$", text, re.M)
@@ -150,8 +161,8 @@ def test_a_client_holding_and_reopening_idle_connections_locks_nobody_out(tmp_pa
         with Flood(p.port, 10_000, reopen=True) as flood:
             wait_for(lambda: flood.closed > 10_000, "the flood re-opening closed connections", timeout=60)
             statuses = []
-            for _ in range(30):
-                statuses.append(get(p, timeout=5))
+            for i in range(30):
+                statuses.append(get(p, timeout=5) if i % 2 else lagged_get(p))
                 time.sleep(0.1)  # a client's pace, not synchronisation
             churned = flood.opened
         print(f"\n[{kind} cap] {churned} connections opened by the flood; the other client got {statuses.count(200)}/30")
@@ -362,5 +373,74 @@ async def test_a_request_a_busy_loop_has_not_read_yet_is_not_evicted_as_silent(m
         silent.close()
         ask.close()
         newcomer.close()
+    finally:
+        await served.stop()
+
+
+async def _hello_listener(limits: Limits) -> tuple[Listener, int]:
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    served = Listener(app, limits)
+    return served, await served.start()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def test_a_newcomer_whose_request_lags_its_handshake_is_served_at_a_cap_of_fresh_silent_ones() -> None:
+    """At the cap, every slot held by a silent connection younger than GRACE: a newcomer accepted before its
+    request arrived (on any real network the handshake's last packet comes first) is held, not refused, and
+    takes a silent connection's place when it asks.  Found by the flood test: a client's connection, closed
+    with no answer."""
+    served, port = await _hello_listener(Limits(max_connections=2, header_timeout=30, idle_timeout=30))
+    conns = served.connections
+    try:
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await _until(lambda: conns.open == 2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await _until(lambda: conns.held == 1)  # accepted with nothing sent yet: the lag this test is about
+        assert conns.open == 2 and not conns.closed
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"hello"), answer
+        assert conns.closed == {"evicted": 1} and conns.held == 0
+        closed = [await asyncio.wait_for(r.read(), 5) == b"" for r, _ in silent[:1]]
+        assert closed == [True]  # the longest-quiet of the silent ones made room
+        for _, w in [*silent, (reader, writer)]:
+            w.close()
+    finally:
+        await served.stop()
+
+
+async def test_held_newcomers_that_stay_silent_are_refused_after_grace_and_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held newcomer that never asks is closed after GRACE as refused, and no more than ``held_bound`` are held
+    at once (the oldest goes first): a silent flood costs bounded descriptors and no slot."""
+    monkeypatch.setattr(listener, "GRACE", 0.2)
+    served, port = await _hello_listener(Limits(max_connections=8, header_timeout=2, idle_timeout=30))
+    conns = served.connections
+    bound = conns.held_bound
+    try:
+        slots = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+        for reader, writer in slots:  # keep-alive connections: never stale, so a silent newcomer has no place
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readuntil(b"hello"), 5)).startswith(b"HTTP/1.1 200 ")
+        assert conns.open == 8
+        extra = [await asyncio.open_connection("127.0.0.1", port) for _ in range(bound + 3)]
+        await _until(lambda: conns.closed["refused"] == 3)
+        assert conns.held == bound  # three pushed out, oldest first
+        assert [await asyncio.wait_for(r.read(), 5) for r, _ in extra[:3]] == [b""] * 3
+        await _until(lambda: conns.held == 0)  # the rest refused at GRACE, before the header timeout
+        assert conns.closed == {"refused": bound + 3} and conns.open == 8
+        for _, w in [*slots, *extra]:
+            w.close()
     finally:
         await served.stop()

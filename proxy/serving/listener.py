@@ -30,7 +30,13 @@ setting                        default   nginx's nearest, and its default
   keep-alive connection, else any connection not in a request.  A newcomer
   that has sent nothing takes only a stale connection's place, so a client
   re-opening thousands of silent connections as fast as they are closed keeps
-  out neither one that asks nor a pool's keep-alive connections.  A newcomer
+  out neither one that asks nor a pool's keep-alive connections.  With no
+  stale place it is *held* (accepted, no slot, no protocol started) until
+  its first bytes, then placed as one whose request waits; one still silent
+  after :data:`GRACE` is refused, and at most :attr:`Connections.held_bound`
+  are held (the oldest goes first).  On a real network the handshake's last
+  packet arrives before the request, so a client is often accepted before
+  it has said anything.  A newcomer
   is also refused when its address holds its
   ``--max-connections-per-client``.  A refused connection is closed before
   aiohttp's protocol starts on it: nothing to log, no task left behind.
@@ -149,7 +155,7 @@ class ListenerMetrics:
         self.cap.set(limits.max_connections)
         self.closed = Counter("tufproxy_connections_closed_total", "Client connections closed by a limit, by reason: "
                               "header-timeout, idle-timeout, body-timeout, evicted (idle, to make room at the cap), "
-                              "refused (at the cap, all busy), per-client", ["reason"], registry=r)
+                              "refused (at the cap, all busy, or held silent past the grace), per-client", ["reason"], registry=r)
         self.accept_errors = Counter("tufproxy_accept_errors_total", "accept() failures for want of descriptors or "
                                      "memory (EMFILE, ENFILE, ENOBUFS, ENOMEM)", registry=r)
         self.suppressed = Counter("tufproxy_log_lines_suppressed_total", "Log lines left out by the rate limit on "
@@ -180,35 +186,92 @@ class Connections:
         # Quiet connections (no request in progress) in the order they became quiet: the front idled longest.
         self._quiet: OrderedDict[_Handler, None] = OrderedDict()
         self._per_client: Tally[str] = Tally()
+        # Accepted at the cap before sending anything, with no stale place to take: oldest first.
+        self._held: OrderedDict[_Handler, float] = OrderedDict()
+        self.held_bound = max(8, limits.max_connections // 8)
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def open(self) -> int:
         return len(self._open)
 
+    @property
+    def held(self) -> int:
+        """Newcomers accepted at the cap and waiting for their first bytes, in no slot yet."""
+        return len(self._held)
+
     # ------------------------------------------------------------ transitions, from the handlers
 
     def _admit(self, handler: _Handler, transport: asyncio.BaseTransport) -> bool:
+        """Whether ``handler`` is accepted: given a slot, or held (``handler.held``) until it sends something."""
         per_client = self.limits.max_connections_per_client
         if per_client and self._per_client[handler.peer] >= per_client:
             self._count("per-client")
             return False
         if len(self._open) >= self.limits.max_connections:
+            now = time.monotonic()
+            self._expire_held(now)
             handler.eager = _bytes_waiting(transport)
-            victim = self._longest_idle(time.monotonic(), handler.eager)
+            victim = self._longest_idle(now, handler.eager)
+            if victim is None and not handler.eager:
+                if len(self._held) >= self.held_bound:
+                    oldest = next(iter(self._held))
+                    self._refuse_held(oldest)
+                self._held[handler] = now
+                handler.held = transport
+                self._start_sweeper()
+                return True
             if victim is None:
                 self._count("refused")
                 return False
             self._close(victim, "evicted")
+        self._place(handler)
+        return True
+
+    def _asked(self, handler: _Handler) -> bool:
+        """A held ``handler`` sent its first bytes: whether it now has a slot (else it was refused and closed)."""
+        if len(self._open) >= self.limits.max_connections:
+            victim = self._longest_idle(time.monotonic(), True)
+            if victim is None:
+                self._refuse_held(handler)
+                return False
+            self._close(victim, "evicted")
+        del self._held[handler]
+        handler.held = None
+        handler.eager = True
+        self._place(handler)
+        return True
+
+    def _refuse_held(self, handler: _Handler) -> None:
+        transport = handler.held
+        del self._held[handler]
+        handler.held = None
+        self._count("refused")
+        if transport is not None:
+            transport.abort()  # type: ignore[attr-defined]
+
+    def _expire_held(self, now: float) -> None:
+        while self._held:
+            oldest, since = next(iter(self._held.items()))
+            if now - since <= GRACE:
+                return
+            self._refuse_held(oldest)
+
+    def _place(self, handler: _Handler) -> None:
         self._open.add(handler)
         self._per_client[handler.peer] += 1
         self._quiet[handler] = None
+        self._start_sweeper()
+
+    def _start_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return True
 
     def _lost(self, handler: _Handler) -> None:
-        if handler in self._open:
+        if handler.held is not None:
+            del self._held[handler]
+            handler.held = None
+        elif handler in self._open:
             self._open.discard(handler)
             self._busy.discard(handler)
             self._quiet.pop(handler, None)
@@ -271,9 +334,10 @@ class Connections:
 
     async def _sweep(self) -> None:
         limits = self.limits
-        while self._open:
+        while self._open or self._held:
             await asyncio.sleep(limits.tick)
             now = time.monotonic()
+            self._expire_held(now)
             for handler in list(self._quiet):
                 if handler.served and handler.head_since is None:
                     if now - handler.quiet_since > limits.idle_timeout:
@@ -351,9 +415,10 @@ class _Handler(RequestHandler):
         "_answer",
         "_conns",
         "_parser_clean",
-        "_refused",
+        "_started",
         "eager",
         "head_since",
+        "held",
         "last_read",
         "peer",
         "quiet_since",
@@ -367,31 +432,40 @@ class _Handler(RequestHandler):
         # No byte given to aiohttp's parser was ever anything but one whole plain head:
         # its parser then holds nothing, and ours may take the next request.
         self._parser_clean = answer is not None
-        self._refused = False
+        self._started = False  # aiohttp's protocol runs: not refused, not held
         self.peer = ""
         self.served = 0  # requests answered
         self.quiet_since = self.last_read = time.monotonic()
         self.head_since: float | None = None  # first byte of a head not yet complete
         self.eager = False  # accepted at the cap with its request already waiting
+        self.held: asyncio.BaseTransport | None = None  # accepted at the cap, no slot until it sends something
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        # Refused or held: aiohttp's protocol is not started, so no request task, nothing to fail or log later.
         if not self._conns._admit(self, transport):
-            # Before aiohttp's protocol starts: no request task, nothing to fail or log later.
-            self._refused = True
             transport.abort()  # type: ignore[attr-defined]
-            return
+        elif self.held is None:
+            self._start(transport)
+
+    def _start(self, transport: asyncio.BaseTransport) -> None:
+        self._started = True
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._refused:
-            return
         self._conns._lost(self)
-        super().connection_lost(exc)
+        if self._started:
+            super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         now = self.last_read = time.monotonic()
+        if self.held is not None:
+            transport = self.held
+            if not self._conns._asked(self):
+                return
+            self.quiet_since = now
+            self._start(transport)
         if self._parser_clean:
             head = recognise(data)
             if head is not None and self._idle():
