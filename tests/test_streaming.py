@@ -25,9 +25,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
+from proxy.serving.streaming import send_download
+from proxy.storage.downloads import Download
+from proxy.storage.store import Blob, BlobStore
+from proxy.trust.fetch import Want
 from tests.support.clients import install, pip, uv_path
 from tests.support.faults import Fault, FaultyUpstream, get, process_tree, sized_wheel
 from tests.support.poll import wait_for
@@ -317,3 +322,61 @@ async def _many(url: str, n: int) -> list[tuple[int, bytes]]:
 async def _text(url: str) -> str:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         return await r.text()
+
+
+async def _send_one(download: Download) -> tuple[int, bytes]:
+    """GET, from a real server on 127.0.0.1, of ``download`` through send_download (a refusal before any
+    byte: 503 and its text, as the edge's one table would answer a StoreError)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        sent = await send_download(request, download, {}, download.want.length)
+        if isinstance(sent, BaseException):
+            return web.Response(status=503, text=str(sent))
+        return sent[0]
+
+    app = web.Application()
+    app.router.add_get("/f", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        return await _get(f"http://127.0.0.1:{runner.addresses[0][1]}/f")
+    finally:
+        await runner.cleanup()
+
+
+async def _finished_download(store: BlobStore, data: bytes, source: bool = True) -> tuple[Download, Blob]:
+    """A download of ``data`` fetched, verified and published into ``store`` as a fetch does it."""
+    sha = hashlib.sha256(data).hexdigest()
+    download = Download("files/x.whl", Want("files/x.whl", {"sha256": sha}, len(data)))
+
+    async def fetch() -> Blob:
+        async with store.writer(len(data)) as w:
+            if source:
+                assert w.path is not None
+                download.writing(w.path)
+            await w.write(data)
+            download.available = len(data)
+            return await w.publish(sha)
+
+    task = asyncio.get_running_loop().create_task(fetch())
+    await asyncio.wait([task])
+    download.finish(task)
+    return download, task.result()
+
+
+async def test_a_blob_evicted_right_after_its_publish_is_still_sent_whole(tmp_path: Path) -> None:
+    """Another process on the same cache may evict a blob the moment it is published, before a request that
+    waited for the verdict opened it: the download's own file (the blob's inode) still has the verified bytes.
+    Found by test_two_proxies_on_one_cache_dir_never_corrupt_it: 'received 0 of 886 bytes' after a 200."""
+    data = os.urandom(886)
+    download, blob = await _finished_download(BlobStore(tmp_path), data)
+    blob.path.unlink()  # the other process's eviction
+    assert await _send_one(download) == (200, data)
+
+
+async def test_a_blob_gone_before_any_byte_went_out_is_a_503_not_a_reset(tmp_path: Path) -> None:
+    download, blob = await _finished_download(BlobStore(tmp_path), b"x" * 100, source=False)
+    blob.path.unlink()
+    status, body = await _send_one(download)
+    assert status == 503 and b"evicted before it could be sent" in body

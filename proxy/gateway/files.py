@@ -175,8 +175,10 @@ class FileSource:
         refusal = await first_bytes(download, joined)
         if refusal is not None:
             raise refusal  # the app's one table answers it, before any byte went out
-        response, _ = await send_download(request, download, _HEADERS, download.want.length if download.want.exact else None)
-        return response
+        sent = await send_download(request, download, _HEADERS, download.want.length if download.want.exact else None)
+        if isinstance(sent, BaseException):
+            raise sent  # nothing went out yet: the app's one table answers it
+        return sent[0]
 
     async def _kept(self, path: Path, target: str, pin: Pin, core: bool) -> bool:
         """True if ``path`` holds the file, checked against the pin once per process; a mismatch is removed."""

@@ -193,7 +193,10 @@ class Proxy:
             first = await first_bytes(download, joined=False)
         if first is not None:
             return self._refused(ask, first)
-        response, blob = await send_download(request, download, _FILE_HEADERS, decision.length)
+        sent = await send_download(request, download, _FILE_HEADERS, decision.length)
+        if isinstance(sent, BaseException):
+            return self._refused(ask, sent)
+        response, blob = sent
         if blob is not None:
             decision.served(blob)
         elif download.result.done() and not download.result.cancelled() and download.result.exception():

@@ -8,7 +8,8 @@ worker's file, hashed there first), and the last one is sent only once
 the download's ``result`` is a verified blob.  If the body starts over
 (``generation``) after bytes went out, or the download is refused, the
 connection is reset, so no client ever holds a complete file that was
-not verified.
+not verified.  The response head goes out with the first bytes: a refusal
+before then is answered with its status instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from proxy.protocol.errors import StoreError
 from proxy.storage.downloads import Download
 from proxy.storage.store import Blob
 
@@ -64,12 +66,15 @@ async def first_bytes(download: Download, joined: bool) -> BaseException | None:
 
 
 async def send_download(request: web.Request, download: Download, headers: Mapping[str, str],
-                        length: int | None) -> tuple[web.StreamResponse, Blob | None]:
-    """Stream ``download`` to the client; the response, and the verified blob (None: the client was reset)."""
+                        length: int | None) -> tuple[web.StreamResponse, Blob | None] | BaseException:
+    """Stream ``download`` to the client; the response, and the verified blob (None: the client was reset).
+
+    The head goes out with the first bytes: a refusal before then is returned instead, for the caller to
+    answer with its status.
+    """
     response = web.StreamResponse(headers=headers)
     if length is not None:
         response.content_length = length
-    await response.prepare(request)
     sent = 0
     generation = download.generation
     fd, fd_generation = -1, generation
@@ -80,6 +85,8 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
             if download.generation != generation and sent == 0:
                 generation = download.generation
             if download.generation != generation or (result.done() and (result.cancelled() or result.exception())):
+                if not response.prepared and result.done() and not result.cancelled():
+                    return result.exception()  # type: ignore[return-value]
                 # The body started over, or did not verify: what this client got must never complete.
                 reset(request)
                 return response, None
@@ -96,12 +103,13 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
                     if fd < 0 and verified:
                         try:
                             fd = await asyncio.to_thread(os.open, result.result().path, os.O_RDONLY)
-                        except FileNotFoundError:  # evicted already: this client tries again
-                            reset(request)
-                            return response, None
+                        except FileNotFoundError:  # evicted already, and nothing sent yet: this client asks again
+                            return StoreError("the verified file was evicted before it could be sent: ask again")
                     if fd < 0:
                         await changed.wait()
                         continue
+                if not response.prepared:
+                    await response.prepare(request)
                 n = await _send_range(request, response, fd, sent, limit - sent)
                 if not n:
                     reset(request)
@@ -114,6 +122,8 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
     finally:
         if fd >= 0:
             os.close(fd)
+    if not response.prepared:
+        await response.prepare(request)
     await response.write_eof()
     return response, result.result()
 

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
@@ -72,6 +73,7 @@ class Download:
         self.result: asyncio.Future[Blob] = asyncio.get_running_loop().create_future()
         self._changed = asyncio.Event()
         self._fd = -1  # read-only, on the current generation's file
+        self._fd_closer: weakref.finalize[[int], Download] | None = None
         self._sourced = False
 
     def waiter(self) -> asyncio.Event:
@@ -87,11 +89,16 @@ class Download:
         self._source(os.open(path, os.O_RDONLY))
 
     def finish(self, task: asyncio.Task[Blob]) -> None:
-        """The fetch ``task`` is done: its blob or refusal becomes ``result``."""
-        self._close()
+        """The fetch ``task`` is done: its blob or refusal becomes ``result``.
+
+        A blob's file stays open until the download is dropped: it is the published blob's inode, so a
+        request that has not opened it yet still reads the verified bytes when the store (this process's
+        or another's on the same cache) evicts the blob a moment after its publish."""
         if task.cancelled():
+            self._close()
             self.result.cancel()
         elif task.exception() is not None:
+            self._close()
             self.result.set_exception(task.exception())  # type: ignore[arg-type]
             self.result.exception()  # nobody may be waiting any more: not "never retrieved"
         else:
@@ -106,6 +113,8 @@ class Download:
         """The bytes now come from ``fd`` (-1: nowhere yet), from byte 0: a new generation."""
         self._close()
         self._fd = fd
+        if fd >= 0:
+            self._fd_closer = weakref.finalize(self, os.close, fd)
         if self._sourced or self.available:
             self.generation += 1
         self._sourced = True
@@ -113,9 +122,10 @@ class Download:
         self._notify()
 
     def _close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._fd_closer is not None:
+            self._fd_closer()
+            self._fd_closer = None
+        self._fd = -1
 
 
 class InFlight:
