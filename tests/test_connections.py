@@ -11,6 +11,7 @@ connection pool of its own.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from pathlib import Path
@@ -75,11 +76,18 @@ async def test_idle_and_slow_clients_are_closed_while_requests_keep_their_latenc
         print(f"\n[clients] 30 idle + 5 slow-head connections: page latency max {max(latencies) * 1000:.0f} ms")
         assert max(latencies) < 0.5
         await poll(lambda: all(_closed_by_peer(sock) for sock in idle + slow), "idle and slow clients closed", timeout=5)
-        # Over the cap: the extra connections are closed at once, requests still served.
+        # Over the cap: 20 silent extra connections get no slot (held until they speak, then refused at the
+        # grace), and a request on a new connection is still served at once.
         many = [socket.create_connection(("127.0.0.1", p.port)) for _ in range(80)]
         for sock in many:
             sock.setblocking(False)
-        await poll(lambda: sum(_closed_by_peer(sock) for sock in many) >= 20, "20 idle clients closed", timeout=0.9)
+        async with aiohttp.ClientSession() as s:
+            got = await get(s, page)
+        assert got.status == 200 and got.seconds < 0.5
+        await poll(lambda: sum(_closed_by_peer(sock) for sock in many) >= 20, "20 idle clients closed", timeout=5)
+        async with aiohttp.ClientSession() as s, s.get(f"{p.base}metrics") as r:
+            refused = re.search(r'^tufproxy_connections_closed_total\{reason="refused"\} (\S+)$', await r.text(), re.M)
+        assert refused is not None and float(refused[1]) >= 20  # the extras never had a slot
         # The idle ones among them go after the timeout, and the proxy takes requests again.
         await poll(lambda: all(_closed_by_peer(sock) for sock in many), "every idle client closed", timeout=5)
         async with aiohttp.ClientSession() as s:
