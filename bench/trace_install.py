@@ -1,0 +1,126 @@
+"""One uv cold install through edge -> gateway, every request timed: where a cold install's time goes (issue 33).
+
+``bench/install.py``'s local index (its real wheels, ``--rtt-ms`` delay on
+every answer) with a fresh ``tufproxy gateway`` and ``tufproxy serve``
+edge (install.py's setup).  Two timing reverse proxies (taps, in this
+process) sit between uv and the edge and between the gateway and the
+index, so each request's start and end are known on one clock.  Printed:
+uv's wall time and its phases, the CPU seconds each process tree spent on
+the install (utime + stime), and the timeline of requests (milliseconds
+from uv's start; ``edge``: what uv asked, ``index``: what the gateway
+asked), which shows the levels of uv's resolution: pages, their
+``.metadata``, the dependencies' pages, and so on.
+
+The taps cost CPU of their own (reported as "this process"), on the same
+cores: the timeline is for reading the shape, not for figures to compare
+with ``bench/install.py``'s.
+
+    python bench/trace_install.py [--rtt-ms 40] [--direct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from aiohttp import ClientSession, TCPConnector, web
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from contenders import free_port  # noqa: E402
+from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
+from warmab import _cpu_seconds  # noqa: E402
+
+_HOP = frozenset(("host", "transfer-encoding", "content-encoding", "content-length", "connection"))
+
+
+class Tap:
+    """A reverse proxy to ``target`` on its own loop in a thread, recording (name, start, end, status, path)."""
+
+    def __init__(self, target: str, name: str, log: list[tuple[str, float, float, int, str]], t0: list[float]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        session: list[ClientSession] = []
+
+        async def forward(request: web.Request) -> web.Response:
+            began = time.monotonic() - t0[0]
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+            async with session[0].request(request.method, target + request.rel_url.raw_path_qs, headers=headers,
+                                          data=await request.read(), allow_redirects=False) as r:
+                body = await r.read()
+                answer = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
+            log.append((name, began, time.monotonic() - t0[0], r.status, request.rel_url.raw_path))
+            return web.Response(status=r.status, body=body, headers=answer)
+
+        async def start() -> None:
+            session.append(ClientSession(connector=TCPConnector(limit=0), auto_decompress=False))
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", forward)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            ready.set()
+
+        threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True).start()
+        if not ready.wait(30):
+            raise RuntimeError(f"the {name} tap did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rtt-ms", type=float, default=40.0)
+    ap.add_argument("--direct", action="store_true", help="uv straight at the index (through the tap), for comparison")
+    args = ap.parse_args()
+    log: list[tuple[str, float, float, int, str]] = []
+    t0 = [time.monotonic()]
+    index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
+    index_tap = Tap(index.url.rsplit("/simple/", 1)[0], "index", log, t0)
+
+    class Tapped:  # the index as the gateway sees it: through the tap
+        url = f"{index_tap.url}/simple/"
+
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
+        work = Path(tmp)
+        setup = None
+        if args.direct:
+            url = Tapped.url
+        else:
+            setup = Tufproxy(Tapped, work / "tufproxy")  # type: ignore[arg-type]
+            setup.fresh()
+            url = f"{Tap(setup.url.rsplit('/simple/', 1)[0], 'edge', log, t0).url}/simple/"
+        clients = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+        client_dir = Path(tempfile.mkdtemp(prefix="bench-trace-", dir=clients))
+        try:
+            trees = {s.name: s for s in setup.servers} if setup else {}
+            before = {name: _cpu_seconds(server) for name, server in trees.items()}
+            mine = os.times()
+            t0[0] = time.monotonic()
+            took, phases = install("uv", url, client_dir / "target", client_dir)
+            children = os.times()
+            spent = {name: _cpu_seconds(server) - before[name] for name, server in trees.items()}
+        finally:
+            if setup is not None:
+                setup.stop()
+            shutil.rmtree(client_dir, ignore_errors=True)
+    uv_cpu = (children.children_user + children.children_system) - (mine.children_user + mine.children_system)
+    taps_cpu = (children.user + children.system) - (mine.user + mine.system)
+    print(f"uv cold install {'direct' if args.direct else 'through edge -> gateway'}: {took:.3f} s; "
+          + ", ".join(f"{k.lower()} {v:.3f} s" for k, v in phases.items()))
+    print("CPU seconds: " + "".join(f"{k} {v:.2f}, " for k, v in spent.items())
+          + f"uv {uv_cpu:.2f}, this process (index and taps) {taps_cpu:.2f}")
+    print(f"{'who':5} {'start':>7} {'end':>7} {'ms':>6} status path")
+    for name, began, ended, status, path in sorted(log, key=lambda e: e[1]):
+        print(f"{name:5} {began * 1000:7.1f} {ended * 1000:7.1f} {(ended - began) * 1000:6.1f} {status} {path[:100]}")
+
+
+if __name__ == "__main__":
+    main()
