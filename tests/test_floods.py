@@ -331,52 +331,6 @@ def test_a_silent_flood_at_the_cap_leaves_keepalive_connections_alone(tmp_path: 
         pooled.close()
 
 
-async def test_a_request_a_busy_loop_has_not_read_yet_is_not_evicted_as_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At the cap, a connection quiet past GRACE by the clock whose request already waits unread in its socket (the
-    loop was busy) is not taken for a silent one: a newcomer takes the silent connection's place instead."""
-    monkeypatch.setattr(listener, "GRACE", 0.05)
-
-    async def hello(request: web.Request) -> web.Response:
-        return web.Response(text="hello")
-
-    async def until(condition: Callable[[], bool]) -> None:
-        for _ in range(500):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("timed out")
-
-    app = web.Application()
-    app.router.add_get("/", hello)
-    served = Listener(app, Limits(max_connections=2, header_timeout=30, idle_timeout=30))
-    port = await served.start()
-    try:
-        asking, ask = await asyncio.open_connection("127.0.0.1", port)  # the oldest: first in line to go
-        await until(lambda: served.connections.open == 1)
-        [handler] = served.connections._open
-        assert handler.transport is not None
-        handler.transport.pause_reading()  # what a loop too busy to read it does, made to last
-        ask.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        await ask.drain()
-        quiet, silent = await asyncio.open_connection("127.0.0.1", port)
-        await until(lambda: served.connections.open == 2)
-        await asyncio.sleep(0.1)  # both quiet past GRACE by the clock (the condition, not synchronisation)
-        newcomer = socket.create_connection(("127.0.0.1", port))
-        newcomer.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        await until(lambda: served.connections.closed["evicted"] == 1)
-        handler.transport.resume_reading()
-        answer = await asyncio.wait_for(asking.read(), 5)
-        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"hello"), answer
-        newcomer.settimeout(5)
-        assert (await asyncio.to_thread(newcomer.makefile("rb").read)).startswith(b"HTTP/1.1 200 ")
-        assert await asyncio.wait_for(quiet.read(), 5) == b""  # the silent one was closed
-        silent.close()
-        ask.close()
-        newcomer.close()
-    finally:
-        await served.stop()
-
-
 async def _hello_listener(limits: Limits) -> tuple[Listener, int]:
     async def hello(request: web.Request) -> web.Response:
         return web.Response(text="hello")
@@ -393,6 +347,38 @@ async def _until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("timed out")
+
+
+async def test_a_request_a_busy_loop_has_not_read_yet_is_not_evicted_as_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the cap, a connection quiet past GRACE by the clock whose request already waits unread in its socket (the
+    loop was busy) is not taken for a silent one: a newcomer takes the silent connection's place instead."""
+    monkeypatch.setattr(listener, "GRACE", 0.05)
+    served, port = await _hello_listener(Limits(max_connections=2, header_timeout=30, idle_timeout=30))
+    try:
+        asking, ask = await asyncio.open_connection("127.0.0.1", port)  # the oldest: first in line to go
+        await _until(lambda: served.connections.open == 1)
+        [handler] = served.connections._open
+        assert handler.transport is not None
+        handler.transport.pause_reading()  # what a loop too busy to read it does, made to last
+        ask.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await ask.drain()
+        quiet, silent = await asyncio.open_connection("127.0.0.1", port)
+        await _until(lambda: served.connections.open == 2)
+        await asyncio.sleep(0.1)  # both quiet past GRACE by the clock (the condition, not synchronisation)
+        newcomer = socket.create_connection(("127.0.0.1", port))
+        newcomer.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await _until(lambda: served.connections.closed["evicted"] == 1)
+        handler.transport.resume_reading()
+        answer = await asyncio.wait_for(asking.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"hello"), answer
+        newcomer.settimeout(5)
+        assert (await asyncio.to_thread(newcomer.makefile("rb").read)).startswith(b"HTTP/1.1 200 ")
+        assert await asyncio.wait_for(quiet.read(), 5) == b""  # the silent one was closed
+        silent.close()
+        ask.close()
+        newcomer.close()
+    finally:
+        await served.stop()
 
 
 async def test_a_newcomer_whose_request_lags_its_handshake_is_served_at_a_cap_of_fresh_silent_ones() -> None:
