@@ -430,3 +430,41 @@ async def test_held_newcomers_that_stay_silent_are_refused_after_grace_and_are_b
             w.close()
     finally:
         await served.stop()
+
+
+async def test_held_newcomers_of_one_address_get_no_more_than_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held ones hold no share of their address's --max-connections-per-client: the second of two held from one
+    address that both speak is refused as per-client, not placed beyond the share."""
+    served, port = await _hello_listener(Limits(max_connections=2, max_connections_per_client=1, header_timeout=30,
+                                                idle_timeout=30))
+    conns = served.connections
+    try:
+        others = [await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{i}", 0)) for i in (2, 3)]
+        await _until(lambda: conns.open == 2)
+        held = [await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.4", 0)) for _ in range(2)]
+        await _until(lambda: conns.held == 2)
+        for _, writer in held:
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answers = [await asyncio.wait_for(reader.read(), 5) for reader, _ in held]
+        assert sorted(a.startswith(b"HTTP/1.1 200 ") for a in answers) == [False, True], answers
+        assert conns.closed == {"evicted": 1, "per-client": 1}
+        for _, w in [*others, *held]:
+            w.close()
+    finally:
+        await served.stop()
+
+
+async def test_stopping_the_listener_refuses_the_held_ones() -> None:
+    """aiohttp's shutdown knows only connections it started: a held one is closed by the listener's stop, so no
+    request starts on an app already cleaned up."""
+    served, port = await _hello_listener(Limits(max_connections=1, header_timeout=30, idle_timeout=30))
+    conns = served.connections
+    slot = await asyncio.open_connection("127.0.0.1", port)
+    await _until(lambda: conns.open == 1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await _until(lambda: conns.held == 1)
+    await served.stop()
+    assert conns.held == 0 and conns.closed["refused"] == 1
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    for _, w in (slot, (reader, writer)):
+        w.close()

@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.protocol import refusals
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from proxy.serving.streaming import send_download
@@ -326,11 +327,11 @@ async def _text(url: str) -> str:
 
 async def _send_one(download: Download) -> tuple[int, bytes]:
     """GET, from a real server on 127.0.0.1, of ``download`` through send_download (a refusal before any
-    byte: 503 and its text, as the edge's one table would answer a StoreError)."""
+    byte: the status the one error table gives it, and its text)."""
     async def handler(request: web.Request) -> web.StreamResponse:
         sent = await send_download(request, download, {}, download.want.length)
         if isinstance(sent, BaseException):
-            return web.Response(status=503, text=str(sent))
+            return web.Response(status=refusals.row(sent).status, text=str(sent))
         return sent[0]
 
     app = web.Application()
@@ -379,4 +380,14 @@ async def test_a_blob_gone_before_any_byte_went_out_is_a_503_not_a_reset(tmp_pat
     download, blob = await _finished_download(BlobStore(tmp_path), b"x" * 100, source=False)
     blob.path.unlink()
     status, body = await _send_one(download)
-    assert status == 503 and b"evicted before it could be sent" in body
+    assert status == 503 and b"evicted before it could be sent" in body  # retryable, from the one table
+
+
+async def test_a_download_cancelled_before_any_byte_went_out_is_a_503(tmp_path: Path) -> None:
+    download = Download("files/x.whl", Want("files/x.whl", {"sha256": "0" * 64}, 10))
+    task = asyncio.get_running_loop().create_task(asyncio.sleep(60))
+    task.cancel()
+    await asyncio.wait([task])
+    download.finish(task)  # type: ignore[arg-type]
+    status, body = await _send_one(download)
+    assert status == 503 and b"cancelled before any byte went out" in body

@@ -228,6 +228,13 @@ class Busy(StoreError):
     reason = "busy"
 
 
+class Unsent(StoreError):
+    """A download ended before any byte of the answer went out, for a reason of ours (its verified file
+    evicted before it was read, its fetch cancelled): asking again fetches it anew."""
+
+    reason = "unsent"
+
+
 # The command line: every subcommand raises CommandError for a failure the user can act on;
 # proxy.cli.main prints it as one line on stderr.
 # Exit statuses, as grep has them: 1 is a negative answer (refusals, an unsound

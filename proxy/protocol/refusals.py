@@ -57,6 +57,7 @@ BY_REASON: dict[str, Row] = {
     "bucket-unavailable": Row(503, Fault.OURS, "shared bucket unreachable, retry", audit=False),
     "bucket-denied": Row(503, Fault.OURS, "shared bucket unreachable, retry", audit=False),
     "busy": Row(503, Fault.OURS, "too many downloads in progress, retry", audit=False),
+    "unsent": Row(503, Fault.OURS, "the file could not be sent this time, retry", audit=False),
     "storage": Row(503, Fault.OURS, "storage error, retry", audit=False),
     # The gateway's online key cannot sign (token removed, KMS unreachable); what is signed is still served.
     "signing-unavailable": Row(503, Fault.OURS, "the signing key is unavailable, retry", audit=True),

@@ -150,6 +150,8 @@ class ListenerMetrics:
         r = registry
         self.open = Gauge("tufproxy_connections_open", "Client connections open (summed over processes)",
                           registry=r, multiprocess_mode="livesum")
+        self.held = Gauge("tufproxy_connections_held", "Newcomers accepted at the cap and held, in no slot, until they "
+                          "send something (summed over processes)", registry=r, multiprocess_mode="livesum")
         self.cap = Gauge("tufproxy_connections_max", "The connection cap (--max-connections, summed over processes)",
                          registry=r, multiprocess_mode="livesum")
         self.cap.set(limits.max_connections)
@@ -189,6 +191,7 @@ class Connections:
         # Accepted at the cap before sending anything, with no stale place to take: oldest first.
         self._held: OrderedDict[_Handler, float] = OrderedDict()
         self.held_bound = max(8, limits.max_connections // 8)
+        self._stopping = False
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -213,7 +216,7 @@ class Connections:
             self._expire_held(now)
             handler.eager = _bytes_waiting(transport)
             victim = self._longest_idle(now, handler.eager)
-            if victim is None and not handler.eager:
+            if victim is None and not handler.eager and not self._stopping:
                 if len(self._held) >= self.held_bound:
                     oldest = next(iter(self._held))
                     self._refuse_held(oldest)
@@ -230,6 +233,11 @@ class Connections:
 
     def _asked(self, handler: _Handler) -> bool:
         """A held ``handler`` sent its first bytes: whether it now has a slot (else it was refused and closed)."""
+        per_client = self.limits.max_connections_per_client
+        if self._stopping or (per_client and self._per_client[handler.peer] >= per_client):
+            # Its address filled its share while it was held (held ones hold none), or the listener is closing.
+            self._refuse_held(handler, "refused" if self._stopping else "per-client")
+            return False
         if len(self._open) >= self.limits.max_connections:
             victim = self._longest_idle(time.monotonic(), True)
             if victim is None:
@@ -242,11 +250,11 @@ class Connections:
         self._place(handler)
         return True
 
-    def _refuse_held(self, handler: _Handler) -> None:
+    def _refuse_held(self, handler: _Handler, reason: str = "refused") -> None:
         transport = handler.held
         del self._held[handler]
         handler.held = None
-        self._count("refused")
+        self._count(reason)
         if transport is not None:
             transport.abort()  # type: ignore[attr-defined]
 
@@ -262,6 +270,13 @@ class Connections:
         self._per_client[handler.peer] += 1
         self._quiet[handler] = None
         self._start_sweeper()
+
+    def stop(self) -> None:
+        """The listener is closing: held newcomers are refused (aiohttp's shutdown knows only the started ones,
+        and a request starting now would find the app cleaned up), and none is held or placed from now on."""
+        self._stopping = True
+        for handler in list(self._held):
+            self._refuse_held(handler)
 
     def _start_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.done():
@@ -354,6 +369,7 @@ class Connections:
         flush_suppressed()
         if self.metrics is not None:
             self.metrics.open.set(len(self._open))
+            self.metrics.held.set(len(self._held))
             self.metrics.sync_suppressed()
 
     # ------------------------------------------------------------ accept failures
@@ -612,4 +628,5 @@ class Listener:
                 f"backlog {limits.backlog}")
 
     async def stop(self) -> None:
+        self.connections.stop()
         await self.runner.cleanup()

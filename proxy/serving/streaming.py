@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.protocol.errors import StoreError
+from proxy.protocol.errors import Unsent
 from proxy.storage.downloads import Download
 from proxy.storage.store import Blob
 
@@ -85,8 +85,9 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
             if download.generation != generation and sent == 0:
                 generation = download.generation
             if download.generation != generation or (result.done() and (result.cancelled() or result.exception())):
-                if not response.prepared and result.done() and not result.cancelled():
-                    return result.exception()  # type: ignore[return-value]
+                if not response.prepared and result.done():
+                    return Unsent("the download was cancelled before any byte went out: ask again") \
+                        if result.cancelled() else result.exception()  # type: ignore[return-value]
                 # The body started over, or did not verify: what this client got must never complete.
                 reset(request)
                 return response, None
@@ -104,7 +105,7 @@ async def send_download(request: web.Request, download: Download, headers: Mappi
                         try:
                             fd = await asyncio.to_thread(os.open, result.result().path, os.O_RDONLY)
                         except FileNotFoundError:  # evicted already, and nothing sent yet: this client asks again
-                            return StoreError("the verified file was evicted before it could be sent: ask again")
+                            return Unsent("the verified file was evicted before it could be sent: ask again")
                     if fd < 0:
                         await changed.wait()
                         continue
