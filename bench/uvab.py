@@ -1,0 +1,78 @@
+"""uv cold and warm installs through edge -> gateway: A/B of tufproxy trees, beside direct (issue 33).
+
+``bench/install.py``'s local index (its real wheels, ``--rtt-ms`` delay on
+every answer) and setup, uv alone (whose cold install is the goal still
+missed), trees alternating within each round so that load drifting on a
+shared machine weighs on all alike.  Per round: uv straight at the index,
+then for each tree a fresh gateway and edge, a cold install and a warm
+one.  Prints medians and every cold figure.
+
+    python bench/uvab.py [NAME=DIR[:VAR=VALUE],...] [--rounds 10] [--rtt-ms 40]
+
+``DIR``: a tufproxy tree put first on ``PYTHONPATH`` (``git worktree add
+/tmp/base HEAD`` for "before"); ``VAR=VALUE``: an environment setting for
+that tree's servers (``TUFPROXY_WORKERS=1``).  Default ``now=<this tree>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trees", nargs="*", default=[f"now={HERE.parent}"])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rtt-ms", type=float, default=40.0)
+    args = ap.parse_args()
+    trees = {}
+    for spec in args.trees:
+        name, _, rest = spec.partition("=")
+        tree, _, setting = rest.partition(":")
+        trees[name] = (tree, dict([setting.split("=", 1)]) if setting else {})
+    index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
+    cold: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
+    warm: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
+    base_env = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="bench-uvab-") as tmp:
+        work = Path(tmp)
+        clients = Path(tempfile.mkdtemp(prefix="bench-uvab-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp))
+        try:
+            for r in range(args.rounds):
+                cold["direct"].append(install("uv", index.url, clients / "target", clients)[0])
+                warm["direct"].append(cold["direct"][-1])
+                for name, (tree, setting) in trees.items():
+                    os.environ.clear()
+                    os.environ.update({**base_env, "PYTHONPATH": tree, **setting})
+                    setup = Tufproxy(index, work / name)
+                    setup.fresh()
+                    try:
+                        cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
+                        warm[name].append(install("uv", setup.url, clients / "target", clients)[0])
+                    finally:
+                        setup.stop()
+                        os.environ.clear()
+                        os.environ.update(base_env)
+                print(f"round {r + 1}: " + ", ".join(f"{n} {c[-1]:.3f}" for n, c in cold.items()), file=sys.stderr)
+        finally:
+            shutil.rmtree(clients, ignore_errors=True)
+    direct = statistics.median(cold["direct"])
+    print(f"uv installs, {args.rounds} rounds, index answering after {args.rtt_ms:g} ms; median seconds (ratio to direct)")
+    for name in cold:
+        c, w = statistics.median(cold[name]), statistics.median(warm[name])
+        print(f"{name:8} cold {c:.3f} ({c / direct:.2f}x)  warm {w:.3f} ({w / direct:.2f}x)  "
+              f"cold each: {' '.join(f'{x:.3f}' for x in sorted(cold[name]))}")
+
+
+if __name__ == "__main__":
+    main()
