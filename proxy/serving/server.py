@@ -185,17 +185,17 @@ class Proxy:
 
     async def _stream(self, request: web.Request, ask: Ask, decision: Streamed) -> web.StreamResponse:
         """Send a cold file as it arrives, the final byte only once it is verified."""
-        download = decision.download
-        joined = decision.again is not None
-        first = await first_bytes(download, joined)
-        if first is not None and decision.again is not None and isinstance(first, UPSTREAM_FAILURES):
-            download = decision.again()
-            first = await first_bytes(download, joined=False)
-        if first is not None:
-            return self._refused(ask, first)
-        sent = await send_download(request, download, _FILE_HEADERS, decision.length)
-        if isinstance(sent, BaseException):
-            return self._refused(ask, sent)
+        download, again = decision.download, decision.again
+        while True:
+            first = await first_bytes(download, joined=again is not None)
+            sent = first if first is not None else await send_download(request, download, _FILE_HEADERS,
+                                                                        decision.length)
+            if not isinstance(sent, BaseException):
+                break
+            if again is None or not isinstance(sent, UPSTREAM_FAILURES):
+                return self._refused(ask, sent)
+            # A joined fetch failed for an upstream reason before any byte went out: one fetch of its own.
+            download, again = again(), None
         response, blob = sent
         if blob is not None:
             decision.served(blob)
