@@ -36,7 +36,10 @@ setting                        default   nginx's nearest, and its default
   after :data:`GRACE` is refused, and at most :attr:`Connections.held_bound`
   are held (the oldest goes first).  On a real network the handshake's last
   packet arrives before the request, so a client is often accepted before
-  it has said anything.  A newcomer
+  it has said anything.  Like nginx's drain of its oldest connections still
+  waiting for a request, this cannot tell a slow client from a silent flood
+  on its address: one re-opening silent connections faster than
+  ``held_bound`` in the time a request lags pushes that client out.  A newcomer
   is also refused when its address holds its
   ``--max-connections-per-client``.  A refused connection is closed before
   aiohttp's protocol starts on it: nothing to log, no task left behind.
@@ -190,7 +193,7 @@ class Connections:
         self._per_client: Tally[str] = Tally()
         # Accepted at the cap before sending anything, with no stale place to take: oldest first.
         self._held: OrderedDict[_Handler, float] = OrderedDict()
-        self.held_bound = max(8, limits.max_connections // 8)
+        self.held_bound = max(16, limits.max_connections // 4)
         self._stopping = False
         self._sweeper: asyncio.Task[None] | None = None
 
