@@ -210,47 +210,55 @@ class Connections:
 
     def _admit(self, handler: _Handler, transport: asyncio.BaseTransport) -> bool:
         """Whether ``handler`` is accepted: given a slot, or held (``handler.held``) until it sends something."""
-        per_client = self.limits.max_connections_per_client
-        if per_client and self._per_client[handler.peer] >= per_client:
+        if self._share_full(handler):
             self._count("per-client")
             return False
+        now = time.monotonic()
         if len(self._open) >= self.limits.max_connections:
-            now = time.monotonic()
             self._expire_held(now)
             handler.eager = _bytes_waiting(transport)
-            victim = self._longest_idle(now, handler.eager)
-            if victim is None and not handler.eager and not self._stopping:
-                if len(self._held) >= self.held_bound:
-                    oldest = next(iter(self._held))
-                    self._refuse_held(oldest)
-                self._held[handler] = now
-                handler.held = transport
-                self._start_sweeper()
-                return True
-            if victim is None:
+        if not self._make_room(now, handler.eager):
+            if handler.eager or self._stopping:
                 self._count("refused")
                 return False
-            self._close(victim, "evicted")
+            if len(self._held) >= self.held_bound:
+                self._refuse_held(next(iter(self._held)))
+            self._held[handler] = now
+            handler.held = transport
+            self._start_sweeper()
+            return True
         self._place(handler)
         return True
 
     def _asked(self, handler: _Handler) -> bool:
         """A held ``handler`` sent its first bytes: whether it now has a slot (else it was refused and closed)."""
-        per_client = self.limits.max_connections_per_client
-        if self._stopping or (per_client and self._per_client[handler.peer] >= per_client):
+        if self._stopping or self._share_full(handler):
             # Its address filled its share while it was held (held ones hold none), or the listener is closing.
             self._refuse_held(handler, "refused" if self._stopping else "per-client")
             return False
-        if len(self._open) >= self.limits.max_connections:
-            victim = self._longest_idle(time.monotonic(), True)
-            if victim is None:
-                self._refuse_held(handler)
-                return False
-            self._close(victim, "evicted")
+        if not self._make_room(time.monotonic(), True):
+            self._refuse_held(handler)
+            return False
         del self._held[handler]
         handler.held = None
         handler.eager = True
         self._place(handler)
+        return True
+
+    def _share_full(self, handler: _Handler) -> bool:
+        """Whether ``handler``'s address holds its --max-connections-per-client already."""
+        per_client = self.limits.max_connections_per_client
+        return bool(per_client) and self._per_client[handler.peer] >= per_client
+
+    def _make_room(self, now: float, eager: bool) -> bool:
+        """Whether a slot is free, or was freed by evicting the connection :meth:`_longest_idle` names for a
+        newcomer (``eager``: its request already waits)."""
+        if len(self._open) < self.limits.max_connections:
+            return True
+        victim = self._longest_idle(now, eager)
+        if victim is None:
+            return False
+        self._close(victim, "evicted")
         return True
 
     def _refuse_held(self, handler: _Handler, reason: str = "refused") -> None:
