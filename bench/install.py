@@ -221,6 +221,8 @@ class Floor(Direct):
 
 class Tufproxy(Setup):
     name = "tufproxy"
+    # The edge's upstream for the gateway at this URL (bench/trace_install.py puts a tap between them).
+    gateway_via: Callable[[str], str] = staticmethod(lambda url: url)
 
     def start(self) -> None:
         gateway_dir = self.workdir / "gateway"
@@ -230,7 +232,8 @@ class Tufproxy(Setup):
                                      "--listen", f"127.0.0.1:{gw_port}"], self.workdir / "gw",
                          f"http://127.0.0.1:{gw_port}/readyz")
         self.servers.append(gateway)
-        edge = Server("edge", [*TUFPROXY, "serve", "--profile", "gateway", "--upstream", f"http://127.0.0.1:{gw_port}/",
+        edge = Server("edge", [*TUFPROXY, "serve", "--profile", "gateway", "--upstream",
+                               self.gateway_via(f"http://127.0.0.1:{gw_port}/"),
                                "--root", str(gateway_dir / "public" / "metadata" / "1.root.json"),
                                "--cache-dir", str(self.workdir / "edge-cache"), "--listen", f"127.0.0.1:{edge_port}"],
                       self.workdir / "edge", f"http://127.0.0.1:{edge_port}/readyz")

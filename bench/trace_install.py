@@ -2,12 +2,12 @@
 
 ``bench/install.py``'s local index (its real wheels, ``--rtt-ms`` delay on
 every answer) with a fresh ``tufproxy gateway`` and ``tufproxy serve``
-edge (install.py's setup).  Two timing reverse proxies (taps, in this
-process) sit between uv and the edge and between the gateway and the
-index, so each request's start and end are known on one clock.  Printed:
+edge (install.py's setup).  Three timing reverse proxies (taps, in this
+process) sit between uv and the edge, the edge and the gateway, and the
+gateway and the index, so each request's start and end are known on one clock.  Printed:
 uv's wall time and its phases, the CPU seconds each process tree spent on
 the install (utime + stime), and the timeline of requests (milliseconds
-from uv's start; ``edge``: what uv asked, ``index``: what the gateway
+from uv's start; ``edge``: what uv asked, ``gw``: what the edge asked the gateway, ``index``: what the gateway
 asked), which shows the levels of uv's resolution: pages, their
 ``.metadata``, the dependencies' pages, and so on.
 
@@ -38,7 +38,8 @@ from contenders import free_port  # noqa: E402
 from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
 from warmab import _cpu_seconds  # noqa: E402
 
-_HOP = frozenset(("host", "transfer-encoding", "content-encoding", "content-length", "connection"))
+# content-encoding passes: bodies go through as sent (auto_decompress=False)
+_HOP = frozenset(("host", "transfer-encoding", "content-length", "connection"))
 
 
 class Tap:
@@ -95,6 +96,7 @@ def main() -> None:
             url = Tapped.url
         else:
             setup = Tufproxy(Tapped, work / "tufproxy")  # type: ignore[arg-type]
+            setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', log, t0).url}/"  # type: ignore[method-assign]
             setup.fresh()
             url = f"{Tap(setup.url.rsplit('/simple/', 1)[0], 'edge', log, t0).url}/simple/"
         clients = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
@@ -104,6 +106,7 @@ def main() -> None:
             before = {name: _cpu_seconds(server) for name, server in trees.items()}
             mine = os.times()
             t0[0] = time.monotonic()
+            print(f"clock origin {t0[0]:.4f}", file=sys.stderr)
             took, phases = install("uv", url, client_dir / "target", client_dir)
             children = os.times()
             spent = {name: _cpu_seconds(server) - before[name] for name, server in trees.items()}
