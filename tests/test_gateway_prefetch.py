@@ -8,8 +8,10 @@ request; a hostile index cannot make it fetch without bound.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.gateway.prefetch import requirements
 from proxy.repository.sample import build_wheel
-from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric
 from tests.support.poll import wait_for
 from tests.support.testindex import TestIndex
 
@@ -158,6 +161,94 @@ def test_a_lone_miss_is_signed_without_waiting_for_the_window(tmp_path: Path, te
         started = time.monotonic()
         assert gw.publish("pf-d")[0] == 200
         assert time.monotonic() - started < 10  # the window (20 s) is for pages still being fetched, not lone misses
+
+
+def test_requirements_follow_extras_as_asked_and_markers_broadly() -> None:
+    metadata = b"""Metadata-Version: 2.1
+Name: top
+Requires-Dist: plain>=1
+Requires-Dist: windows-only; sys_platform == "win32"
+Requires-Dist: socks-lib; extra == "socks"
+Requires-Dist: dev-tool[Fast_Mode]; python_version < "3" and extra == 'dev'
+Requires-Dist: reversed; "Test" == extra
+Requires-Dist: plain[more]
+Requires-Dist: not a requirement!
+
+"""
+    everything = requirements(metadata, 100)
+    assert list(everything) == ["plain", "windows-only", "socks-lib", "dev-tool", "reversed"]
+    assert everything["plain"] == {"more"} and everything["dev-tool"] == {"fast-mode"}
+    assert list(requirements(metadata, 100, frozenset())) == ["plain", "windows-only"]
+    assert list(requirements(metadata, 100, frozenset({"dev", "test"}))) == ["plain", "windows-only", "dev-tool", "reversed"]
+    assert list(requirements(metadata, 2)) == ["plain", "windows-only"]
+
+
+@pytest.mark.slow
+def test_below_the_requested_project_only_the_extras_asked_for_are_followed(tmp_path: Path) -> None:
+    """A client may want any extra of the project it asked for; a dependency's extras count only as the
+    requirement that led to it names them (pf-lib[speed] brings pf-fast, never pf-lib's docs tools)."""
+    with TestIndex(separate_files_host=True) as index:
+        dists = tmp_path / "dists"
+        index.add(build_wheel(dists, "pf-top", "1.0", requires=["pf-cli ; extra == 'cli'", "pf-lib[speed]"]))
+        index.add(build_wheel(dists, "pf-lib", "1.0", requires=[
+            "pf-fast ; extra == 'speed'", "pf-docs ; extra == 'docs'", "pf-core"]))
+        for name in ("pf-cli", "pf-fast", "pf-docs", "pf-core"):
+            index.add(build_wheel(dists, name, "1.0"))
+        with _gateway(tmp_path, index, "--prefetch-depth", "2") as gw:
+            assert gw.publish("pf-top")[0] == 200
+            wait_for(lambda: all(_published(gw, p) for p in ("pf-cli", "pf-lib", "pf-fast", "pf-core")),
+                     "the prefetched pages", timeout=30)
+        # pf-docs was pf-fast's and pf-core's sibling in one wave: had it been wanted, it would have been asked.
+        assert "pf-docs" not in _pages_asked(index)
+
+
+@pytest.mark.slow
+def test_an_edge_fetches_a_file_ahead_when_its_metadata_is_asked(tmp_path: Path, test_index: TestIndex) -> None:
+    """uv and pip ask for a version's .metadata while resolving and for its file only at the end: the edge
+    starts the file at the first, verified and stored as a request's, so the download is a cache hit."""
+    name = "pf_d-1.0-py3-none-any.whl"
+    wanted = test_index.file(name)
+    sha = _sha256(wanted.data)
+    blob = tmp_path / "edge" / "blobs" / sha[:2] / sha
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw, edge_for(tmp_path, gw) as edge:
+        assert _get(f"{edge.url}pf-d/")[0] == 200
+        assert _get(f"{edge.base}packages/pf-d/{name}.metadata") == (200, wanted.core)
+        wait_for(blob.exists, "the file read ahead into the edge's store")
+        assert metric(edge.base, "tufproxy_files_read_ahead_total") == 1
+        assert _get(f"{edge.base}packages/pf-d/{name}") == (200, wanted.data)
+        assert metric(edge.base, 'tufproxy_cache_hits_total{kind="file"}') == 1
+        assert metric(edge.base, 'tufproxy_cache_misses_total{kind="file"}') == 0
+
+
+@pytest.mark.slow
+def test_a_file_read_ahead_that_lies_is_neither_kept_nor_served(tmp_path: Path, test_index: TestIndex) -> None:
+    """The index swaps the file after its page was signed: the read-ahead is refused like a request's
+    fetch (nothing kept at the edge), and the client's own request is a 502, never the swapped bytes."""
+    name = "pf_d-1.0-py3-none-any.whl"
+    wanted = test_index.file(name)
+    signed = wanted.data
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw, edge_for(tmp_path, gw) as edge:
+        assert _get(f"{edge.url}pf-d/")[0] == 200
+        wanted.data = signed[:-1] + bytes([signed[-1] ^ 1])
+        assert _get(f"{edge.base}packages/pf-d/{name}.metadata")[0] == 200
+        wait_for(lambda: any(r.get("reason") == "hash-mismatch" for r in gw.audit()), "the gateway's refusal")
+        assert metric(edge.base, "tufproxy_files_read_ahead_total") == 1
+        assert _get(f"{edge.base}packages/pf-d/{name}")[0] == 502
+        kept = {p.name for p in (tmp_path / "edge" / "blobs").rglob("*") if p.is_file()}
+        assert kept == {_sha256(wanted.core or b"")}  # the .metadata, verified; neither the file nor its swap
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
 
 
 def test_read_ahead_holds_at_most_its_bound_oldest_dropped_first() -> None:

@@ -35,8 +35,8 @@ gateway read a moment before.  Bytes that do not match the pin are
 dropped and the file is fetched as usual.
 
 A ``.metadata`` request also starts the fetch of its file, unless it is
-kept or under way already (at most :data:`READ_AHEAD_AT_ONCE` at a time,
-none above :data:`READ_AHEAD_MAX_SIZE`): a resolver asks for the metadata
+kept or under way already (within :class:`~proxy.storage.downloads.ReadAheads`'
+bounds, as the edge does): a resolver asks for the metadata
 of the version it picks and then for the file, so by the time pip or uv
 downloads, the file is on its way or kept, not one more index round trip
 away.  It is the same fetch as a request's, checked and kept the same way;
@@ -69,7 +69,7 @@ from proxy.protocol.layout import core_metadata_target, file_target
 from proxy.protocol.model import file_digest
 from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
-from proxy.storage.downloads import Download, InFlight, Tee
+from proxy.storage.downloads import Download, InFlight, ReadAheads, Tee
 from proxy.storage.store import Blob
 from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
@@ -82,9 +82,6 @@ log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
 # Kept files this process checked, by (path, inode, mtime, size); beyond this many the oldest are checked again.
 MAX_CHECKED = 100_000
-# Files fetched ahead of their request (see the module docstring): at most this many at once, none bigger.
-READ_AHEAD_AT_ONCE = 8
-READ_AHEAD_MAX_SIZE = 64 * 2**20
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
@@ -143,7 +140,7 @@ class FileSource:
         self.pace = pace
         self._inflight = InFlight()
         self._checked: dict[tuple[str, int, int, int], None] = {}
-        self._reading_ahead: set[str] = set()
+        self._reading_ahead = ReadAheads()
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
         target = core_metadata_target(project, filename) if core else file_target(project, filename)
@@ -224,12 +221,11 @@ class FileSource:
         """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""
         target = file_target(project, filename)
         path = self.files_dir / target
-        if (self._inflight.get(target) is not None or len(self._reading_ahead) >= READ_AHEAD_AT_ONCE or not pin.url
-                or pin.size is None or pin.size > READ_AHEAD_MAX_SIZE or path.exists()):
+        if (self._inflight.get(target) is not None or not self._reading_ahead.admits(target, pin.size) or not pin.url
+                or path.exists()):
             return
         download = self._start(pin, target, path, False, None, f"(read ahead of {core_metadata_target(project, filename)})")
-        self._reading_ahead.add(target)
-        download.result.add_done_callback(lambda _: self._reading_ahead.discard(target))
+        self._reading_ahead.started(target, download)
         self.metrics.files_read_ahead.inc()
 
     def _start(self, pin: Pin, target: str, path: Path, core: bool, client: str | None, request_path: str) -> Download:

@@ -7,9 +7,14 @@ for a miss, it reads the newest release's Requires-Dist (its PEP 658/714
 metadata file, or the wheel's own METADATA where the index serves none)
 and publishes those dependencies too, through :meth:`Gateway.ensure` like
 any request: the same policy, pins and checks, so a prefetch never
-publishes what a request could not.  Extras and markers are read broadly
-(every name counts): prefetching one page too many costs a page,
-prefetching one too few costs a round trip.
+publishes what a request could not.  Markers are read broadly (every
+platform and Python counts): prefetching one page too many costs a page,
+prefetching one too few costs a round trip.  Extras are read broadly for
+the project a client asked for (it may want any of them), and below it only
+as the requirement that led there names them: ``markdown-it-py``'s
+``testing`` extra is no one's dependency unless someone asks for
+``markdown-it-py[testing]``, and following every dependency's every extra
+would publish half the index's test and documentation tools.
 
 The ``.metadata`` file read is the one the client asks for next: it is
 offered to the file source (``keep``), which serves it once it is pinned
@@ -28,6 +33,7 @@ import asyncio
 import hashlib
 import io
 import logging
+import re
 import zipfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,20 +54,32 @@ MAX_WHEEL = 16 * 2**20  # the fallback reads a whole wheel: only small ones
 CONCURRENCY = 16
 
 
-def requirements(metadata: bytes, limit: int) -> list[str]:
-    """The distinct project names a METADATA file requires, in order, at most ``limit``; extras and markers ignored."""
-    names: list[str] = []
+# An extra a marker names, either way round (packaging writes double quotes; single ones are valid too).
+_EXTRA = re.compile(r"""\bextra\s*==\s*["']([^"']*)["']|["']([^"']*)["']\s*==\s*extra\b""")
+ALL_EXTRAS = None  # the extras a client may want of the project it asked for: any
+
+
+def requirements(metadata: bytes, limit: int, extras: frozenset[str] | None = ALL_EXTRAS) -> dict[str, frozenset[str]]:
+    """The distinct projects a METADATA file requires, in order, at most ``limit``, each with the extras asked of it.
+
+    Markers count as true, except that a requirement only an extra brings in
+    counts when that extra is one of ``extras`` (``ALL_EXTRAS``: any).
+    """
+    found: dict[str, frozenset[str]] = {}
     message = BytesHeaderParser().parsebytes(metadata)
     for line in message.get_all("Requires-Dist") or ():
         try:
-            name = canonicalize_name(Requirement(str(line)).name)
+            req = Requirement(str(line))
         except InvalidRequirement:
             continue
-        if name not in names:
-            names.append(name)
-            if len(names) >= limit:
-                break
-    return names
+        gated = {canonicalize_name(a or b) for a, b in _EXTRA.findall(str(req.marker or ""))}
+        if gated and extras is not ALL_EXTRAS and not gated & extras:
+            continue
+        name = canonicalize_name(req.name)
+        if name not in found and len(found) >= limit:
+            break
+        found[name] = found.get(name, frozenset()) | {canonicalize_name(e) for e in req.extras}
+    return found
 
 
 def newest_file(page: index.ProjectPage) -> index.DistFile | None:
@@ -94,8 +112,18 @@ class Budget:
     seen: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Wave:
+    """Where a prefetch stands: levels left below it, the miss's budget, and the extras asked of the project
+    (``ALL_EXTRAS`` for the one a client asked for)."""
+
+    depth: int
+    budget: Budget
+    extras: frozenset[str] | None = ALL_EXTRAS
+
+
 Fetch = Callable[[str, int], Awaitable[bytes]]  # url, max length -> body
-Ensure = Callable[[str, int, Budget], Awaitable[None]]  # project, depth left, budget
+Ensure = Callable[[str, Wave], Awaitable[None]]  # project, where its prefetch stands
 Keep = Callable[[str, bytes], None]  # target path, the .metadata bytes read (checked against the page's hash)
 
 
@@ -110,54 +138,57 @@ class Prefetcher:
         self._slots = asyncio.Semaphore(CONCURRENCY)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def new_budget(self) -> Budget:
-        return Budget(self.budget)
+    def first_wave(self) -> Wave:
+        """Where the prefetch below a client's miss starts: every level, a new budget, any extra."""
+        return Wave(self.depth, Budget(self.budget))
 
-    def schedule(self, page: index.ProjectPage, depth: int, budget: Budget) -> None:
-        """Prefetch ``page``'s dependencies in the background (``depth`` levels more)."""
-        if depth <= 0 or budget.left <= 0:
+    def schedule(self, page: index.ProjectPage, wave: Wave) -> None:
+        """Prefetch ``page``'s dependencies in the background (``wave.depth`` levels more)."""
+        if wave.depth <= 0 or wave.budget.left <= 0:
             return
-        task = asyncio.create_task(self._run(page, depth, budget))
+        task = asyncio.create_task(self._run(page, wave))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, page: index.ProjectPage, depth: int, budget: Budget) -> None:
+    async def _run(self, page: index.ProjectPage, wave: Wave) -> None:
+        budget = wave.budget
         try:
             async with self._slots:
-                names = await self.dependencies(page, budget.left)
-            wanted = [n for n in names if n not in budget.seen and n != page.name][: budget.left]
+                found = await self.dependencies(page, budget.left, wave.extras)
+            wanted = [n for n in found if n not in budget.seen and n != page.name][: budget.left]
             budget.seen.update(wanted)
             budget.left -= len(wanted)
-            await asyncio.gather(*(self.ensure(name, depth - 1, budget) for name in wanted))
+            await asyncio.gather(*(self.ensure(name, Wave(wave.depth - 1, budget, found[name])) for name in wanted))
         except Exception as e:  # noqa: BLE001 - a prefetch is a guess: it never fails a request or the gateway
             self._count("failed")
             log.debug("prefetch for %s: %s", page.name, e)
 
-    async def dependencies(self, page: index.ProjectPage, limit: int) -> list[str]:
-        """What the newest release of ``page`` requires (empty when there is nothing to read)."""
+    async def dependencies(self, page: index.ProjectPage, limit: int,
+                           extras: frozenset[str] | None = ALL_EXTRAS) -> dict[str, frozenset[str]]:
+        """What the newest release of ``page`` requires, with ``extras`` (empty when there is nothing to read)."""
         dist = newest_file(page)
         if dist is None:
-            return []
+            return {}
         try:
             if dist.core_metadata:
                 data = await self.fetch(dist.url + ".metadata", MAX_METADATA)
                 if not _sha256_ok(data, dist.core_metadata):
                     self._count("bad-metadata")
-                    return []
+                    return {}
                 if self.keep is not None:  # the client asks for this very file next: no second trip to the index
                     self.keep(core_metadata_target(page.name, dist.filename), data)
             elif dist.size is None or dist.size <= MAX_WHEEL:
                 found = _wheel_metadata(await self.fetch(dist.url, MAX_WHEEL), dist)
                 if found is None:
-                    return []
+                    return {}
                 data = found
             else:
-                return []
+                return {}
         except DownloadError as e:
             self._count("unreachable")
             log.debug("prefetch: %s", e)
-            return []
-        return requirements(data, limit)
+            return {}
+        return requirements(data, limit, extras)
 
     async def drain(self) -> None:
         """Wait for the prefetches in flight (for tests and shutdown)."""

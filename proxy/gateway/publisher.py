@@ -79,7 +79,7 @@ FORESIGHTS = 1024  # projects whose latest signing is remembered for a publish a
 @dataclass(frozen=True)
 class Foresight:
     """The immutable files a batch signed for one project's page: ``roles`` (role -> version, the snapshot
-    and the page's bin-n) and ``targets`` (page target -> the digest it is served under).  A publish answer
+    and the page's bin-n) and ``targets`` (its page target -> the digest it is served under).  A publish answer
     names them so the edge fetches them side by side (:mod:`proxy.transport.foreseen`); it trusts none the
     sooner for it."""
 
@@ -297,11 +297,16 @@ class Publisher:
             return self._foresights.get(project)
 
     def _foresee(self, pages: Pages, report: ChangeReport) -> None:
-        """Remember, for each page this batch signed anew, its snapshot, its bin-n and its page targets."""
+        """Remember, for each page this batch signed anew, its snapshot, its bin-n and its page target.
+
+        Only the first signed format's target (JSON): what pip and uv ask
+        for, and what an edge reads a file's entry from.  An edge asked for
+        another format fetches it when asked; fetching both each time cost
+        the gateway and the edge a request, a hash and a write per page."""
         profile = self.repo.profile
         for project, page in pages.items():
             self._foresights.pop(project, None)
-            found = {path: report.targets[path] for fmt in profile.signed_formats
+            found = {path: report.targets[path] for fmt in profile.signed_formats[:1]
                      if (path := profile.page_target(project, fmt)) in report.targets}
             if page is None or not found or "snapshot" not in report.signed:
                 continue

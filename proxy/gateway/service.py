@@ -44,7 +44,7 @@ from proxy.gateway.listing import IGNORED, IndexClient, Listing, PageRefused
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.pages import Rendered, quarantined, render, withheld
 from proxy.gateway.policy import FILE_RULES, RULE_PRIVATE, Policy, Refusal, Trimmed
-from proxy.gateway.prefetch import Budget, Keep, Prefetcher
+from proxy.gateway.prefetch import Keep, Prefetcher, Wave
 from proxy.gateway.provenance import ProvenanceGate
 from proxy.gateway.publisher import Foresight, Publisher, signed_page
 from proxy.protocol import index
@@ -136,10 +136,10 @@ class Gateway:
         """Entries of each per-name structure (the ``tufproxy_gateway_usage_entries`` gauge)."""
         return {"used": len(self.used), "fetched": len(self.fetched), "absent": len(self._absent)}
 
-    async def ensure(self, name: str, prefetch: tuple[int, Budget] | None = None) -> Published:
+    async def ensure(self, name: str, prefetch: Wave | None = None) -> Published:
         """Publish ``name`` if it is not yet; the timestamp version carrying it. NotListed or PageRefused otherwise.
 
-        ``prefetch`` (depth left, budget) marks a dependency prefetch rather than a client's request.
+        ``prefetch`` (where it stands) marks a dependency prefetch rather than a client's request.
         """
         project = canonicalize_name(name)
         self.ledger.reload()
@@ -168,7 +168,7 @@ class Gateway:
         """The answer to a publish of ``project``: the version carrying it, and what an edge reads next."""
         return Published(project, version, self.publisher.foresight(project))
 
-    async def _publish_new(self, project: str, prefetch: tuple[int, Budget] | None) -> Published:
+    async def _publish_new(self, project: str, prefetch: Wave | None) -> Published:
         if self.locks is None:
             return await self._fetch_and_publish(project, prefetch)
         async with self.locks.hold(f"publish {project}", wait=PUBLISH_LOCK_WAIT):
@@ -178,7 +178,7 @@ class Gateway:
             self.ledger.reload()
             return await self._fetch_and_publish(project, prefetch)
 
-    async def _fetch_and_publish(self, project: str, prefetch: tuple[int, Budget] | None) -> Published:
+    async def _fetch_and_publish(self, project: str, prefetch: Wave | None) -> Published:
         if prefetch is None:  # a client waits: the batch being signed waits for this page (adaptive window)
             with self.publisher.preparing():
                 listing = await self.fetch(project)
@@ -194,19 +194,18 @@ class Gateway:
                 self._absent[project] = time.monotonic()
             raise NotListed(listing.message)
         rendered = self.accept(listing)
-        depth, budget = prefetch or (self.prefetcher.depth, self.prefetcher.new_budget())
         kept = {f.filename for f in rendered.page.files}
         # Dependencies are read from the files the policy let through, at the index's own URLs.
         self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
-            f for f in listing.page.files if f.filename in kept)), depth, budget)
+            f for f in listing.page.files if f.filename in kept)), prefetch or self.prefetcher.first_wave())
         version = await self.publisher.publish({project: rendered.page})
         self.touch(project)
         return self._published(project, version)
 
-    async def _prefetch(self, name: str, depth: int, budget: Budget) -> None:
+    async def _prefetch(self, name: str, wave: Wave) -> None:
         """Publish a dependency as a request would (policy, pins, checks); never raise."""
         try:
-            await self.ensure(name, (depth, budget))
+            await self.ensure(name, wave)
         except (NotListed, PageRefused):
             self.metrics.prefetches.labels("refused").inc()
         else:

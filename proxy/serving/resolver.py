@@ -19,6 +19,10 @@ trust core says what that target must be under the freshest trusted
 metadata (for profiles whose files are not targets, through the project's
 verified page); the bytes come from the verified store or from the one
 fetch-and-verify.  An unknown project page is offered to ``on_miss`` once.
+A ``.metadata`` request also starts its file's fetch, within
+:class:`~proxy.storage.downloads.ReadAheads`' bounds: pip and uv ask for a
+version's metadata while resolving and for its file only once everything
+is resolved, so the file is verified and stored by then.
 
 A warm request does the least that keeps every check: path parsing and
 content negotiation are memoised (pure functions of the request), the
@@ -69,7 +73,7 @@ from proxy.protocol.profiles import TUFPROXY, Profile
 from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.refusals import Asker, Refusals
 from proxy.storage.audit import AuditLog, AuditWriteError
-from proxy.storage.downloads import Download, Downloads
+from proxy.storage.downloads import Download, Downloads, ReadAheads
 from proxy.storage.pagecache import HotPages, IndexCache
 from proxy.storage.store import Blob, BlobStore
 from proxy.transport.upstream import Fetcher
@@ -270,6 +274,8 @@ class Resolver:
         self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
         self._rechecked: set[str] = set()
+        self._ahead = ReadAheads()
+        self._ahead_tasks: set[asyncio.Task[None]] = set()
 
     async def resolve(self, ask: Ask) -> Decision:
         """The decision for ``ask``; never raises a refusal, returns it."""
@@ -459,6 +465,8 @@ class Resolver:
     async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
         ask.target = req.target_path()
         source = await self._file_source(ask, req)
+        if req.kind is TargetKind.CORE_METADATA:
+            self._read_ahead(ask, req)
         want = source.want
         if self.provenance is not None and req.kind is TargetKind.FILE and not self.profile.files_are_targets:
             await self._check_provenance(ask, req, want)
@@ -500,10 +508,36 @@ class Resolver:
         ask.target = want.path
         await self.provenance.check(req.project, req.filename, want.path, sha256, data)
 
+    def _read_ahead(self, ask: Ask, req: TargetRequest) -> None:
+        """Start the file whose ``.metadata`` ``ask`` asked for (:class:`ReadAheads`): verified and stored
+        like a request's, so the client's download finds it kept or under way.  A guess: it never refuses."""
+        file_req = dataclasses.replace(req, kind=TargetKind.FILE)
+        file_ask = dataclasses.replace(ask, path=ask.path.removesuffix(".metadata"), route=_ROUTES[TargetKind.FILE],
+                                       whole=False, resume=False, if_none_match=None, audited=False)
+        task = asyncio.ensure_future(self._fetch_ahead(file_ask, file_req))
+        self._ahead_tasks.add(task)
+        task.add_done_callback(self._ahead_tasks.discard)
+
+    async def _fetch_ahead(self, ask: Ask, req: TargetRequest) -> None:
+        ask.target = req.target_path()
+        try:
+            source = await self._file_source(ask, req)
+        except (TrustError, StoreError, AuditWriteError, ClientMistake):
+            return  # the client's own request for the file meets the same refusal, and reports it
+        want = source.want
+        key = _download_key(want)
+        if (not want.exact or "sha256" not in want.hashes or want.length > self.settings.max_file_size
+                or not self._ahead.admits(key, want.length) or self.store.get(want.hashes["sha256"], want.length)):
+            return
+        download, joined = self._start(ask, source)
+        if not joined:
+            self._ahead.started(key, download)
+            self.metrics.read_ahead.inc()
+
     def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
         want = source.want
         download, joined = self.downloads.start(
-            f"{want.path}@{_first_hash_of(want.hashes)}", want, source.urls, _AuditingObserver(self, ask),
+            _download_key(want), want, source.urls, _AuditingObserver(self, ask),
             lambda: self.store.get(want.hashes["sha256"], want.length if want.exact else None)
             if "sha256" in want.hashes else None, resume=ask.resume)
         if joined:
@@ -601,6 +635,10 @@ def _first_hash(target: VerifiedTarget) -> str:
 
 def _first_hash_of(hashes: Mapping[str, str]) -> str:
     return next(iter(hashes.values()))
+
+
+def _download_key(want: Want) -> str:
+    return f"{want.path}@{_first_hash_of(want.hashes)}"
 
 
 _MEDIA_TAGS = {index.MediaType.JSON_V1: "json", index.MediaType.HTML_V1: "html1", index.MediaType.HTML: "html"}

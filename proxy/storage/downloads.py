@@ -313,6 +313,30 @@ class _Follower:
         return self.store.get(self.digests["sha256"], self.verifier.received)
 
 
+class ReadAheads:
+    """Files fetched ahead of their request, within bounds.
+
+    A resolver (pip, uv) asks for the ``.metadata`` of the version it picks
+    and, once it has resolved everything, for the file: whoever serves the
+    first may start the second, so the download finds it kept or under way
+    instead of one more upstream round trip away.  At most ``at_once`` run
+    at a time, none of unknown size or larger than ``max_size``: a guess
+    must not crowd out what clients ask for.
+    """
+
+    def __init__(self, at_once: int = 8, max_size: int = 64 * 2**20) -> None:
+        self.at_once, self.max_size = at_once, max_size
+        self._keys: set[str] = set()
+
+    def admits(self, key: str, size: int | None) -> bool:
+        """Whether a file of ``size`` bytes may be read ahead now."""
+        return size is not None and size <= self.max_size and len(self._keys) < self.at_once and key not in self._keys
+
+    def started(self, key: str, download: Download) -> None:
+        self._keys.add(key)
+        download.result.add_done_callback(lambda _: self._keys.discard(key))
+
+
 class Downloads:
     """The downloads in flight in this process, by key."""
 

@@ -110,6 +110,8 @@ class Metrics:
         )
         self.refusals = Counter("tufproxy_refusals_total", "Refused requests by whose fault (kind) and reason",
                                 ["kind", "reason"], registry=r)
+        self.read_ahead = Counter("tufproxy_files_read_ahead_total", "Files fetched ahead of their request, "
+                                  "when a client asked for their .metadata", registry=r)
         self.singleflight_joins = Counter(
             "tufproxy_singleflight_joins_total", "Requests that joined a fetch already in flight", registry=r
         )
