@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from proxy.gateway.prefetch import requirements
+from proxy.protocol.layout import core_metadata_target
 from proxy.repository.sample import build_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric
 from tests.support.poll import wait_for
@@ -75,6 +76,13 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
         assert wanted.core is not None and served == wanted.core
         assert len([p for p in test_index.requests if p.endswith(name)]) == 1
         assert metric(gw.base, 'tufproxy_gateway_files_total{outcome="read-ahead"}') == 1
+        # Answered from memory, kept on disk behind the answer: the gateway restarted serves it from there.
+        wait_for((tmp_path / "gw" / "public" / core_metadata_target("pf-a", name.removesuffix(".metadata"))).exists,
+                 "the read-ahead .metadata kept")
+    with GatewayProcess(tmp_path / "gw", "--index-url", test_index.url, "--files-origin", test_index.files_url) as gw:
+        with urllib.request.urlopen(f"{gw.base}packages/pf-a/{name}", timeout=10) as r:
+            assert r.read() == wanted.core
+    assert len([p for p in test_index.requests if p.endswith(name)]) == 1
 
 
 @pytest.mark.slow

@@ -29,9 +29,10 @@ removed and fetched again.
 A ``.metadata`` file the dependency prefetch already read from the index
 (:mod:`proxy.gateway.prefetch`) is offered here (:class:`ReadAhead`, in
 memory, bounded): the first request for it, once the file is pinned,
-checks those bytes against the pin and keeps them as if just fetched, so
-pip and uv do not wait a second round trip to the index for what the
-gateway read a moment before.  Bytes that do not match the pin are
+checks those bytes against the pin, answers them from memory and keeps
+them on disk behind the answer as if just fetched, so pip and uv wait
+neither a second round trip to the index for what the gateway read a
+moment before nor the write.  Bytes that do not match the pin are
 dropped and the file is fetched as usual.
 
 A ``.metadata`` request also starts the fetch of its file, unless it is
@@ -83,6 +84,11 @@ MAX_CORE_METADATA = 16 * 2**20
 # Kept files this process checked, by (path, inode, mtime, size); beyond this many the oldest are checked again.
 MAX_CHECKED = 100_000
 _HEADERS = {"Content-Type": "application/octet-stream"}
+
+
+def _write_and_stat(path: Path, data: bytes) -> os.stat_result:
+    atomic_write(path, data)
+    return os.stat(path)
 
 
 def _pinned_digest(pin: Pin, core: bool) -> tuple[str, str] | None:
@@ -141,6 +147,9 @@ class FileSource:
         self._inflight = InFlight()
         self._checked: dict[tuple[str, int, int, int], None] = {}
         self._reading_ahead = ReadAheads()
+        # Read-ahead .metadata bytes answered already and being written (see _early), and those writes.
+        self._keeping: dict[str, bytes] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
         target = core_metadata_target(project, filename) if core else file_target(project, filename)
@@ -155,8 +164,9 @@ class FileSource:
         download = self._inflight.get(target, resume="Range" in request.headers)
         joined = download is not None
         if download is None:
-            if core and self.read_ahead is not None and (early := self.read_ahead.take(target)) is not None:
-                await self._keep_read_ahead(path, target, pin, early)
+            if core and (early := self._early(path, target, pin)) is not None:
+                self._read_ahead(project, filename, pin)
+                return web.Response(body=early, headers=_HEADERS)
             if await self._kept(path, target, pin, core):
                 if core:
                     self._read_ahead(project, filename, pin)
@@ -202,20 +212,44 @@ class FileSource:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                 return False
+        self._mark_checked(key)
+        return True
+
+    def _mark_checked(self, key: tuple[str, int, int, int]) -> None:
         self._checked[key] = None
         if len(self._checked) > MAX_CHECKED:
             del self._checked[next(iter(self._checked))]
-        return True
 
-    async def _keep_read_ahead(self, path: Path, target: str, pin: Pin, data: bytes) -> None:
-        """Keep read-ahead ``.metadata`` bytes as if fetched now, if they are what the pin says (else drop them)."""
+    def _early(self, path: Path, target: str, pin: Pin) -> bytes | None:
+        """Read-ahead ``.metadata`` bytes of ``target`` that match the pin: answered from memory at once, and
+        kept on disk behind the answer (the client waits for no write); None when there are none."""
+        data = self._keeping.get(target)
+        if data is not None:
+            return data  # a second request while the first one's bytes are being written
+        if self.read_ahead is None or (data := self.read_ahead.take(target)) is None:
+            return None
         pinned = _pinned_digest(pin, core=True)
         if pinned is None or hashlib.new(pinned[0], data).hexdigest() != pinned[1]:
+            return None  # not what was signed: fetched from the index as usual
+        self._keeping[target] = data
+        self.metrics.files.labels("read-ahead").inc()
+        task = asyncio.ensure_future(self._keep(path, target, data))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return data
+
+    async def _keep(self, path: Path, target: str, data: bytes) -> None:
+        """Write checked read-ahead bytes as if fetched now (durably, atomically), known checked from then on."""
+        try:
+            st = await asyncio.to_thread(_write_and_stat, path, data)
+        except OSError as e:
+            log.warning("could not keep %s read ahead: %s", target, e)  # served anyway; the next request fetches it
             return
-        await asyncio.to_thread(atomic_write, path, data)
+        finally:
+            self._keeping.pop(target, None)
+        self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))
         if self.journal is not None:
             self.journal.wrote([target])
-        self.metrics.files.labels("read-ahead").inc()
 
     def _read_ahead(self, project: str, filename: str, pin: Pin) -> None:
         """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""

@@ -79,9 +79,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _TOP_LEVEL = ("timestamp", "snapshot", "targets")
-# Roles small enough to verify on the event loop; every other one (snapshot, targets, bins:
-# a 16,384-bin snapshot takes hundreds of ms) verifies in a worker thread.
-_SMALL_ROLES = ("root", "timestamp")
+# Metadata this small verifies on the event loop (a 1,024-bin snapshot, 30 KB: ~5 ms); anything larger
+# (a 16,384-bin snapshot takes hundreds of ms) in a worker thread.  Not every role off the loop: a
+# thread hop for a bin of a few KB cost more than its check, and a thread busy with canonical JSON
+# holds the GIL against the loop, each of whose sends, reads and opens then waits for it (up to the
+# interpreter's switch interval) while the page a client waits for is being verified.
+_ON_LOOP_MAX = 64 * 1024
 # Fetched under one name whatever their version (a root's next version is asked for, not foreseen).
 _UNVERSIONED = ("root", "timestamp")
 # A listing (TrustedClient.listed) fetches this many roles at once, and walks this many before the next.
@@ -423,11 +426,11 @@ class TrustedClient:
             except DownloadLengthError as e:
                 # An endless or oversized answer is the upstream lying, not a network fault.
                 raise errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}") from e
-            # Off the loop for large roles. Safe: ``verify`` only touches this cycle's own
+            # Off the loop for large metadata. Safe: ``verify`` only touches this cycle's own
             # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
             # self._state, swapped in whole once the cycle ends) or, for delegated roles,
             # its own arguments (verify_delegated is pure; verified roles are never mutated).
-            return data, verify(data) if role in _SMALL_ROLES else await asyncio.to_thread(verify, data)
+            return data, verify(data) if len(data) <= _ON_LOOP_MAX else await asyncio.to_thread(verify, data)
 
         async def after(tried: Attempt) -> None:
             if isinstance(tried.error, errors.RepositoryError):
