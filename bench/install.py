@@ -242,6 +242,17 @@ class Tufproxy(Setup):
         self.gateway_url = f"http://127.0.0.1:{gw_port}/"
 
 
+class GatewayOnly(Tufproxy):
+    """The same gateway with the clients pointed straight at it (its plain pages, no edge): what the edge
+    hop costs, where the gap between this setup and ``tufproxy`` is."""
+
+    name = "gateway"
+
+    def start(self) -> None:
+        super().start()
+        self.url = f"{self.gateway_url}simple/"
+
+
 class Proxpi(Setup):
     name = "proxpi"
 
@@ -364,7 +375,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="delay before every index answer (default 40)")
     ap.add_argument("--only", default="direct,tufproxy,proxpi,devpi",
-                    help="setups: direct, tufproxy, proxpi, devpi, floor (the index with no delay)")
+                    help="setups: direct, tufproxy, proxpi, devpi, floor (the index with no delay), gateway (tufproxy's "
+                         "gateway alone, no edge)")
     ap.add_argument("--client-dir", type=Path, default=None,
                     help="the clients' target and TMPDIR (default: a directory on /dev/shm, tmpfs, if there is one)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "install.md")
@@ -376,7 +388,7 @@ def main() -> None:
     if {"proxpi", "devpi"} & set(wanted) and (why := ensure_venv(log)):
         log(f"peers unavailable: {why}")
         wanted = [w for w in wanted if w not in ("proxpi", "devpi")]
-    kinds = {c.name: c for c in (Direct, Tufproxy, Proxpi, Devpi, Floor)}
+    kinds = {c.name: c for c in (Direct, Tufproxy, Proxpi, Devpi, Floor, GatewayOnly)}
     times: dict[tuple[str, str, str], list[float]] = {}
     uv_parts: dict[tuple[str, str, str], list[float]] = {}
     failures: list[str] = []

@@ -15,7 +15,7 @@ The taps cost CPU of their own (reported as "this process"), on the same
 cores: the timeline is for reading the shape, not for figures to compare
 with ``bench/install.py``'s.
 
-    python bench/trace_install.py [--rtt-ms 40] [--direct]
+    python bench/trace_install.py [--rtt-ms 40] [--direct] [--warm]
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     ap.add_argument("--direct", action="store_true", help="uv straight at the index (through the tap), for comparison")
+    ap.add_argument("--warm", action="store_true", help="trace a second install, the servers warm from a first")
     args = ap.parse_args()
     log: list[tuple[str, float, float, int, str]] = []
     t0 = [time.monotonic()]
@@ -102,6 +103,9 @@ def main() -> None:
         clients = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
         client_dir = Path(tempfile.mkdtemp(prefix="bench-trace-", dir=clients))
         try:
+            if args.warm:
+                install("uv", url, client_dir / "target", client_dir)
+                log.clear()
             trees = {s.name: s for s in setup.servers} if setup else {}
             before = {name: _cpu_seconds(server) for name, server in trees.items()}
             mine = os.times()
@@ -116,7 +120,8 @@ def main() -> None:
             shutil.rmtree(client_dir, ignore_errors=True)
     uv_cpu = (children.children_user + children.children_system) - (mine.children_user + mine.children_system)
     taps_cpu = (children.user + children.system) - (mine.user + mine.system)
-    print(f"uv cold install {'direct' if args.direct else 'through edge -> gateway'}: {took:.3f} s; "
+    print(f"uv {'warm' if args.warm else 'cold'} install {'direct' if args.direct else 'through edge -> gateway'}: "
+          f"{took:.3f} s; "
           + ", ".join(f"{k.lower()} {v:.3f} s" for k, v in phases.items()))
     print("CPU seconds: " + "".join(f"{k} {v:.2f}, " for k, v in spent.items())
           + f"uv {uv_cpu:.2f}, this process (index and taps) {taps_cpu:.2f}")
