@@ -24,6 +24,7 @@ from proxy.protocol.layout import core_metadata_target
 from proxy.repository.sample import build_wheel
 from tests.support.gatewayproc import GatewayProcess, edge_for, gateway_init, metric
 from tests.support.poll import wait_for
+from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
 
 # a -> b -> c -> d, and a -> e[extra] on a marker that is false here: prefetch reads names broadly.
@@ -226,6 +227,19 @@ def test_an_edge_fetches_a_file_ahead_when_its_metadata_is_asked(tmp_path: Path,
         assert _get(f"{edge.base}packages/pf-d/{name}") == (200, wanted.data)
         assert metric(edge.base, 'tufproxy_cache_hits_total{kind="file"}') == 1
         assert metric(edge.base, 'tufproxy_cache_misses_total{kind="file"}') == 0
+
+
+@pytest.mark.slow
+def test_read_ahead_0_fetches_no_file_before_it_is_asked(tmp_path: Path, test_index: TestIndex) -> None:
+    name = "pf_d-1.0-py3-none-any.whl"
+    wanted = test_index.file(name)
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw, \
+            ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", gw.base, "--root", str(gw.root),
+                         "--workers", "1", "--read-ahead", "0") as edge:
+        assert _get(f"{edge.base}packages/pf-d/{name}.metadata") == (200, wanted.core)
+        assert _get(f"{edge.base}packages/pf-d/{name}") == (200, wanted.data)
+        assert metric(edge.base, "tufproxy_files_read_ahead_total") == 0
+        assert metric(edge.base, 'tufproxy_cache_misses_total{kind="file"}') == 1
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from proxy.protocol.options import (
     parse_size,
     resolve_values,
 )
+from proxy.protocol.options import non_negative_int as _non_negative_int
 from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import positive_int as _positive_int
 from proxy.protocol.options import url_list as _url_list
@@ -124,6 +125,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("verify_before_send", "hold every byte of a cold file until all of it is verified (yes/no); no: "
            "stream it as it arrives and hold back only the final byte until verified", False,
            _yes_no, metavar="YES|NO"),
+    Option("read_ahead", "files fetched ahead of their request at once, when a client asks for their .metadata "
+           "(a resolver downloads what it resolved last, so the file is then verified and kept; none over 64 MiB; "
+           "0: none)", 8, _non_negative_int, metavar="N"),
     Option("min_rate", "an upstream body must average this many bytes per second after its first 5 s, "
            "or the next mirror is tried", "16K", parse_size, metavar="SIZE"),
     *listener.OPTIONS,
@@ -182,6 +186,7 @@ class ServeConfig:
     allow_expired_until: datetime | None = None
     workers: int = 1
     verify_before_send: bool = False
+    read_ahead: int = 8
     min_rate: int = 16 * 1024
     mirror_downloads: int = 16
     store: str | None = None

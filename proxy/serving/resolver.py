@@ -119,6 +119,8 @@ class ProxySettings:
     upstream_freshness: float = 180.0
     # True: hold every byte of a cold file until it is verified (no streaming).
     verify_before_send: bool = False
+    # Files fetched at once ahead of their request, when their .metadata is asked for (0: none).
+    read_ahead: int = 8
     pace: Pace = Pace()
     unknown_length_downloads: int = 4
 
@@ -274,7 +276,7 @@ class Resolver:
         self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
         self._rechecked: set[str] = set()
-        self._ahead = ReadAheads()
+        self._ahead = ReadAheads(settings.read_ahead)
         self._ahead_tasks: set[asyncio.Task[None]] = set()
 
     async def resolve(self, ask: Ask) -> Decision:
@@ -465,7 +467,7 @@ class Resolver:
     async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
         ask.target = req.target_path()
         source = await self._file_source(ask, req)
-        if req.kind is TargetKind.CORE_METADATA:
+        if req.kind is TargetKind.CORE_METADATA and self.settings.read_ahead:
             self._read_ahead(ask, req)
         want = source.want
         if self.provenance is not None and req.kind is TargetKind.FILE and not self.profile.files_are_targets:

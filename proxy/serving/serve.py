@@ -300,6 +300,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
         max_file_size=config.max_file_size,
         upstream_freshness=max(3 * config.refresh_interval, 30.0),
         verify_before_send=config.verify_before_send,
+        read_ahead=config.read_ahead,
         pace=Pace(stall=config.read_timeout, min_rate=config.min_rate),
     )
     shared, file_fetcher, page_fetcher = _bucket_tier(config, bucket, file_fetcher, fetcher)
