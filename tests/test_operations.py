@@ -54,8 +54,10 @@ def _flip(data: bytes | None) -> Reply:
 def start(tmp_path: Path, sample: SampleRepo, upstream: Upstream) -> ProxyProcess:
     root = tmp_path / "root.json"
     root.write_bytes(sample.root_bytes)
+    # No read-ahead: each download is then a miss the first time and a hit the second, whatever the timing
+    # (read ahead, a first download is a hit or joins the fetch, depending on which comes first).
     return ProxyProcess(tmp_path / "cache", "--upstream", f"http://user:secret@{upstream.url[7:]}",
-                        "--root", str(root), "--audit-log", str(tmp_path / "audit.log")).start()
+                        "--root", str(root), "--audit-log", str(tmp_path / "audit.log"), "--read-ahead", "0").start()
 
 
 @pytest.mark.slow
