@@ -105,6 +105,19 @@ def test_a_metadata_request_fetches_its_file_ahead_once(tmp_path: Path, test_ind
 
 
 @pytest.mark.slow
+def test_a_gateway_with_read_ahead_0_fetches_a_file_only_when_asked(tmp_path: Path, test_index: TestIndex) -> None:
+    name = "pf_d-1.0-py3-none-any.whl"
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "0", "--read-ahead", "0") as gw:
+        assert gw.publish("pf-d")[0] == 200
+        with urllib.request.urlopen(f"{gw.base}packages/pf-d/{name}.metadata", timeout=10) as r:
+            assert r.read() == test_index.file(name).core
+        with urllib.request.urlopen(f"{gw.base}packages/pf-d/{name}", timeout=10) as r:
+            assert r.read() == test_index.file(name).data
+        assert metric(gw.base, "tufproxy_gateway_files_read_ahead_total") == 0
+        assert len([p for p in test_index.requests if p.endswith(name)]) == 1
+
+
+@pytest.mark.slow
 def test_off_means_off(tmp_path: Path, test_index: TestIndex) -> None:
     with _gateway(tmp_path, test_index, "--prefetch-depth", "0") as gw:
         assert gw.publish("pf-a")[0] == 200
@@ -178,17 +191,22 @@ Name: top
 Requires-Dist: plain>=1
 Requires-Dist: windows-only; sys_platform == "win32"
 Requires-Dist: socks-lib; extra == "socks"
-Requires-Dist: dev-tool[Fast_Mode]; python_version < "3" and extra == 'dev'
+Requires-Dist: dev-tool[Fast_Mode]; python_version < "3.9" and extra == 'dev'
 Requires-Dist: reversed; "Test" == extra
+Requires-Dist: backport; python_version < "3.11" or extra == "test"
+Requires-Dist: py2-only; python_version < "3" and extra == "dev"
 Requires-Dist: plain[more]
 Requires-Dist: not a requirement!
 
 """
     everything = requirements(metadata, 100)
-    assert list(everything) == ["plain", "windows-only", "socks-lib", "dev-tool", "reversed"]
+    assert list(everything) == ["plain", "windows-only", "socks-lib", "dev-tool", "reversed", "backport", "py2-only"]
     assert everything["plain"] == {"more"} and everything["dev-tool"] == {"fast-mode"}
-    assert list(requirements(metadata, 100, frozenset())) == ["plain", "windows-only"]
-    assert list(requirements(metadata, 100, frozenset({"dev", "test"}))) == ["plain", "windows-only", "dev-tool", "reversed"]
+    # No extra asked: only what applies without one, on some platform and Python ("or" read as "or").
+    assert list(requirements(metadata, 100, frozenset())) == ["plain", "windows-only", "backport"]
+    # A marker no supported Python satisfies brings nothing in, whatever the extras.
+    assert list(requirements(metadata, 100, frozenset({"dev", "test"}))) == [
+        "plain", "windows-only", "dev-tool", "reversed", "backport"]
     assert list(requirements(metadata, 2)) == ["plain", "windows-only"]
 
 
@@ -254,6 +272,9 @@ def test_a_file_read_ahead_that_lies_is_neither_kept_nor_served(tmp_path: Path, 
         wanted.data = signed[:-1] + bytes([signed[-1] ^ 1])
         assert _get(f"{edge.base}packages/pf-d/{name}.metadata")[0] == 200
         wait_for(lambda: any(r.get("reason") == "hash-mismatch" for r in gw.audit()), "the gateway's refusal")
+        # The edge's read-ahead itself failed (the gateway answers the lie with a 502): nothing to keep.
+        wait_for(lambda: metric(edge.base, 'tufproxy_upstream_fetches_total{mirror="0",outcome="error"}') >= 1,
+                 "the edge's read-ahead to fail")
         assert metric(edge.base, "tufproxy_files_read_ahead_total") == 1
         assert _get(f"{edge.base}packages/pf-d/{name}")[0] == 502
         kept = {p.name for p in (tmp_path / "edge" / "blobs").rglob("*") if p.is_file()}

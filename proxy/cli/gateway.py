@@ -60,6 +60,7 @@ from proxy.protocol import index
 from proxy.protocol.access import AUTHENTICATED, Rules
 from proxy.protocol.errors import CommandError
 from proxy.protocol.options import ConfigError, Option, parse_listen, parse_size, resolve_values
+from proxy.protocol.options import non_negative_int as _non_negative_int
 from proxy.protocol.options import positive_float as _positive_float
 from proxy.protocol.options import url_list as _url_list
 from proxy.protocol.provenance import parse_spec, parse_trusted_publishers
@@ -126,6 +127,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
            "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
     Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
+    Option("read_ahead", "files fetched from the index at once ahead of their request, when a client asks for "
+           "their .metadata (none over 64 MiB; 0: none)", 8, _non_negative_int, metavar="N"),
     Option("gc_grace", "seconds an unreferenced metadata or page file is kept", 3600.0, _positive_float, metavar="SECONDS"),
     Option("ca_bundle", "CA certificates to verify the index's TLS with", None, Path, metavar="FILE", shown="the system's"),
     Option("connect_timeout", "seconds to connect to an index", 10.0, _positive_float, metavar="SECONDS"),
@@ -391,7 +394,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     files = FileSource(Path(files_dir), ledger, http, audit, metrics, values["max_file_size"],
                        Pace(stall=values["read_timeout"]), pins_elsewhere=state.refresh if state is not None else None,
                        shared_copy=lease.following if lease is not None else None, journal=repo.journal,
-                       read_ahead=read_ahead)
+                       read_ahead=read_ahead, files_ahead=values["read_ahead"])
     access, tls = _access(values, gateway, audit, metrics, private)
     app = GatewayApp(gateway, files, repo.public_dir, access=access)
     app.files_origin_problem = values.get("files_origin_problem")
@@ -443,6 +446,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
         await gateway.prefetcher.cancel()
         await publisher.stop()
         await served.stop()
+        await files.close()
         await http.close()
         trust.close()
         audit.close()

@@ -130,7 +130,7 @@ class FileSource:
                  max_file_size: int, pace: Pace = Pace(),
                  pins_elsewhere: Callable[[], Awaitable[None]] | None = None,
                  shared_copy: Callable[[], Bucket | None] | None = None, journal: Journal | None = None,
-                 read_ahead: ReadAhead | None = None) -> None:
+                 read_ahead: ReadAhead | None = None, files_ahead: int = 8) -> None:
         self.files_dir = files_dir
         self.read_ahead = read_ahead
         self.journal = journal  # told of each file stored (the bucket copy: proxy.storage.treepush)
@@ -146,7 +146,7 @@ class FileSource:
         self.pace = pace
         self._inflight = InFlight()
         self._checked: dict[tuple[str, int, int, int], None] = {}
-        self._reading_ahead = ReadAheads()
+        self._reading_ahead = ReadAheads(files_ahead)  # files started by their .metadata's request (0: none)
         # Read-ahead .metadata bytes answered already and being written (see _early), and those writes.
         self._keeping: dict[str, bytes] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -242,14 +242,17 @@ class FileSource:
         """Write checked read-ahead bytes as if fetched now (durably, atomically), known checked from then on."""
         try:
             st = await asyncio.to_thread(_write_and_stat, path, data)
-        except OSError as e:
-            log.warning("could not keep %s read ahead: %s", target, e)  # served anyway; the next request fetches it
-            return
+            self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))
+            if self.journal is not None:
+                self.journal.wrote([target])
+        except Exception as e:  # noqa: BLE001 - served already; the next request fetches it again
+            log.warning("could not keep %s read ahead: %s", target, e)
         finally:
             self._keeping.pop(target, None)
-        self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))
-        if self.journal is not None:
-            self.journal.wrote([target])
+
+    async def close(self) -> None:
+        """Finish the writes of read-ahead bytes answered already (each a moment's work)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _read_ahead(self, project: str, filename: str, pin: Pin) -> None:
         """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""

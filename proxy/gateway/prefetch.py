@@ -7,9 +7,10 @@ for a miss, it reads the newest release's Requires-Dist (its PEP 658/714
 metadata file, or the wheel's own METADATA where the index serves none)
 and publishes those dependencies too, through :meth:`Gateway.ensure` like
 any request: the same policy, pins and checks, so a prefetch never
-publishes what a request could not.  Markers are read broadly (every
-platform and Python counts): prefetching one page too many costs a page,
-prefetching one too few costs a round trip.  Extras are read broadly for
+publishes what a request could not.  Markers are read broadly (a marker
+true on any common platform and Python counts, :func:`requirements`):
+prefetching one page too many costs a page, prefetching one too few costs
+a round trip.  Extras are read broadly for
 the project a client asked for (it may want any of them), and below it only
 as the requirement that led there names them: ``markdown-it-py``'s
 ``testing`` extra is no one's dependency unless someone asks for
@@ -39,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 
+from packaging.markers import Marker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -54,16 +56,44 @@ MAX_WHEEL = 16 * 2**20  # the fallback reads a whole wheel: only small ones
 CONCURRENCY = 16
 
 
-# An extra a marker names, either way round (packaging writes double quotes; single ones are valid too).
-_EXTRA = re.compile(r"""\bextra\s*==\s*["']([^"']*)["']|["']([^"']*)["']\s*==\s*extra\b""")
 ALL_EXTRAS = None  # the extras a client may want of the project it asked for: any
+_MENTIONS_EXTRA = re.compile(r"\bextras?\b")
+# Markers are read broadly: a requirement an extra may bring in is asked whether it applies on any of these
+# (consistent) platforms and Pythons, with the extras asked for or none.  Others are not asked at all.
+_PLACES = tuple(
+    {"implementation_name": impl.lower(), "platform_python_implementation": impl, "implementation_version": full,
+     "python_full_version": full, "python_version": full.rsplit(".", 1)[0], "os_name": os_name, "sys_platform": plat,
+     "platform_system": system, "platform_machine": machine, "platform_release": "", "platform_version": ""}
+    for impl, full, os_name, plat, system, machine in (
+        ("CPython", "3.8.10", "posix", "linux", "Linux", "x86_64"),
+        ("CPython", "3.11.9", "posix", "linux", "Linux", "x86_64"),
+        ("CPython", "3.14.0", "posix", "linux", "Linux", "aarch64"),
+        ("PyPy", "3.10.14", "posix", "linux", "Linux", "x86_64"),
+        ("CPython", "3.11.9", "nt", "win32", "Windows", "AMD64"),
+        ("CPython", "3.12.3", "posix", "darwin", "Darwin", "arm64"),
+    ))
+
+
+def _applies(marker: Marker | None, extras: frozenset[str] | None) -> bool:
+    """Whether a requirement under ``marker`` may be wanted when ``extras`` are asked for (read broadly)."""
+    if marker is None or extras is ALL_EXTRAS or not _MENTIONS_EXTRA.search(str(marker)):
+        return True
+    for extra in (*sorted(extras), ""):
+        for place in _PLACES:
+            try:
+                if marker.evaluate({**place, "extra": extra}):
+                    return True
+            except (UndefinedComparison, UndefinedEnvironmentName, ValueError):
+                return True  # a marker that cannot be evaluated here (a newer variable): read broadly
+    return False
 
 
 def requirements(metadata: bytes, limit: int, extras: frozenset[str] | None = ALL_EXTRAS) -> dict[str, frozenset[str]]:
     """The distinct projects a METADATA file requires, in order, at most ``limit``, each with the extras asked of it.
 
-    Markers count as true, except that a requirement only an extra brings in
-    counts when that extra is one of ``extras`` (``ALL_EXTRAS``: any).
+    A requirement counts unless its marker names an extra and is false on
+    every platform and Python of :data:`_PLACES` with each extra of
+    ``extras`` and with none (``ALL_EXTRAS``: every requirement counts).
     """
     found: dict[str, frozenset[str]] = {}
     message = BytesHeaderParser().parsebytes(metadata)
@@ -72,8 +102,7 @@ def requirements(metadata: bytes, limit: int, extras: frozenset[str] | None = AL
             req = Requirement(str(line))
         except InvalidRequirement:
             continue
-        gated = {canonicalize_name(a or b) for a, b in _EXTRA.findall(str(req.marker or ""))}
-        if gated and extras is not ALL_EXTRAS and not gated & extras:
+        if not _applies(req.marker, extras):
             continue
         name = canonicalize_name(req.name)
         if name not in found and len(found) >= limit:

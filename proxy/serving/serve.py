@@ -83,6 +83,7 @@ class Running:
         if self.tls_reload is not None:
             self.tls_reload.cancel()
         await self.listener.stop()
+        await self.proxy.resolver.close()
         await self.proxy.resolver.fetcher.close()
         await self.metadata_fetcher.close()
         self.proxy.resolver.pages.close()

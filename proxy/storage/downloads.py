@@ -355,6 +355,10 @@ class Downloads:
         # Following another process's file that makes no progress this long: fetch it too.
         self._follow_stall = max(60.0, 3 * pace.stall)
 
+    def in_flight(self, key: str) -> bool:
+        """Whether this process fetches ``key`` now."""
+        return self._inflight.get(key, False) is not None
+
     def start(self, key: str, want: Want, urls: list[str], observer: Observer,
               cached: Callable[[], Blob | None], resume: bool = False) -> tuple[Download, bool]:
         """The download of ``key``: the one in flight (joined: True), or a new one.
