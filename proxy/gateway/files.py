@@ -161,15 +161,14 @@ class FileSource:
             pin = self.ledger.pins.get((project, filename))
         if pin is None or self.ledger.is_revoked(project, filename):
             raise web.HTTPNotFound(reason="not published by this gateway")
+        if core:
+            self._read_ahead(project, filename, pin)
         download = self._inflight.get(target, resume="Range" in request.headers)
         joined = download is not None
         if download is None:
             if core and (early := self._early(path, target, pin)) is not None:
-                self._read_ahead(project, filename, pin)
                 return web.Response(body=early, headers=_HEADERS)
             if await self._kept(path, target, pin, core):
-                if core:
-                    self._read_ahead(project, filename, pin)
                 if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
                     return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
                 return web.FileResponse(path)
@@ -177,8 +176,6 @@ class FileSource:
                 raise web.HTTPServiceUnavailable(reason="pin rebuilt from the signed page; its index URL is learnt at "
                                                  "the project's next refresh", headers={"Retry-After": "5"})
             download = self._start(pin, target, path, core, request.remote, request.path)
-        if core:
-            self._read_ahead(project, filename, pin)
         refusal = await first_bytes(download, joined)
         if refusal is not None:
             raise refusal  # the app's one table answers it, before any byte went out

@@ -467,7 +467,7 @@ class Resolver:
     async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
         ask.target = req.target_path()
         source = await self._file_source(ask, req)
-        if req.kind is TargetKind.CORE_METADATA and self.settings.read_ahead:
+        if req.kind is TargetKind.CORE_METADATA and self._ahead.at_once:
             self._read_ahead(ask, req)
         want = source.want
         if self.provenance is not None and req.kind is TargetKind.FILE and not self.profile.files_are_targets:
