@@ -363,3 +363,23 @@ def test_a_bin_missing_mid_update_leaves_the_catalog_as_it_was_until_it_can_be_r
     aside.rename(path)
     assert catalog.update().projects == before - {"p3"} | {"late"} == _fresh(repo).projects
     assert catalog.take_touched() >= {"p3", "late"}
+
+
+def test_a_reader_who_sees_a_new_timestamp_finds_the_plain_pages_it_carries(tmp_path: Path, monkeypatch: Any) -> None:
+    """The gateway serves a plain page once its catalog (read from the timestamp on) says the project is
+    published: the plain names must exist by the time the timestamp does, or that request is a 404."""
+    from proxy.repository import signer
+
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    seen: list[tuple[str, bool]] = []
+    real = signer.atomic_write
+
+    def write(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
+        if path.name == "timestamp.json":
+            seen.extend((name, (repo.public_dir / "simple" / "late" / name).is_file())
+                        for name in ("index.html", "index.json"))
+        real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(signer, "atomic_write", write)
+    repo.publish_pages({"late": _page("late")})
+    assert seen == [("index.html", True), ("index.json", True)]

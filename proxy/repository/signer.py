@@ -288,6 +288,12 @@ class _Change:
             plain_links.append((first, repo.public_dir / repo.plain_name(target_path)))
         for metadata_file, signed in staged:
             batch.write(metadata_file, signed)
+        # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.  Linked before the
+        # commit point: a reader who sees the new timestamp (the gateway deciding a project is published, and
+        # serving its plain page) finds them; linked after, a page request in that window was a 404.
+        for served, plain_name in plain_links:
+            atomic_link(served, plain_name)
+            batch.add(plain_name)
         written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
         # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
         batch.flush()
@@ -295,12 +301,9 @@ class _Change:
         repo.wrote(written)
         # The commit point: from here on clients see the new state.
         atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
-        # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.
-        if self.root_dirty:
+        if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
-        for served, plain_name in plain_links:
-            atomic_link(served, plain_name)
-        repo.wrote([*(plain for _, plain in plain_links), *([repo.metadata_dir / "root.json"] if self.root_dirty else [])])
+            repo.wrote([repo.metadata_dir / "root.json"])
         return self.report
 
     def _sign_root(self) -> None:
