@@ -268,6 +268,8 @@ class Resolver:
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
         self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
         self._hot: HotPages[Page] = HotPages()
+        # Verified raw pages by cache key: a file's request reads its page, and so does its read-ahead.
+        self._raw: HotPages[bytes] = HotPages(max_entries=1024, max_bytes=64 * 2**20)
         # A root list rendered from the bins (a layout that signs none): (its projects, media type, page).
         self._root_kept: tuple[tuple[str, ...], index.MediaType, Page] | None = None
         # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
@@ -434,6 +436,10 @@ class Resolver:
         """A page's verified bytes: from the page cache (re-hashed at first use here), or fetched."""
         algorithm, digest = next(iter(accepted_hashes(target.path, target.hashes, target.role).items()))
         cache_key = IndexCache.key(target.path, algorithm, digest)
+        data = self._raw.get(cache_key)
+        if data is not None:
+            self.metrics.hit("page")
+            return data
         data = await asyncio.to_thread(self.pages.get, cache_key)
         if data is not None:
             if cache_key not in self._rechecked:
@@ -448,6 +454,7 @@ class Resolver:
                     self._rechecked.add(cache_key)
             if data is not None:
                 self.metrics.hit("page")
+                self._raw.put(cache_key, data, len(data))
                 return data
         self.metrics.miss("page")
         if target.length > self.settings.max_page_size:
@@ -461,6 +468,7 @@ class Resolver:
         data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer, fetch))
         await asyncio.to_thread(self.pages.set, cache_key, data)
         self._rechecked.add(cache_key)
+        self._raw.put(cache_key, data, len(data))
         return data
 
     # -- files ---------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Verified index pages: on disk, a size-bounded LRU diskcache under ``<root>/index/``;
-in memory, the hottest rendered pages ready to send (:class:`HotPages`).
+"""Verified index pages: on disk, a size-bounded diskcache under ``<root>/index/``;
+in memory, the hottest pages, raw and rendered (:class:`HotPages`).
 
 Callers store only bytes they have verified; keys name the signed digest
 so a page can be re-hashed later, and a rendered page can never outlive
@@ -20,12 +20,19 @@ from proxy.storage.store import disk_error
 
 
 class IndexCache:
-    """Verified index pages by key, in a size-bounded LRU diskcache.
+    """Verified index pages by key, in a size-bounded diskcache, the oldest stored evicted first.
 
     Keys name the page's signed digest (:meth:`key`), so a page can be
     re-hashed against it later, by the server at first use and offline by
     ``tufproxy cache verify``.  Calls are blocking SQLite operations, quick
     for page-sized values.
+
+    Not least-recently-used: diskcache records each read of an LRU cache in
+    a write transaction, so every page read, in every worker, took the one
+    database write lock, and a read waited behind another worker's write
+    for SQLite's busy sleeps (1 to 25 ms each); a cold install's page reads
+    then cost up to 37 ms.  Recency is kept in memory instead: a page in use
+    is answered from the resolver's :class:`HotPages`, and never read here.
     """
 
     @staticmethod
@@ -44,7 +51,7 @@ class IndexCache:
             self._cache = diskcache.Cache(
                 str(Path(root) / "index"),
                 size_limit=size_limit,
-                eviction_policy="least-recently-used",
+                eviction_policy="least-recently-stored",
             )
         except OSError as exc:
             raise StoreUnwritable(f"index cache under {root} is not writable: {exc}") from exc
