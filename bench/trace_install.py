@@ -15,7 +15,7 @@ The taps cost CPU of their own (reported as "this process"), on the same
 cores: the timeline is for reading the shape, not for figures to compare
 with ``bench/install.py``'s.
 
-    python bench/trace_install.py [--rtt-ms 40] [--direct] [--warm]
+    python bench/trace_install.py [--rtt-ms 40] [--direct | --gateway] [--warm]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from aiohttp import ClientSession, TCPConnector, web
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from contenders import free_port  # noqa: E402
-from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
+from install import GatewayOnly, Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
 from warmab import _cpu_seconds  # noqa: E402
 
 # content-encoding passes: bodies go through as sent (auto_decompress=False)
@@ -80,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     ap.add_argument("--direct", action="store_true", help="uv straight at the index (through the tap), for comparison")
+    ap.add_argument("--gateway", action="store_true", help="uv straight at the gateway (no edge), through the tap")
     ap.add_argument("--warm", action="store_true", help="trace a second install, the servers warm from a first")
     args = ap.parse_args()
     log: list[tuple[str, float, float, int, str]] = []
@@ -95,6 +96,10 @@ def main() -> None:
         setup = None
         if args.direct:
             url = Tapped.url
+        elif args.gateway:
+            setup = GatewayOnly(Tapped, work / "gateway")  # type: ignore[arg-type]
+            setup.fresh()
+            url = f"{Tap(setup.url.rsplit('/simple/', 1)[0], 'gw', log, t0).url}/simple/"
         else:
             setup = Tufproxy(Tapped, work / "tufproxy")  # type: ignore[arg-type]
             setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', log, t0).url}/"  # type: ignore[method-assign]
@@ -120,7 +125,8 @@ def main() -> None:
             shutil.rmtree(client_dir, ignore_errors=True)
     uv_cpu = (children.children_user + children.children_system) - (mine.children_user + mine.children_system)
     taps_cpu = (children.user + children.system) - (mine.user + mine.system)
-    print(f"uv {'warm' if args.warm else 'cold'} install {'direct' if args.direct else 'through edge -> gateway'}: "
+    route = "direct" if args.direct else "straight at the gateway" if args.gateway else "through edge -> gateway"
+    print(f"uv {'warm' if args.warm else 'cold'} install {route}: "
           f"{took:.3f} s; "
           + ", ".join(f"{k.lower()} {v:.3f} s" for k, v in phases.items()))
     print("CPU seconds: " + "".join(f"{k} {v:.2f}, " for k, v in spent.items())
