@@ -8,8 +8,10 @@ request; a hostile index cannot make it fetch without bound.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -294,14 +296,56 @@ def _get(url: str) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def test_read_ahead_holds_at_most_its_bound_oldest_dropped_first() -> None:
+async def test_read_ahead_holds_reads_under_way_and_at_most_its_bounds_oldest_dropped_first() -> None:
     from proxy.gateway.files import ReadAhead
 
-    held = ReadAhead(limit=10)
-    held.offer("a", b"1234")
-    held.offer("b", b"5678")
-    held.offer("c", b"90ab")  # 12 bytes: "a" goes
-    held.offer("huge", b"x" * 11)  # over the bound alone: not held
-    assert held.take("a") is None and held.take("huge") is None
-    assert held.take("b") == b"5678" and held.take("b") is None
-    assert held.take("c") == b"90ab"
+    loop = asyncio.get_running_loop()
+
+    def read(data: bytes | None = None) -> asyncio.Future[bytes]:
+        future: asyncio.Future[bytes] = loop.create_future()
+        if data is not None:
+            future.set_result(data)
+        return future
+
+    held = ReadAhead(limit=10, entries=5)
+    under_way, failing = read(), read()
+    for target, future in (("a", read(b"1234")), ("b", read(b"5678")), ("under-way", under_way), ("failing", failing)):
+        held.offer(target, future)
+    failing.set_exception(ConnectionResetError("index went away"))
+    held.offer("c", read(b"90ab"))  # 12 bytes read: "a" goes
+    held.offer("huge", read(b"x" * 11))  # over the bound alone: not held
+    await asyncio.sleep(0)  # one turn of the loop: the reads' done-callbacks run
+    assert held.take("a") is None and held.take("huge") is None and held.take("failing") is None
+    b = held.take("b")
+    assert b is not None and await b == b"5678" and held.take("b") is None
+    assert held.take("under-way") is under_way  # a read under way is held whatever the bytes
+    for i in range(6):
+        held.offer(f"more-{i}", read())
+    assert held.take("c") is None and held.take("more-0") is None and held.take("more-5") is not None
+
+
+@pytest.mark.slow
+def test_a_metadata_asked_while_the_prefetch_reads_it_waits_for_that_read(tmp_path: Path, test_index: TestIndex) -> None:
+    """uv asks for a project's .metadata as soon as its page is signed, while the prefetch (reading the same file
+    for the project's dependencies) is still at it: the request waits for that read, no second trip to the index."""
+    name = "pf_a-1.0-py3-none-any.whl.metadata"
+    test_index.hold[name] = gate = threading.Event()
+    with _gateway(tmp_path, test_index, "--prefetch-depth", "1", "--read-ahead", "0") as gw:
+        try:
+            assert gw.publish("pf-a")[0] == 200
+            wait_for(lambda: name in {p.rsplit("/", 1)[-1] for p in test_index.requests}, "the prefetch reading it")
+            answer: dict[str, bytes] = {}
+
+            def ask() -> None:
+                with urllib.request.urlopen(f"{gw.base}packages/pf-a/{name}", timeout=30) as r:
+                    answer["body"] = r.read()
+
+            client = threading.Thread(target=ask)
+            client.start()
+            wait_for(lambda: metric(gw.base, "tufproxy_gateway_read_ahead_waits_total") == 1, "the request waiting")
+        finally:
+            gate.set()
+        client.join(30)
+        assert answer["body"] == test_index.file(name.removesuffix(".metadata")).core
+        assert len([p for p in test_index.requests if p.endswith(name)]) == 1
+        assert metric(gw.base, 'tufproxy_gateway_files_total{outcome="read-ahead"}') == 1

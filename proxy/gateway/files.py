@@ -26,14 +26,17 @@ first time this process serves it; one that no longer matches (a rewritten
 volume, or a file kept before its pin was lost and rebuilt) is audited,
 removed and fetched again.
 
-A ``.metadata`` file the dependency prefetch already read from the index
-(:mod:`proxy.gateway.prefetch`) is offered here (:class:`ReadAhead`, in
-memory, bounded): the first request for it, once the file is pinned,
-checks those bytes against the pin, answers them from memory and keeps
-them on disk behind the answer as if just fetched, so pip and uv wait
-neither a second round trip to the index for what the gateway read a
-moment before nor the write.  Bytes that do not match the pin are
-dropped and the file is fetched as usual.
+A ``.metadata`` file the dependency prefetch reads from the index
+(:mod:`proxy.gateway.prefetch`) is offered here as soon as that read
+starts (:class:`ReadAhead`, in memory, bounded): the first request for it,
+once the file is pinned, waits for that read if it is still under way (it
+began before, so it ends sooner than a new one would), checks the bytes
+against the pin, answers them from memory and keeps them on disk behind
+the answer as if just fetched, so pip and uv wait neither a second round
+trip to the index for what the gateway is reading or read a moment before
+nor the write.  A read that fails or takes longer than
+:data:`READ_AHEAD_WAIT`, or bytes that do not match the pin, are dropped
+and the file is fetched as usual.
 
 A ``.metadata`` request also starts the fetch of its file, unless it is
 kept or under way already (within :class:`~proxy.storage.downloads.ReadAheads`'
@@ -83,6 +86,8 @@ log = logging.getLogger(__name__)
 MAX_CORE_METADATA = 16 * 2**20
 # Kept files this process checked, by (path, inode, mtime, size); beyond this many the oldest are checked again.
 MAX_CHECKED = 100_000
+# Seconds a .metadata request waits for the prefetch's read of it before asking the index itself.
+READ_AHEAD_WAIT = 10.0
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
@@ -100,27 +105,46 @@ def _pinned_digest(pin: Pin, core: bool) -> tuple[str, str] | None:
 
 
 class ReadAhead:
-    """``.metadata`` bytes read ahead of any request, by target path, at most ``limit`` bytes in all (oldest
-    dropped first); never served until :class:`FileSource` matched them to a pin."""
+    """``.metadata`` reads started ahead of any request, by target path: each the prefetch's read in flight, or
+    its bytes once read.  At most ``limit`` bytes read and ``entries`` reads are held (oldest dropped first); a
+    read that failed is dropped.  Never served until :class:`FileSource` matched the bytes to a pin."""
 
-    def __init__(self, limit: int = 32 * 2**20) -> None:
-        self.limit = limit
-        self._held: OrderedDict[str, bytes] = OrderedDict()
+    def __init__(self, limit: int = 32 * 2**20, entries: int = 1024) -> None:
+        self.limit, self.entries = limit, entries
+        self._held: OrderedDict[str, asyncio.Future[bytes]] = OrderedDict()
         self._size = 0
 
-    def offer(self, target: str, data: bytes) -> None:
-        if len(data) > self.limit or target in self._held:
+    def offer(self, target: str, read: asyncio.Future[bytes]) -> None:
+        """Hold ``read`` (a task reading ``target``'s bytes) for the first request of ``target``."""
+        if target in self._held:
             return
-        self._held[target] = data
-        self._size += len(data)
-        while self._size > self.limit:
-            self._size -= len(self._held.popitem(last=False)[1])
+        self._held[target] = read
+        read.add_done_callback(lambda done: self._read(target, done))
+        while len(self._held) > self.entries:
+            self._drop(next(iter(self._held)))
 
-    def take(self, target: str) -> bytes | None:
-        data = self._held.pop(target, None)
-        if data is not None:
-            self._size -= len(data)
-        return data
+    def take(self, target: str) -> asyncio.Future[bytes] | None:
+        """The read of ``target`` (done or not), no longer held; None if there is none."""
+        read = self._held.get(target)
+        if read is not None:
+            self._drop(target)
+        return read
+
+    def _read(self, target: str, read: asyncio.Future[bytes]) -> None:
+        failed = read.cancelled() or read.exception() is not None  # retrieved: a failed guess is no error
+        if self._held.get(target) is not read:
+            return  # taken (or dropped) before it ended
+        if failed or len(read.result()) > self.limit:
+            self._drop(target)
+            return
+        self._size += len(read.result())
+        while self._size > self.limit:
+            self._drop(next(t for t, r in self._held.items() if r.done()))
+
+    def _drop(self, target: str) -> None:
+        read = self._held.pop(target)
+        if read.done() and not read.cancelled() and read.exception() is None:
+            self._size -= len(read.result())
 
 
 class FileSource:
@@ -149,6 +173,7 @@ class FileSource:
         self._reading_ahead = ReadAheads(files_ahead)  # files started by their .metadata's request (0: none)
         # Read-ahead .metadata bytes answered already and being written (see _early), and those writes.
         self._keeping: dict[str, bytes] = {}
+        self._checking: dict[str, asyncio.Future[bytes | None]] = {}  # read-ahead reads being waited for, checked
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def serve(self, request: web.Request, project: str, filename: str, core: bool) -> web.StreamResponse:
@@ -163,11 +188,11 @@ class FileSource:
             raise web.HTTPNotFound(reason="not published by this gateway")
         if core:
             self._read_ahead(project, filename, pin)
+        if core and (early := await self._early(path, target, pin)) is not None:
+            return web.Response(body=early, headers=_HEADERS)
         download = self._inflight.get(target, resume="Range" in request.headers)
         joined = download is not None
         if download is None:
-            if core and (early := self._early(path, target, pin)) is not None:
-                return web.Response(body=early, headers=_HEADERS)
             if await self._kept(path, target, pin, core):
                 if over_tls(request) and request.method == "GET" and "Range" not in request.headers:
                     return await send_file_over_tls(request, path, path.stat().st_size, _HEADERS)
@@ -217,14 +242,29 @@ class FileSource:
         if len(self._checked) > MAX_CHECKED:
             del self._checked[next(iter(self._checked))]
 
-    def _early(self, path: Path, target: str, pin: Pin) -> bytes | None:
-        """Read-ahead ``.metadata`` bytes of ``target`` that match the pin: answered from memory at once, and
-        kept on disk behind the answer (the client waits for no write); None when there are none."""
+    async def _early(self, path: Path, target: str, pin: Pin) -> bytes | None:
+        """Read-ahead ``.metadata`` bytes of ``target`` that match the pin (the read waited for, if under way):
+        answered from memory, and kept on disk behind the answer (the client waits for no write); None when
+        there are none."""
         data = self._keeping.get(target)
         if data is not None:
             return data  # a second request while the first one's bytes are being written
-        if self.read_ahead is None or (data := self.read_ahead.take(target)) is None:
-            return None
+        check = self._checking.get(target)
+        if check is None:
+            if self.read_ahead is None or (read := self.read_ahead.take(target)) is None:
+                return None
+            check = self._checking[target] = asyncio.ensure_future(self._check_early(path, target, pin, read))
+            check.add_done_callback(lambda _: self._checking.pop(target, None))
+        # Shielded: a client that goes away does not stop the check others wait on.
+        return await asyncio.shield(check)
+
+    async def _check_early(self, path: Path, target: str, pin: Pin, read: asyncio.Future[bytes]) -> bytes | None:
+        if not read.done():
+            self.metrics.read_ahead_waits.inc()
+            await asyncio.wait((read,), timeout=READ_AHEAD_WAIT)
+        if not read.done() or read.cancelled() or read.exception() is not None:
+            return None  # the prefetch's read failed or is stuck: fetched from the index as usual
+        data = read.result()
         pinned = _pinned_digest(pin, core=True)
         if pinned is None or hashlib.new(pinned[0], data).hexdigest() != pinned[1]:
             return None  # not what was signed: fetched from the index as usual

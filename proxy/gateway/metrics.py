@@ -48,6 +48,10 @@ class GatewayMetrics:
         )
         self.files = Counter("tufproxy_gateway_files_total", "Files fetched from an index, by outcome (read-ahead: a "
                              ".metadata file the prefetch read, kept at its first request)", ["outcome"], registry=r)
+        self.read_ahead_waits = Counter(
+            "tufproxy_gateway_read_ahead_waits_total",
+            "Requests for a .metadata the dependency prefetch was still reading, which waited for that read rather "
+            "than asking the index again", registry=r)
         self.files_read_ahead = Counter(
             "tufproxy_gateway_files_read_ahead_total",
             "Distribution files fetched ahead of any request for them, when a client asked for their .metadata",

@@ -17,9 +17,11 @@ as the requirement that led there names them: ``markdown-it-py``'s
 ``markdown-it-py[testing]``, and following every dependency's every extra
 would publish half the index's test and documentation tools.
 
-The ``.metadata`` file read is the one the client asks for next: it is
-offered to the file source (``keep``), which serves it once it is pinned
-and matches the pin (:class:`proxy.gateway.files.ReadAhead`).
+The ``.metadata`` file read is the one the client asks for next: its read
+is offered to the file source (``keep``) as it starts, so a request that
+comes while it is under way waits for it rather than asking the index
+again; the file source serves the bytes once the file is pinned and they
+match the pin (:class:`proxy.gateway.files.ReadAhead`).
 
 Bounded: ``depth`` levels below the requested project, at most ``budget``
 projects per miss (a hostile index whose metadata names 10,000 projects
@@ -153,7 +155,7 @@ class Wave:
 
 Fetch = Callable[[str, int], Awaitable[bytes]]  # url, max length -> body
 Ensure = Callable[[str, Wave], Awaitable[None]]  # project, where its prefetch stands
-Keep = Callable[[str, bytes], None]  # target path, the .metadata bytes read (checked against the page's hash)
+Keep = Callable[[str, "asyncio.Future[bytes]"], None]  # target path, the read of its .metadata (its bytes unchecked)
 
 
 class Prefetcher:
@@ -200,12 +202,13 @@ class Prefetcher:
             return {}
         try:
             if dist.core_metadata:
-                data = await self.fetch(dist.url + ".metadata", MAX_METADATA)
+                read = asyncio.ensure_future(self.fetch(dist.url + ".metadata", MAX_METADATA))
+                if self.keep is not None:  # the client asks for this very file next: no second trip to the index
+                    self.keep(core_metadata_target(page.name, dist.filename), read)
+                data = await read
                 if not _sha256_ok(data, dist.core_metadata):
                     self._count("bad-metadata")
                     return {}
-                if self.keep is not None:  # the client asks for this very file next: no second trip to the index
-                    self.keep(core_metadata_target(page.name, dist.filename), data)
             elif dist.size is None or dist.size <= MAX_WHEEL:
                 found = _wheel_metadata(await self.fetch(dist.url, MAX_WHEEL), dist)
                 if found is None:

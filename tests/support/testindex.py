@@ -6,8 +6,8 @@ the request's ``Accept`` (or ``mode="html"`` to force HTML).  Tests change
 it while it runs: add a release, yank one, swap a file's bytes, answer a
 page with raw bytes of their own (``raw_types`` names a content type other
 than HTML), redirect a page (``redirects``), stall a page until an event is
-set (``stall``), hold a file's second half back until
-an event is set, or serve a file at a set rate (``IndexFile.rate``).  Files can be served from a second
+set (``stall``), hold a file's (or a ``.metadata``'s) second half back until
+an event is set (``hold``, by the name asked for), or serve a file at a set rate (``IndexFile.rate``).  Files can be served from a second
 port (``files_port``) to play the index's separate file host; with ``files_via_index`` the pages link
 files on the index's own origin, which redirects them there.  It can serve HTTPS (``ssl_context``) and
 ask for basic auth on the index's origin (``basic_auth``); ``authorization`` records, for every request,
@@ -147,7 +147,7 @@ class TestIndex:
         body = f.core if core else f.data
         if body is None:
             raise web.HTTPNotFound()
-        gate = None if core else self.hold.get(f.path.name)
+        gate = self.hold.get(name)  # a file's or a .metadata's own name
         if f.rate is not None and not core:
             return await self._paced(request, body, f.rate)
         if gate is None:
