@@ -226,7 +226,10 @@ class Tufproxy(Setup):
 
     def start(self) -> None:
         gateway_dir = self.workdir / "gateway"
-        subprocess.run([*TUFPROXY, "gateway", "init", str(gateway_dir)], check=True, capture_output=True)
+        # cwd: "python -m proxy" looks in the working directory first, which would beat a tree on PYTHONPATH
+        # (bench/uvab.py's trees); the servers run in their workdir already.
+        subprocess.run([*TUFPROXY, "gateway", "init", str(gateway_dir)], check=True, capture_output=True,
+                       cwd=self.workdir)
         gw_port, edge_port = free_port(), free_port()
         gateway = Server("gateway", [*TUFPROXY, "gateway", "serve", str(gateway_dir), "--index-url", self.index.url,
                                      "--listen", f"127.0.0.1:{gw_port}"], self.workdir / "gw",
