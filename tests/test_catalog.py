@@ -383,3 +383,37 @@ def test_a_reader_who_sees_a_new_timestamp_finds_the_plain_pages_it_carries(tmp_
     monkeypatch.setattr(signer, "atomic_write", write)
     repo.publish_pages({"late": _page("late")})
     assert seen == [("index.html", True), ("index.json", True)]
+
+
+def test_a_commit_that_fails_leaves_the_plain_pages_as_they_were(tmp_path: Path, monkeypatch: Any) -> None:
+    """The plain names are linked before the commit point; a commit that fails there (a full disk) puts them
+    back, since garbage collection and pin rebuilds read them as the signed page."""
+    from proxy.repository import signer
+
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    repo.publish_pages({"kept": _page("kept")})
+    page = repo.public_dir / "simple" / "kept" / "index.json"
+    signed = page.read_bytes()
+    real = signer.atomic_write
+
+    def full_disk(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
+        if path.name == "timestamp.json":
+            raise OSError(28, "No space left on device")
+        real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(signer, "atomic_write", full_disk)
+    changed = index.ProjectPage(name="kept", files=(index.DistFile(
+        filename="kept-1.0-py3-none-any.whl", url="../../packages/kept/kept-1.0-py3-none-any.whl",
+        hashes={"sha256": "0" * 64}),))
+    try:
+        repo.publish_pages({"kept": changed, "new": _page("new")})
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the commit did not fail")
+    assert page.read_bytes() == signed
+    assert not (repo.public_dir / "simple" / "new" / "index.json").exists()
+    assert not [p.name for p in repo.public_dir.rglob(".*.before")]
+    monkeypatch.setattr(signer, "atomic_write", real)
+    repo.publish_pages({"kept": changed, "new": _page("new")})
+    assert page.read_bytes() != signed and (repo.public_dir / "simple" / "new" / "index.json").exists()

@@ -290,17 +290,24 @@ class _Change:
             batch.write(metadata_file, signed)
         # Convenience names for plain HTTP clients and for pinning; not trusted by TUF clients.  Linked before the
         # commit point: a reader who sees the new timestamp (the gateway deciding a project is published, and
-        # serving its plain page) finds them; linked after, a page request in that window was a 404.
-        for served, plain_name in plain_links:
-            atomic_link(served, plain_name)
-            batch.add(plain_name)
-        written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
-        # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
-        batch.flush()
-        # Told before the commit point: a copier that reads the timestamp and then the journal has its files.
-        repo.wrote(written)
-        # The commit point: from here on clients see the new state.
-        atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
+        # serving its plain page) finds them; linked after, a page request in that window was a 404.  Undone if
+        # the commit fails: they name the signed page to garbage collection and pin rebuilds too.
+        before: list[tuple[Path, Path | None]] = []
+        try:
+            _link_plain(plain_links, before)
+            for _, plain_name in plain_links:
+                batch.add(plain_name)
+            written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
+            # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
+            batch.flush()
+            # Told before the commit point: a copier that reads the timestamp and then the journal has its files.
+            repo.wrote(written)
+            # The commit point: from here on clients see the new state.
+            atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
+        except BaseException:
+            _unlink_plain(before, restore=True)
+            raise
+        _unlink_plain(before, restore=False)
         if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
@@ -323,6 +330,36 @@ class _Change:
             except Exception as e:  # tuf raises UnsignedMetadataError; say which keys are missing
                 raise MissingKey(f"cannot reach the root threshold: {e}") from e
         self.report.signed["root"] = md.signed.version
+
+
+def _link_plain(links: list[tuple[Path, Path]], kept: list[tuple[Path, Path | None]]) -> None:
+    """Point each plain name at its new served file, first adding to ``kept`` what it named before (under a
+    hidden name until :func:`_unlink_plain`), or None where it named nothing."""
+    for served, plain in links:
+        hidden = plain.with_name(f".{plain.name}.{os.getpid()}.before")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(hidden)  # left by a process that died mid-commit
+        try:
+            os.link(plain, hidden)
+        except FileNotFoundError:
+            kept.append((plain, None))
+        else:
+            kept.append((plain, hidden))
+        atomic_link(served, plain)
+
+
+def _unlink_plain(kept: list[tuple[Path, Path | None]], restore: bool) -> None:
+    """Drop what :func:`_link_plain` kept, or (``restore``) put it back: a commit that failed leaves the plain
+    names as they were."""
+    for plain, before in kept:
+        with contextlib.suppress(FileNotFoundError):
+            if before is not None:
+                if restore:
+                    os.replace(before, plain)
+                else:
+                    os.unlink(before)
+            elif restore:
+                os.unlink(plain)
 
 
 def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:
