@@ -323,6 +323,23 @@ async def test_read_ahead_holds_reads_under_way_and_at_most_its_bounds_oldest_dr
         held.offer(f"more-{i}", read())
     assert held.take("c") is None and held.take("more-0") is None and held.take("more-5") is not None
 
+    # Reads that end in the same turn, one counted before the other's callback ran: the bound still holds.
+    held = ReadAhead(limit=10)
+    first, second, third = read(), read(), read()
+    for target, future in (("first", first), ("second", second), ("third", third)):
+        held.offer(target, future)
+    second.set_result(b"x" * 5)
+    await asyncio.sleep(0)
+    third.set_result(b"y" * 6)
+    first.set_result(b"z" * 4)
+    await asyncio.sleep(0)
+    kept = [held.take(t) for t in ("first", "second", "third")]
+    assert sum(len(k.result()) for k in kept if k is not None) <= 10
+    held.offer("after", read(b"w" * 10))
+    await asyncio.sleep(0)
+    after = held.take("after")
+    assert after is not None and after.result() == b"w" * 10  # nothing left counted that is not held
+
 
 @pytest.mark.slow
 def test_a_metadata_asked_while_the_prefetch_reads_it_waits_for_that_read(tmp_path: Path, test_index: TestIndex) -> None:

@@ -112,6 +112,9 @@ class ReadAhead:
     def __init__(self, limit: int = 32 * 2**20, entries: int = 1024) -> None:
         self.limit, self.entries = limit, entries
         self._held: OrderedDict[str, asyncio.Future[bytes]] = OrderedDict()
+        # Bytes counted against ``limit``, by target: a read is counted when its done-callback runs (which may
+        # be a turn after it ended), and exactly that is given back when it goes.
+        self._counted: dict[str, int] = {}
         self._size = 0
 
     def offer(self, target: str, read: asyncio.Future[bytes]) -> None:
@@ -137,14 +140,14 @@ class ReadAhead:
         if failed or len(read.result()) > self.limit:
             self._drop(target)
             return
-        self._size += len(read.result())
+        self._counted[target] = len(read.result())
+        self._size += self._counted[target]
         while self._size > self.limit:
-            self._drop(next(t for t, r in self._held.items() if r.done()))
+            self._drop(next(t for t in self._held if t in self._counted))
 
     def _drop(self, target: str) -> None:
-        read = self._held.pop(target)
-        if read.done() and not read.cancelled() and read.exception() is None:
-            self._size -= len(read.result())
+        del self._held[target]
+        self._size -= self._counted.pop(target, 0)
 
 
 class FileSource:
