@@ -191,8 +191,8 @@ class FileSource:
             raise web.HTTPNotFound(reason="not published by this gateway")
         if core:
             self._read_ahead(project, filename, pin)
-        if core and (early := await self._early(path, target, pin)) is not None:
-            return web.Response(body=early, headers=_HEADERS)
+            if (early := await self._early(path, target, pin)) is not None:
+                return web.Response(body=early, headers=_HEADERS)
         download = self._inflight.get(target, resume="Range" in request.headers)
         joined = download is not None
         if download is None:

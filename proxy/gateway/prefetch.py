@@ -155,7 +155,7 @@ class Wave:
 
 Fetch = Callable[[str, int], Awaitable[bytes]]  # url, max length -> body
 Ensure = Callable[[str, Wave], Awaitable[None]]  # project, where its prefetch stands
-Keep = Callable[[str, "asyncio.Future[bytes]"], None]  # target path, the read of its .metadata (its bytes unchecked)
+Keep = Callable[[str, asyncio.Future[bytes]], None]  # target path, the read of its .metadata (its bytes unchecked)
 
 
 class Prefetcher:

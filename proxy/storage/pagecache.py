@@ -32,7 +32,7 @@ class IndexCache:
     database write lock, and a read waited behind another worker's write
     for SQLite's busy sleeps (1 to 25 ms each); a cold install's page reads
     then cost up to 37 ms.  Recency is kept in memory instead: a page in use
-    is answered from the resolver's :class:`HotPages`, and never read here.
+    is answered from the resolver's :class:`HotPages`, and not read here again.
     """
 
     @staticmethod
