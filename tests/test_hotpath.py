@@ -152,6 +152,33 @@ def test_keep_alive_files_and_connection_close(proxy: ProxyProcess, sample_repo:
 
 
 @pytest.mark.slow
+def test_a_small_warm_file_is_answered_hot_with_the_bytes_aiohttp_sends(
+        proxy: ProxyProcess, sample_repo: SampleRepo) -> None:
+    """Served once from the store, a file is kept in memory; its conditions and parts are still FileResponse's."""
+    wheel = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    hot, cold = Conn(proxy), Conn(proxy, cold=True)
+    assert cold.ask(head(path=WHEEL))[2] == wheel  # cold: fetched, verified, stored
+    first = cold.ask(head(path=WHEEL))  # from the store: kept in memory as it goes
+    assert first[0] == 200 and first[2] == wheel
+    etag = dict(first[1])["Etag"]
+    before = hot_answers(proxy)
+    for data in (head(path=WHEEL), head("HEAD", path=WHEEL), head(path=WHEEL, X_Request_Id="mine-1")):
+        want, got = cold.ask(data), hot.ask(data)
+        assert got[0] == 200 and comparable(got) == comparable(want), data
+    assert hot_answers(proxy) - before == 3
+    # A part, or a condition: aiohttp's FileResponse answers, on the same connection, which stays hot.
+    for data, status, body in ((head(path=WHEEL, Range="bytes=0-9"), 206, wheel[:10]),
+                               (head(path=WHEEL, If_None_Match=etag), 304, b""),
+                               (head(path=WHEEL, If_Modified_Since=dict(first[1])["Last-Modified"]), 304, b""),
+                               (head(path=WHEEL, If_Match='"other"'), 412, None)):
+        got = hot.ask(data)
+        assert got[0] == status and (body is None or got[2] == body), data
+    assert hot_answers(proxy) - before == 3
+    assert hot.ask(head(path=WHEEL))[2] == wheel
+    assert hot_answers(proxy) - before == 4
+
+
+@pytest.mark.slow
 def test_pipelined_and_split_requests_are_answered_in_order(proxy: ProxyProcess) -> None:
     Conn(proxy).ask(head(Accept=JSON))
     Conn(proxy).ask(head(Accept="text/html"))

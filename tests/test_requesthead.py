@@ -23,6 +23,15 @@ def test_head_conditional_and_request_id_are_read() -> None:
     assert head == SimpleHead("HEAD", "/simple/", None, 'W/"a-json" ,"b"', "r-1")
 
 
+@pytest.mark.parametrize("field", [b"Range: bytes=0-9", b"If-Range: \"e\"", b"if-modified-since: Sun, 06 Dec 2026 17:00:00 GMT",
+                                   b"If-Match: *", b"If-Unmodified-Since: Sun, 06 Dec 2026 17:00:00 GMT"])
+def test_a_field_that_changes_a_files_answer_is_noted(field: bytes) -> None:
+    """A page ignores these, so the head stays simple; a file's hot answer must not (it would send the whole file)."""
+    head = recognise(b"GET /packages/lib/lib-1.0.tar.gz HTTP/1.1\r\nHost: x\r\n" + field + b"\r\n\r\n")
+    assert head == SimpleHead("GET", "/packages/lib/lib-1.0.tar.gz", conditional=True)
+    assert recognise(PIP_HEAD).conditional is False  # type: ignore[union-attr]
+
+
 def test_an_empty_accept_is_kept_empty() -> None:
     assert recognise(b"GET / HTTP/1.1\r\nHost: x\r\nAccept:\r\n\r\n") == SimpleHead("GET", "/", accept="")
 

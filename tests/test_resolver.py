@@ -36,9 +36,20 @@ from proxy.protocol.hashing import UnsupportedHashes
 from proxy.repository.sample import build_wheel
 from proxy.repository.signer import _Change
 from proxy.serving.refusals import Asker, Refusals
-from proxy.serving.resolver import Ask, CachedFile, NotModified, Page, ProxySettings, Redirect, Refused, Resolver, Streamed
+from proxy.serving.resolver import (
+    Ask,
+    CachedFile,
+    KeptFile,
+    NotModified,
+    Page,
+    ProxySettings,
+    Redirect,
+    Refused,
+    Resolver,
+    Streamed,
+)
 from proxy.storage.audit import AuditLog
-from proxy.storage.pagecache import IndexCache
+from proxy.storage.pagecache import HotPages, IndexCache
 from proxy.storage.store import BlobStore
 from proxy.transport.local import LocalFetcher
 from proxy.trust import Mirror, TrustConfig, TrustedClient
@@ -259,6 +270,60 @@ async def test_a_ready_answer_needs_the_live_trusted_state_and_a_kept_page(
     assert ready("/simple/base/", JSON, None) is None
     refused = await world.ask("/simple/base/", accept=JSON)
     assert isinstance(refused, Refused) and isinstance(refused.error, ExpiredMetadata)
+
+
+@pytest.mark.parametrize("layout", ["tufproxy", "gateway"], indirect=True)
+async def test_a_small_file_is_ready_from_memory_only_while_the_target_it_was_checked_against_is_trusted(
+        world: World, sample_repo: SampleRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ready, data = world.resolver.ready, (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    cold = await world.ask(WHEEL)
+    assert isinstance(cold, Streamed)
+    blob = await cold.download.result
+    assert ready(WHEEL, None, None) is None  # stored, not yet served from the store
+    with await world.ask(WHEEL) as served:
+        assert isinstance(served, CachedFile)
+    answer = ready(WHEEL, None, None)
+    assert answer is not None and answer[0] == "file"
+    kept = answer[1]
+    assert isinstance(kept, KeptFile) and kept.body == data and kept.sha256 == hashlib.sha256(data).hexdigest()
+    st = blob.path.stat()  # what aiohttp's FileResponse derives them from
+    assert kept.headers["Etag"] == f'"{st.st_mtime_ns:x}-{st.st_size:x}"' and kept.headers["Accept-Ranges"] == "bytes"
+    hits = world.metrics.cache_hits.labels("file")._value.get()
+    assert ready(WHEEL, None, None) == answer and world.metrics.cache_hits.labels("file")._value.get() == hits + 1
+    # A part, a tag or a date: FileResponse's to answer.
+    assert ready(WHEEL, None, '"x"') is None and ready(WHEEL, None, None, conditional=True) is None
+    # A new trusted state: the file's source is derived from the new target before memory answers again.
+    sample_repo.repo.add([build_wheel(tmp_path / "new", "base", "3.0")])
+    await world.trust.refresh(force=True)
+    with await world.ask("/packages/base/base-3.0-py3-none-any.whl", whole=True):
+        pass  # looks the new state's targets up
+    assert ready(WHEEL, None, None) is None
+    with await world.ask(WHEEL):
+        pass
+    assert ready(WHEEL, None, None) == answer
+    # Expired trusted metadata: nothing is ready, and resolve() refuses.
+    monkeypatch.setattr(trust_client, "_utcnow", lambda: datetime.now(UTC) + timedelta(days=400))
+    assert ready(WHEEL, None, None) is None
+
+
+async def test_memory_keeps_no_bytes_that_do_not_hash_to_their_name(world: World, sample_repo: SampleRepo) -> None:
+    """Rot after the store's first re-check of a blob: the copy for memory is verified again; the rotten blob
+    is neither kept nor served."""
+    cold = await world.ask(WHEEL)
+    assert isinstance(cold, Streamed)
+    blob = await cold.download.result
+    with await world.ask(WHEEL):  # re-checked by the store, and kept
+        pass
+    assert world.resolver.ready(WHEEL, None, None) is not None
+    world.resolver._files = HotPages()  # memory let it go
+    rotten = bytearray(blob.path.read_bytes())
+    rotten[-1] ^= 1
+    blob.path.chmod(0o644)
+    blob.path.write_bytes(bytes(rotten))
+    again = await world.ask(WHEEL)  # not served: evicted, fetched anew
+    assert isinstance(again, Streamed)
+    assert world.resolver.ready(WHEEL, None, None) is None
+    assert (await again.download.result).path.read_bytes() == (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
 
 
 class _Counting(LocalFetcher):

@@ -33,6 +33,8 @@ _SINGLE = frozenset((b"accept", b"if-none-match", b"x-request-id", b"authorizati
                      b"content-range", b"content-type", b"etag", b"max-forwards", b"server", b"user-agent"))
 # Fields that frame a body or change what the connection does next: never simple.
 _NOT_SIMPLE = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade", b"http2-settings", b"te"))
+# Fields that change a file's answer (a part, a 304 or a 412 by date or tag) but not a page's, which ignores them.
+_FILE_CONDITIONS = frozenset((b"range", b"if-range", b"if-modified-since", b"if-match", b"if-unmodified-since"))
 
 
 class SimpleHead(NamedTuple):
@@ -44,6 +46,8 @@ class SimpleHead(NamedTuple):
     if_none_match: str | None = None
     request_id: str | None = None
     authorization: str | None = None
+    # Any of Range, If-Range, If-Modified-Since, If-Match, If-Unmodified-Since: a file's answer depends on it.
+    conditional: bool = False
 
 
 def recognise(data: bytes) -> SimpleHead | None:
@@ -62,6 +66,7 @@ def _recognise(data: bytes) -> SimpleHead | None:
     if request is None or _UNNORMAL_PATH.search(request[2]):
         return None
     kept: dict[bytes, bytes] = {}
+    conditional = False
     for line in lines[1:]:
         field = _FIELD.fullmatch(line)
         if field is None:
@@ -73,6 +78,8 @@ def _recognise(data: bytes) -> SimpleHead | None:
             kept[name] = field[2]
         elif name in _NOT_SIMPLE:
             return None
+        elif name in _FILE_CONDITIONS:
+            conditional = True
     connection = kept.get(b"connection")
     if (connection is not None and connection.lower() != b"keep-alive") or not _HOST.fullmatch(kept.get(b"host", b"")):
         return None
@@ -83,6 +90,7 @@ def _recognise(data: bytes) -> SimpleHead | None:
         _text(kept.get(b"if-none-match")),
         _text(kept.get(b"x-request-id")),
         _text(kept.get(b"authorization")),
+        conditional,
     )
 
 

@@ -11,6 +11,8 @@ request) and returns one decision value, in the way aiohttp's
   trusted metadata vouches for now (decided without the store);
 * :class:`CachedFile`: a verified blob, PINNED until the decision is
   released (call :meth:`CachedFile.release`, or use it as a context manager);
+* :class:`KeptFile`: a small verified file's bytes, kept in memory for the
+  hot path (:meth:`Resolver.ready`), with the headers ``FileResponse`` sends;
 * :class:`Streamed`: a cold download to follow as it arrives;
 * :class:`Refused`: a typed refusal, for :mod:`proxy.serving.refusals` to answer.
 
@@ -28,7 +30,12 @@ A warm request does the least that keeps every check: path parsing and
 content negotiation are memoised (pure functions of the request), the
 trust core remembers lookups per trusted state but checks expiry at every
 one, and a rendered page is kept under its signed digest, so it can never
-be served once the trusted state stops vouching for that digest.
+be served once the trusted state stops vouching for that digest.  A small
+file (a ``.metadata``, most pure-Python wheels) served from the store is
+kept in memory too, under its verified sha256, and answered ready only
+while the trusted target it was derived from is still the live one.  A
+``.metadata`` answered ready starts no read-ahead: its file's was started
+when the ``.metadata`` was first served.
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from proxy.protocol import index
 from proxy.protocol.access import marked_private, not_listed
@@ -101,6 +111,15 @@ _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
 _READY_PLANS_SIZE = 8192
+# Files answered from memory: each at most KEPT_FILE_MAX bytes, at most KEPT_FILES_BYTES in all (per process).
+KEPT_FILE_MAX = 512 * 1024
+KEPT_FILES_BYTES = 32 * 2**20
+# What every file answer carries besides its own ETag, Last-Modified and length.
+FILE_HEADERS = {
+    "Content-Type": "application/octet-stream",
+    # A file name's bytes never change on an index: let clients and caches keep it.
+    "Cache-Control": "public, max-age=31536000, immutable",
+}
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
@@ -153,6 +172,29 @@ class Page:
     content_type: str
     etag: str
     headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class KeptFile:
+    """A small verified file in memory: its bytes, their sha256, and the headers aiohttp's ``FileResponse``
+    sends for the blob they were read from (its ETag and Last-Modified come from that file's stat)."""
+
+    body: bytes
+    sha256: str
+    headers: Mapping[str, str]
+
+
+class _PagePlan(NamedTuple):
+    route: str
+    media: index.MediaType
+    target_path: str
+
+
+class _FilePlan(NamedTuple):
+    route: str
+    kind: str  # the cache metrics' label
+    lookup_path: str  # the signed target the file's source derives from: its own, or its page's
+    target_path: str
 
 
 @dataclass(frozen=True)
@@ -268,12 +310,13 @@ class Resolver:
         self.file_origins = tuple(m.targets_url for m in trust.mirrors) + file_origins
         self.downloads = Downloads(store, fetcher, settings.pace, settings.unknown_length_downloads, shared=shared)
         self._hot: HotPages[Page] = HotPages()
+        self._files: HotPages[KeptFile] = HotPages(max_entries=4096, max_bytes=KEPT_FILES_BYTES)
         # Verified raw pages by cache key: a file's request reads its page, and so does its read-ahead.
         self._raw: HotPages[bytes] = HotPages(max_entries=1024, max_bytes=64 * 2**20)
         # A root list rendered from the bins (a layout that signs none): (its projects, media type, page).
         self._root_kept: tuple[tuple[str, ...], index.MediaType, Page] | None = None
-        # (path, Accept) -> what ready() needs of a page request (pure, like _parse_path and _negotiate).
-        self._ready_plans: dict[tuple[str, str | None], tuple[str, index.MediaType, str] | None] = {}
+        # (path, Accept) -> what ready() needs of a request (pure, like _parse_path and _negotiate).
+        self._ready_plans: dict[tuple[str, str | None], _PagePlan | _FilePlan | None] = {}
         # Request target path -> (the trusted target it was derived from, its source).
         self._sources: dict[str, tuple[VerifiedTarget, _Source]] = {}
         # Blobs and pages re-hashed since this process started: the cheap trigger for bit-rot checks.
@@ -304,10 +347,12 @@ class Resolver:
         return await self._file(ask, req)
 
     # -- pages ---------------------------------------------------------
-    def ready(self, path: str, accept: str | None, if_none_match: str | None) -> tuple[str, Page | NotModified] | None:
-        """The route and answer of a page request that is ready now, with no wait: its target
-        remembered under the live trusted state (expiry checked now) and its page kept rendered
-        (or the client's ETag naming it).  None: :meth:`resolve` it (which may fetch, wait or refuse).
+    def ready(self, path: str, accept: str | None, if_none_match: str | None,
+              conditional: bool = False) -> tuple[str, Page | NotModified | KeptFile] | None:
+        """The route and answer of a request that is ready now, with no wait: its target remembered
+        under the live trusted state (expiry checked now) and its page kept rendered (or the client's
+        ETag naming it), or its file kept in memory.  ``conditional``: the request carries Range or a
+        condition a file's answer depends on.  None: :meth:`resolve` it (which may fetch, wait or refuse).
         """
         plans, key = self._ready_plans, (path, accept)
         if key in plans:
@@ -319,6 +364,9 @@ class Resolver:
             plans[key] = plan
         if plan is None:
             return None
+        if isinstance(plan, _FilePlan):
+            # A file's conditions (a part, a tag, a date) are FileResponse's to answer.
+            return None if conditional or if_none_match is not None else self._ready_file(plan)
         route, media, target_path = plan
         target = self.trust.remembered(target_path)
         if target is None or marked_private(target.custom):
@@ -326,10 +374,25 @@ class Resolver:
         answer = self._kept(target, media, if_none_match)
         return None if answer is None else (route, answer)
 
-    def _ready_plan(self, path: str, accept: str | None) -> tuple[str, index.MediaType, str] | None:
-        """A page request's route, media type and target path; None for any other request."""
+    def _ready_file(self, plan: _FilePlan) -> tuple[str, KeptFile] | None:
+        """A kept file, if the source it was checked against derives from the target trusted now."""
+        target = self.trust.remembered(plan.lookup_path)
+        if target is None or marked_private(target.custom):
+            return None
+        known = self._sources.get(plan.target_path)
+        kept = self._files.get(plan.target_path)
+        if known is None or known[0] is not target or kept is None or kept.sha256 != known[1].want.hashes.get("sha256"):
+            return None
+        self.metrics.hit(plan.kind)
+        return plan.route, kept
+
+    def _ready_plan(self, path: str, accept: str | None) -> _PagePlan | _FilePlan | None:
+        """What ready() needs of a page or file request (see :class:`_PagePlan`, :class:`_FilePlan`);
+        None for any other request, and for files whose every answer must go through :meth:`_file`."""
         try:
             req = _parse_path(path)
+            if req.kind in (TargetKind.FILE, TargetKind.CORE_METADATA):
+                return self._file_plan(req)
             if req.kind not in _PAGE_KINDS or req.redirect_to is not None:
                 return None
             if req.kind is TargetKind.ROOT_INDEX and not self.profile.root_list_signed:
@@ -337,7 +400,20 @@ class Resolver:
             media, _, target_path = self._page_plan(req, accept)
         except (BadRequestPath, ClientMistake):
             return None
-        return _ROUTES[req.kind], media, target_path
+        return _PagePlan(_ROUTES[req.kind], media, target_path)
+
+    def _file_plan(self, req: TargetRequest) -> _FilePlan | None:
+        # Each answer of these is audited, or checked again: never from memory.
+        if self.audit.log_accepted or (self.provenance is not None and req.kind is TargetKind.FILE):
+            return None
+        target_path = req.target_path()
+        if self.profile.files_are_targets:
+            lookup = target_path
+        else:
+            assert req.project is not None
+            lookup = self.profile.page_target(req.project, self.profile.signed_formats[0])
+        kind = "metadata" if req.kind is TargetKind.CORE_METADATA else "file"
+        return _FilePlan(_ROUTES[req.kind], kind, lookup, target_path)
 
     async def _page(self, ask: Ask, req: TargetRequest) -> Page | NotModified:
         if req.kind is TargetKind.ROOT_INDEX and not self.profile.root_list_signed:
@@ -485,6 +561,8 @@ class Resolver:
                                  target=want.path, expected=self.settings.max_file_size, actual=want.length)
         kind = "metadata" if want.path.endswith(".metadata") else "file"
         cached = await self._cached(want)
+        if cached is not None and cached.size <= KEPT_FILE_MAX and not await self._keep(want, cached):
+            cached = None  # its bytes no longer verify: evicted, fetched anew below
         if cached is not None:
             self.metrics.hit(kind)
             return self._serve(ask, source, cached)
@@ -578,6 +656,26 @@ class Resolver:
         self._rechecked.add(blob.sha256)
         return blob
 
+    async def _keep(self, want: Want, blob: Blob) -> bool:
+        """Keep a small stored file in memory for :meth:`ready`, read once and verified again against
+        ``want``; False if its bytes no longer verify (then it is evicted)."""
+        kept = self._files.get(want.path)
+        if kept is not None and kept.sha256 == blob.sha256:
+            return True
+        with self.store.in_use(blob.sha256):
+            try:
+                kept = await asyncio.to_thread(_read_kept, blob, want)
+            except OSError as e:  # served from the store as before; the store's own checks say why
+                log.warning("could not keep %s in memory: %s", want.path, e)
+                return True
+            except RepositoryError as e:
+                log.error("blob %s failed its re-check (bit rot?): evicted, refetching: %s", blob.sha256, e)
+                self.store.evict(blob.sha256)
+                self._rechecked.discard(blob.sha256)
+                return False
+        self._files.put(want.path, kept, len(kept.body))
+        return True
+
     def _serve(self, ask: Ask, source: _Source, blob: Blob) -> CachedFile:
         decision = CachedFile(self.store, blob)  # pinned before any await
         self._accepted(ask, source, blob)
@@ -666,6 +764,22 @@ _MEDIA_TAGS = {index.MediaType.JSON_V1: "json", index.MediaType.HTML_V1: "html1"
 def _etag(digest: str, media: index.MediaType) -> str:
     """A page's ETag: the signed digest it was rendered from, and the media type it was rendered as."""
     return f'"{digest[:40]}-{_MEDIA_TAGS[media]}"'
+
+
+def _read_kept(blob: Blob, want: Want) -> KeptFile:
+    """A stored blob's bytes, verified against ``want`` and its name (RepositoryError if they are not
+    those), and the headers aiohttp's ``FileResponse`` builds from its stat."""
+    with open(blob.path, "rb") as f:
+        st = os.fstat(f.fileno())
+        body = f.read(blob.size + 1)
+    verify_bytes(want.path, {**want.hashes, "sha256": blob.sha256}, blob.size, body, role=want.role)
+    headers = {
+        **FILE_HEADERS,
+        "Etag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"',  # aiohttp's spelling: the same bytes either way
+        "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(math.ceil(st.st_mtime))),
+        "Accept-Ranges": "bytes",
+    }
+    return KeptFile(body, blob.sha256, headers)
 
 
 def _etag_matches(if_none_match: str, etag: str) -> bool:

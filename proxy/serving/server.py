@@ -35,9 +35,11 @@ from proxy.serving.guard import ANONYMOUS_USER, Guard, User
 from proxy.serving.listener import Limits, Listener
 from proxy.serving.refusals import Answer
 from proxy.serving.resolver import (
+    FILE_HEADERS,
     UPSTREAM_FAILURES,
     Ask,
     CachedFile,
+    KeptFile,
     NotModified,
     Page,
     Redirect,
@@ -54,11 +56,6 @@ log = logging.getLogger(__name__)
 ROUTE = web.RequestKey("route", str)
 # Headers that need the whole file on disk (FileResponse answers them): no streaming then.
 _WHOLE_FILE_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Range", "If-Match", "If-Unmodified-Since")
-_FILE_HEADERS = {
-    "Content-Type": "application/octet-stream",
-    # A file name's bytes never change on an index: let clients and caches keep it.
-    "Cache-Control": "public, max-age=31536000, immutable",
-}
 
 
 class Proxy:
@@ -91,7 +88,7 @@ class Proxy:
         return self.connections
 
     def _ready(self, head: SimpleHead, protocol: Any) -> bytes | None:
-        """The hot path's answer: a page request the resolver has ready, counted as the middleware
+        """The hot path's answer: a page or small file the resolver has ready, counted as the middleware
         counts every request; None: aiohttp takes it."""
         start = time.monotonic()
         if self.guard is not None:
@@ -100,11 +97,11 @@ class Proxy:
             user = self.guard.remembered(head.authorization)
             if user is None or self.guard.authorize(user, project_of(head.path)) is not None:
                 return None
-        ready = self.resolver.ready(head.path, head.accept, head.if_none_match)
+        ready = self.resolver.ready(head.path, head.accept, head.if_none_match, head.conditional)
         if ready is None:
             return None
         route, answer = ready
-        if isinstance(answer, Page):
+        if isinstance(answer, (Page, KeptFile)):
             status, body = 200, answer.body
         else:
             status, body = 304, b""
@@ -161,7 +158,7 @@ class Proxy:
         if isinstance(decision, CachedFile):
             if not ask.whole and over_tls(request):
                 try:
-                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, _FILE_HEADERS)
+                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, FILE_HEADERS)
                 finally:
                     decision.release()
             return _PinnedFileResponse(decision)
@@ -188,7 +185,7 @@ class Proxy:
         download, again = decision.download, decision.again
         while True:
             first = await first_bytes(download, joined=again is not None)
-            sent = first if first is not None else await send_download(request, download, _FILE_HEADERS,
+            sent = first if first is not None else await send_download(request, download, FILE_HEADERS,
                                                                         decision.length)
             if not isinstance(sent, BaseException):
                 break
@@ -304,7 +301,7 @@ class _PinnedFileResponse(web.FileResponse):
     released once sent so eviction cannot pull it away mid-response."""
 
     def __init__(self, decision: CachedFile) -> None:
-        super().__init__(decision.blob.path, headers=_FILE_HEADERS)
+        super().__init__(decision.blob.path, headers=FILE_HEADERS)
         self._decision = decision
 
     async def prepare(self, request: web.BaseRequest):
