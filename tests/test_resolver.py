@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -179,6 +180,7 @@ async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Pa
     first = World(tmp_path, sample_repo)
     await first.trust.refresh()
     assert isinstance(await first.ask("/simple/base/", accept="text/html"), Page)
+    await first.resolver.close()  # its page writes end
     pages = IndexCache(tmp_path / "cache")
     (key,) = [k for k in pages.keys() if k.startswith("simple/base/")]  # noqa: SIM118 - IndexCache has keys(), no __iter__
     pages.set(key, b"<html>base is gone</html>")
@@ -187,6 +189,38 @@ async def test_a_tampered_cached_page_is_rechecked_once_per_process(tmp_path: Pa
     page = await second.ask("/simple/base/", accept="text/html")
     assert isinstance(page, Page) and b"base-2.0-py3-none-any.whl" in page.body
     assert pages.get(key) != b"<html>base is gone</html>"
+
+
+class _HeldPages(IndexCache):
+    """A page cache whose writes wait until released, or fail as a full disk does."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+        self.full = False
+
+    def set(self, key: str, value: bytes) -> None:
+        assert self.release.wait(10)
+        if self.full:
+            raise StoreFull("index cache write: no space left on device")
+        super().set(key, value)
+
+
+async def test_a_page_is_answered_before_its_disk_write_ends_and_despite_its_failure(
+        world: World, tmp_path: Path) -> None:
+    held = _HeldPages(tmp_path / "held")
+    world.resolver.pages = held
+    page = await world.ask("/simple/base/", accept="application/vnd.pypi.simple.v1+json")
+    assert isinstance(page, Page) and json.loads(page.body)["name"] == "base"
+    assert held.keys() == []  # its write waits
+    held.release.set()
+    await world.resolver.close()  # lets the writes under way end
+    assert [k for k in held.keys() if k.startswith("simple/base/")]  # noqa: SIM118 - IndexCache has no __iter__
+    # A disk that refuses the write: the page is still answered (from memory), and the failure logged.
+    held.full = True
+    lib = await world.ask("/simple/lib/", accept="application/vnd.pypi.simple.v1+json")
+    await world.resolver.close()
+    assert isinstance(lib, Page) and not [k for k in held.keys() if k.startswith("simple/lib/")]  # noqa: SIM118
 
 
 async def test_upstream_unreachable_names_the_target_not_a_role(world: World) -> None:

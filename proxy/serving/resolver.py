@@ -110,6 +110,8 @@ _PAGE_KINDS = (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX)
 _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
+# Page-cache writes under way at once (see Resolver._write_page).
+_PAGE_WRITES = 64
 _READY_PLANS_SIZE = 8192
 # Files answered from memory: each at most KEPT_FILE_MAX bytes, at most KEPT_FILES_BYTES in all (per process).
 KEPT_FILE_MAX = 512 * 1024
@@ -323,6 +325,7 @@ class Resolver:
         self._rechecked: set[str] = set()
         self._ahead = ReadAheads(settings.read_ahead)
         self._ahead_tasks: set[asyncio.Task[None]] = set()
+        self._page_writes: set[asyncio.Future[None]] = set()
 
     async def resolve(self, ask: Ask) -> Decision:
         """The decision for ``ask``; never raises a refusal, returns it."""
@@ -542,10 +545,29 @@ class Resolver:
             return fetch_bytes(self.page_fetcher, want, urls, pace=self.settings.pace, observer=observer)
         shared = self.downloads.shared
         data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer, fetch))
-        await asyncio.to_thread(self.pages.set, cache_key, data)
         self._rechecked.add(cache_key)
         self._raw.put(cache_key, data, len(data))
+        await self._write_page(cache_key, data)
         return data
+
+    async def _write_page(self, cache_key: str, data: bytes) -> None:
+        """Start storing a verified page on disk; its request is answered from memory meanwhile.
+
+        Waiting for the write cost a cold install's pages up to 33 ms each:
+        the workers' writes queue for the page cache's one SQLite write lock.
+        At most :data:`_PAGE_WRITES` wait at once; a burst past them waits here.
+        """
+        while len(self._page_writes) >= _PAGE_WRITES:
+            await asyncio.wait(set(self._page_writes), return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.ensure_future(asyncio.to_thread(self._store_page, cache_key, data))
+        self._page_writes.add(task)
+        task.add_done_callback(self._page_writes.discard)
+
+    def _store_page(self, cache_key: str, data: bytes) -> None:
+        try:
+            self.pages.set(cache_key, data)
+        except StoreError as e:  # the page was answered from memory; this process keeps it there
+            log.warning("page %s not stored on disk: %s", cache_key, e)
 
     # -- files ---------------------------------------------------------
     async def _file(self, ask: Ask, req: TargetRequest) -> CachedFile | Streamed:
@@ -626,10 +648,11 @@ class Resolver:
         self.metrics.read_ahead.inc()
 
     async def close(self) -> None:
-        """Stop the read-ahead lookups still running (the downloads they started end with the fetcher)."""
+        """Stop the read-ahead lookups still running (the downloads they started end with the fetcher),
+        and let the page writes under way end."""
         for task in list(self._ahead_tasks):
             task.cancel()
-        await asyncio.gather(*self._ahead_tasks, return_exceptions=True)
+        await asyncio.gather(*self._ahead_tasks, *self._page_writes, return_exceptions=True)
 
     def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
         want = source.want
