@@ -13,12 +13,14 @@ import http.client
 import json
 import re
 import socket
+import ssl
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import SampleRepo
+from tests.support.certs import CA
 from tests.support.proxyproc import ProxyProcess
 from tests.support.upstream import Upstream
 
@@ -46,9 +48,11 @@ def head(method: str = "GET", path: str = PAGE, **fields: str) -> bytes:
 class Conn:
     """A raw client connection reading HTTP/1.1 responses (Content-Length framed) one by one."""
 
-    def __init__(self, proxy: ProxyProcess, cold: bool = False) -> None:
+    def __init__(self, proxy: ProxyProcess, cold: bool = False, tls: ssl.SSLContext | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="127.0.0.1")
         self.buf = b""
         if cold:
             assert self.ask(COLD_OPENER)[0] == 200
@@ -88,8 +92,9 @@ class Conn:
         self.sock.close()
 
 
-def hot_answers(proxy: ProxyProcess) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+def hot_answers(proxy: ProxyProcess, tls: ssl.SSLContext | None = None) -> float:
+    conn = (http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10) if tls is None
+            else http.client.HTTPSConnection("127.0.0.1", proxy.port, timeout=10, context=tls))
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
@@ -176,6 +181,31 @@ def test_a_small_warm_file_is_answered_hot_with_the_bytes_aiohttp_sends(
     assert hot_answers(proxy) - before == 3
     assert hot.ask(head(path=WHEEL))[2] == wheel
     assert hot_answers(proxy) - before == 4
+
+
+@pytest.mark.slow
+def test_over_tls_a_file_from_the_store_and_from_memory_are_the_same_answer(
+        tmp_path: Path, sample_repo: SampleRepo, upstream: Upstream) -> None:
+    """Over TLS the full path sends a stored file by its own loop (not FileResponse): the same headers,
+    validators and request id as the hot answer that follows it."""
+    ca = CA(tmp_path / "pki")
+    ca.issue(tmp_path / "pki" / "edge.pem", tmp_path / "pki" / "edge.key")
+    tls = ssl.create_default_context(cafile=str(ca.path))
+    root = tmp_path / "root.json"
+    root.write_bytes(sample_repo.root_bytes)
+    wheel = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    with ProxyProcess(tmp_path / "cache", "--upstream", upstream.url, "--root", str(root), "--workers", "1",
+                      "--tls-cert", str(tmp_path / "pki" / "edge.pem"), "--tls-key", str(tmp_path / "pki" / "edge.key")) as p:
+        conn = Conn(p, tls=tls)
+        cold = conn.ask(head(path=WHEEL, X_Request_Id="cold-1"))  # streamed as it is fetched
+        assert cold[2] == wheel and ("X-Request-Id", "cold-1") in cold[1]
+        stored = conn.ask(head(path=WHEEL, X_Request_Id="stored-1"))  # from the store, kept in memory
+        assert stored[2] == wheel and ("X-Request-Id", "stored-1") in stored[1]
+        before = hot_answers(p, tls)
+        kept = conn.ask(head(path=WHEEL))
+        assert hot_answers(p, tls) - before == 1
+        assert comparable(kept) == comparable(stored)
+        assert {"Etag", "Last-Modified", "Accept-Ranges"} <= dict(stored[1]).keys()
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import proxy.serving.resolver as resolver_module
 import proxy.trust.client as trust_client
 from proxy.protocol import index
 from proxy.protocol.errors import (
@@ -322,8 +323,20 @@ async def test_a_small_file_is_ready_from_memory_only_while_the_target_it_was_ch
     assert isinstance(kept, KeptFile) and kept.body == data and kept.sha256 == hashlib.sha256(data).hexdigest()
     st = blob.path.stat()  # what aiohttp's FileResponse derives them from
     assert kept.headers["Etag"] == f'"{st.st_mtime_ns:x}-{st.st_size:x}"' and kept.headers["Accept-Ranges"] == "bytes"
-    hits = world.metrics.cache_hits.labels("file")._value.get()
+    hits, store_hits = world.metrics.cache_hits.labels("file")._value.get(), world.store.hits
     assert ready(WHEEL, None, None) == answer and world.metrics.cache_hits.labels("file")._value.get() == hits + 1
+    assert world.store.hits == store_hits + 1  # its use recorded in the store, as a store hit's is
+    # The blob gone, then stored again as another file: memory answers once it has read that one.
+    world.store.evict(blob.sha256)
+    assert ready(WHEEL, None, None) is None
+    refetched = await world.ask(WHEEL)
+    assert isinstance(refetched, Streamed)
+    blob = await refetched.download.result
+    with await world.ask(WHEEL):
+        pass
+    answer = ready(WHEEL, None, None)
+    st = blob.path.stat()
+    assert answer is not None and answer[1].headers["Etag"] == f'"{st.st_mtime_ns:x}-{st.st_size:x}"' != kept.headers["Etag"]
     # A part, a tag or a date: FileResponse's to answer.
     assert ready(WHEEL, None, '"x"') is None and ready(WHEEL, None, None, conditional=True) is None
     # A new trusted state: the file's source is derived from the new target before memory answers again.
@@ -338,6 +351,22 @@ async def test_a_small_file_is_ready_from_memory_only_while_the_target_it_was_ch
     # Expired trusted metadata: nothing is ready, and resolve() refuses.
     monkeypatch.setattr(trust_client, "_utcnow", lambda: datetime.now(UTC) + timedelta(days=400))
     assert ready(WHEEL, None, None) is None
+
+
+async def test_a_blob_gone_when_read_for_memory_is_fetched_anew(
+        world: World, sample_repo: SampleRepo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process may evict a blob between the store's answer and the read: a 404 would be wrong."""
+    cold = await world.ask(WHEEL)
+    assert isinstance(cold, Streamed)
+    await cold.download.result
+
+    def gone(blob: object, want: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(resolver_module, "_read_kept", gone)
+    again = await world.ask(WHEEL)
+    assert isinstance(again, Streamed)
+    assert (await again.download.result).path.read_bytes() == (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
 
 
 async def test_memory_keeps_no_bytes_that_do_not_hash_to_their_name(world: World, sample_repo: SampleRepo) -> None:

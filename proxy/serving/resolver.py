@@ -183,6 +183,7 @@ class KeptFile:
 
     body: bytes
     sha256: str
+    mtime_ns: int  # of the blob file when read: the ETag's, and a replaced file's tell
     headers: Mapping[str, str]
 
 
@@ -385,6 +386,11 @@ class Resolver:
         known = self._sources.get(plan.target_path)
         kept = self._files.get(plan.target_path)
         if known is None or known[0] is not target or kept is None or kept.sha256 != known[1].want.hashes.get("sha256"):
+            return None
+        # Still stored, as the same file (its use recorded, as a store hit's is): else the ETag
+        # kept is not FileResponse's any more, or the blob went; the full path answers.
+        blob = self.store.get(kept.sha256, len(kept.body))
+        if blob is None or blob.mtime_ns != kept.mtime_ns:
             return None
         self.metrics.hit(plan.kind)
         return plan.route, kept
@@ -683,11 +689,13 @@ class Resolver:
         """Keep a small stored file in memory for :meth:`ready`, read once and verified again against
         ``want``; False if its bytes no longer verify (then it is evicted)."""
         kept = self._files.get(want.path)
-        if kept is not None and kept.sha256 == blob.sha256:
+        if kept is not None and kept.sha256 == blob.sha256 and kept.mtime_ns == blob.mtime_ns:
             return True
         with self.store.in_use(blob.sha256):
             try:
                 kept = await asyncio.to_thread(_read_kept, blob, want)
+            except FileNotFoundError:  # another process evicted it since: fetched anew
+                return False
             except OSError as e:  # served from the store as before; the store's own checks say why
                 log.warning("could not keep %s in memory: %s", want.path, e)
                 return True
@@ -802,7 +810,7 @@ def _read_kept(blob: Blob, want: Want) -> KeptFile:
         "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(math.ceil(st.st_mtime))),
         "Accept-Ranges": "bytes",
     }
-    return KeptFile(body, blob.sha256, headers)
+    return KeptFile(body, blob.sha256, st.st_mtime_ns, headers)
 
 
 def _etag_matches(if_none_match: str, etag: str) -> bool:

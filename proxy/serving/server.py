@@ -158,7 +158,7 @@ class Proxy:
         if isinstance(decision, CachedFile):
             if not ask.whole and over_tls(request):
                 try:
-                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, FILE_HEADERS)
+                    return await send_file_over_tls(request, decision.blob.path, decision.blob.size, _file_headers())
                 finally:
                     decision.release()
             return _PinnedFileResponse(decision)
@@ -185,7 +185,7 @@ class Proxy:
         download, again = decision.download, decision.again
         while True:
             first = await first_bytes(download, joined=again is not None)
-            sent = first if first is not None else await send_download(request, download, FILE_HEADERS,
+            sent = first if first is not None else await send_download(request, download, _file_headers(),
                                                                         decision.length)
             if not isinstance(sent, BaseException):
                 break
@@ -290,6 +290,12 @@ def _asks_whole_file(headers: Any) -> bool:
         if name in headers:
             return True
     return False
+
+
+def _file_headers() -> dict[str, str]:
+    """A file answer's headers, X-Request-Id included: an answer sent as it streams is on the wire
+    before the middleware could add it."""
+    return {**FILE_HEADERS, "X-Request-Id": request_id.get()}
 
 
 def _answer(answer: Answer) -> web.Response:

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -69,6 +69,8 @@ class Blob:
     sha256: str
     path: Path
     size: int
+    # Its file's mtime when get() found it (0: not looked at): what a server's ETag is built from.
+    mtime_ns: int = field(default=0, compare=False)
 
 
 def disk_error(exc: OSError, what: str) -> StoreError:
@@ -230,7 +232,7 @@ class BlobStore:
                     if sha256 in self._index:
                         self._index.move_to_end(sha256)
                         self.hits += 1
-                        return Blob(sha256, path, size)
+                        return Blob(sha256, path, size, st.st_mtime_ns)
             elif st is None:
                 with self._lock:  # evicted by another process: forget it, it is not our eviction
                     self._usage -= self._index.pop(sha256, 0)
