@@ -8,6 +8,7 @@ decision value.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -351,6 +352,25 @@ async def test_a_small_file_is_ready_from_memory_only_while_the_target_it_was_ch
     # Expired trusted metadata: nothing is ready, and resolve() refuses.
     monkeypatch.setattr(trust_client, "_utcnow", lambda: datetime.now(UTC) + timedelta(days=400))
     assert ready(WHEEL, None, None) is None
+
+
+async def test_a_small_cold_file_sent_whole_is_kept_and_a_new_process_reads_a_stored_one_once(
+        world: World, sample_repo: SampleRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = (sample_repo.repo.public_dir / WHEEL.lstrip("/")).read_bytes()
+    cold = await world.ask(WHEEL)
+    assert isinstance(cold, Streamed)
+    cold.served(await cold.download.result)  # what the server calls once the verified file went out whole
+    await asyncio.gather(*world.resolver._keeping)
+    answer = world.resolver.ready(WHEEL, None, None)
+    assert answer is not None and answer[1].body == data  # no second request through the store needed
+    # A new process: its first use of a stored small file is one read, verified as it is kept.
+    other = World(tmp_path, sample_repo, slot="md2")
+    await other.trust.refresh()
+    rehashed: list[str] = []
+    monkeypatch.setattr(other.store, "verify", lambda blob, hashes: rehashed.append(blob.sha256) or True)
+    with await other.ask(WHEEL) as served:
+        assert isinstance(served, CachedFile)
+    assert rehashed == [] and other.resolver.ready(WHEEL, None, None) == answer
 
 
 async def test_a_blob_gone_when_read_for_memory_is_fetched_anew(

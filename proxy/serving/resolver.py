@@ -112,6 +112,8 @@ _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 _SOURCES_SIZE = 16384
 # Page-cache writes under way at once (see Resolver._write_page).
 _PAGE_WRITES = 64
+# Small cold files being read into memory once sent, at once (more are read when next asked for).
+_KEEPING = 16
 _READY_PLANS_SIZE = 8192
 # Files answered from memory: each at most KEPT_FILE_MAX bytes, at most KEPT_FILES_BYTES in all (per process).
 KEPT_FILE_MAX = 512 * 1024
@@ -327,6 +329,7 @@ class Resolver:
         self._ahead = ReadAheads(settings.read_ahead)
         self._ahead_tasks: set[asyncio.Task[None]] = set()
         self._page_writes: set[asyncio.Future[None]] = set()
+        self._keeping: set[asyncio.Future[bool]] = set()  # small cold files read into memory once sent
 
     async def resolve(self, ask: Ask) -> Decision:
         """The decision for ``ask``; never raises a refusal, returns it."""
@@ -598,7 +601,7 @@ class Resolver:
         download, joined = self._start(ask, source)
         if not (self.settings.verify_before_send or ask.whole):
             return Streamed(download, want.length if want.exact else None,
-                            lambda blob: self._accepted(ask, source, blob),
+                            lambda blob: self._streamed(ask, source, blob),
                             (lambda: self._start(ask, source)[0]) if joined else None)
         try:
             blob = await asyncio.shield(download.result)
@@ -656,9 +659,11 @@ class Resolver:
     async def close(self) -> None:
         """Stop the read-ahead lookups still running (the downloads they started end with the fetcher),
         and let the page writes under way end."""
-        for task in list(self._ahead_tasks):
+        for task in self._ahead_tasks:
             task.cancel()
-        await asyncio.gather(*self._ahead_tasks, *self._page_writes, return_exceptions=True)
+        for keeping in self._keeping:
+            keeping.cancel()
+        await asyncio.gather(*self._ahead_tasks, *self._keeping, *self._page_writes, return_exceptions=True)
 
     def _start(self, ask: Ask, source: _Source) -> tuple[Download, bool]:
         want = source.want
@@ -677,6 +682,11 @@ class Resolver:
         blob = self.store.get(sha, want.length if want.exact else None)
         if blob is None or blob.sha256 in self._rechecked:
             return blob
+        if blob.size <= KEPT_FILE_MAX:  # its read for memory is its re-check
+            if not await self._keep(want, blob):
+                return None
+            if blob.sha256 in self._rechecked:
+                return blob
         with self.store.in_use(blob.sha256):
             sound = await asyncio.to_thread(self.store.verify, blob, dict(want.hashes))
         if not sound:
@@ -705,7 +715,16 @@ class Resolver:
                 self._rechecked.discard(blob.sha256)
                 return False
         self._files.put(want.path, kept, len(kept.body))
+        self._rechecked.add(blob.sha256)
         return True
+
+    def _streamed(self, ask: Ask, source: _Source, blob: Blob) -> None:
+        """A cold file went out whole and verified: accepted, and kept in memory if small (in the background)."""
+        self._accepted(ask, source, blob)
+        if blob.size <= KEPT_FILE_MAX and len(self._keeping) < _KEEPING:
+            task = asyncio.ensure_future(self._keep(source.want, blob))
+            self._keeping.add(task)
+            task.add_done_callback(self._keeping.discard)
 
     def _serve(self, ask: Ask, source: _Source, blob: Blob) -> CachedFile:
         decision = CachedFile(self.store, blob)  # pinned before any await
