@@ -200,11 +200,14 @@ class _HeldPages(IndexCache):
         super().__init__(root)
         self.release = threading.Event()
         self.full = False
+        self.error: Exception | None = None
 
     def set(self, key: str, value: bytes) -> None:
         assert self.release.wait(10)
         if self.full:
             raise StoreFull("index cache write: no space left on device")
+        if self.error is not None:
+            raise self.error
         super().set(key, value)
 
 
@@ -371,6 +374,31 @@ async def test_a_small_cold_file_sent_whole_is_kept_and_a_new_process_reads_a_st
     with await other.ask(WHEEL) as served:
         assert isinstance(served, CachedFile)
     assert rehashed == [] and other.resolver.ready(WHEEL, None, None) == answer
+
+
+async def test_a_background_failure_is_logged_and_nothing_is_kept(
+        world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A page write or a keep that fails where no request waits for it: said, never 'never retrieved'."""
+    cold = await world.ask(WHEEL)
+    assert isinstance(cold, Streamed)
+    blob = await cold.download.result
+
+    def no_pin(sha256: str) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(world.store, "pin", no_pin)
+    cold.served(blob)
+    await asyncio.gather(*world.resolver._keeping, return_exceptions=True)
+    held = _HeldPages(tmp_path / "held")
+    held.release.set()
+    held.error = RuntimeError("a bug in the cache")
+    world.resolver.pages = held
+    assert isinstance(await world.ask("/simple/base/", accept="application/vnd.pypi.simple.v1+json"), Page)
+    await world.resolver.close()
+    assert world.resolver.ready(WHEEL, None, None) is None
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("keeping a file in memory failed: OSError" in m for m in logged), logged
+    assert any("page write failed: RuntimeError: a bug in the cache" in m for m in logged), logged
 
 
 async def test_a_blob_gone_when_read_for_memory_is_fetched_anew(

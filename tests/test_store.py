@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -422,6 +423,22 @@ def test_index_cache_round_trip_across_reopen(tmp_path: Path) -> None:
     reopened = IndexCache(tmp_path)
     assert reopened.get("simple/demo/index.html#" + "0" * 64) == page
     reopened.close()
+
+
+@pytest.mark.parametrize("error,kind", [(sqlite3.OperationalError("database or disk is full"), StoreFull),
+                                        (sqlite3.DatabaseError("database disk image is malformed"), StoreError)])
+def test_index_cache_write_failures_are_store_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     error: sqlite3.Error, kind: type[StoreError]) -> None:
+    """A page small enough to live inside the database fails there, as SQLite's error: ours, typed."""
+    cache = IndexCache(tmp_path)
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(cache._cache, "set", fail)
+    with pytest.raises(kind, match="index cache write"):
+        cache.set("simple/demo/index.html#" + "0" * 64, b"page")
+    cache.close()
 
 
 def test_index_cache_is_bounded(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from proxy.protocol import index
 from proxy.protocol.access import marked_private, not_listed
@@ -110,8 +110,11 @@ _PAGE_KINDS = (TargetKind.ROOT_INDEX, TargetKind.PROJECT_INDEX)
 _ROUTES = {kind: kind.value.replace("-", "_") for kind in TargetKind}
 # Sources of files (what each must be, where it comes from), remembered per trusted target.
 _SOURCES_SIZE = 16384
-# Page-cache writes under way at once (see Resolver._write_page).
+# Page-cache writes under way at once, and the bytes they hold (see Resolver._write_page).
 _PAGE_WRITES = 64
+_PAGE_WRITE_BYTES = 64 * 2**20
+# Verified raw pages kept in memory per process.
+_RAW_BYTES = 64 * 2**20
 # Small cold files being read into memory once sent, at once (more are read when next asked for).
 _KEEPING = 16
 _READY_PLANS_SIZE = 8192
@@ -317,7 +320,7 @@ class Resolver:
         self._hot: HotPages[Page] = HotPages()
         self._files: HotPages[KeptFile] = HotPages(max_entries=4096, max_bytes=KEPT_FILES_BYTES)
         # Verified raw pages by cache key: a file's request reads its page, and so does its read-ahead.
-        self._raw: HotPages[bytes] = HotPages(max_entries=1024, max_bytes=64 * 2**20)
+        self._raw: HotPages[bytes] = HotPages(max_entries=1024, max_bytes=_RAW_BYTES)
         # A root list rendered from the bins (a layout that signs none): (its projects, media type, page).
         self._root_kept: tuple[tuple[str, ...], index.MediaType, Page] | None = None
         # (path, Accept) -> what ready() needs of a request (pure, like _parse_path and _negotiate).
@@ -329,6 +332,7 @@ class Resolver:
         self._ahead = ReadAheads(settings.read_ahead)
         self._ahead_tasks: set[asyncio.Task[None]] = set()
         self._page_writes: set[asyncio.Future[None]] = set()
+        self._page_write_bytes = 0
         self._keeping: set[asyncio.Future[bool]] = set()  # small cold files read into memory once sent
 
     async def resolve(self, ask: Ask) -> Decision:
@@ -564,13 +568,27 @@ class Resolver:
 
         Waiting for the write cost a cold install's pages up to 33 ms each:
         the workers' writes queue for the page cache's one SQLite write lock.
-        At most :data:`_PAGE_WRITES` wait at once; a burst past them waits here.
+        At most :data:`_PAGE_WRITES` wait at once, holding at most
+        :data:`_PAGE_WRITE_BYTES`; a burst past them waits here.  A page too
+        large for the memory it is answered from is written before it is
+        answered, so that the next request for it finds it on disk.
         """
-        while len(self._page_writes) >= _PAGE_WRITES:
+        if len(data) > _RAW_BYTES // 4:  # HotPages keeps no value larger than that
+            await asyncio.to_thread(self._store_page, cache_key, data)
+            return
+        while self._page_writes and (len(self._page_writes) >= _PAGE_WRITES
+                                     or self._page_write_bytes + len(data) > _PAGE_WRITE_BYTES):
             await asyncio.wait(set(self._page_writes), return_when=asyncio.FIRST_COMPLETED)
+        self._page_write_bytes += len(data)
         task = asyncio.ensure_future(asyncio.to_thread(self._store_page, cache_key, data))
         self._page_writes.add(task)
-        task.add_done_callback(self._page_writes.discard)
+
+        def done(task: asyncio.Future[None]) -> None:
+            self._page_writes.discard(task)
+            self._page_write_bytes -= len(data)
+            _log_failure("page write", task)
+
+        task.add_done_callback(done)
 
     def _store_page(self, cache_key: str, data: bytes) -> None:
         try:
@@ -725,6 +743,7 @@ class Resolver:
             task = asyncio.ensure_future(self._keep(source.want, blob))
             self._keeping.add(task)
             task.add_done_callback(self._keeping.discard)
+            task.add_done_callback(lambda t: _log_failure("keeping a file in memory", t))
 
     def _serve(self, ask: Ask, source: _Source, blob: Blob) -> CachedFile:
         decision = CachedFile(self.store, blob)  # pinned before any await
@@ -814,6 +833,12 @@ _MEDIA_TAGS = {index.MediaType.JSON_V1: "json", index.MediaType.HTML_V1: "html1"
 def _etag(digest: str, media: index.MediaType) -> str:
     """A page's ETag: the signed digest it was rendered from, and the media type it was rendered as."""
     return f'"{digest[:40]}-{_MEDIA_TAGS[media]}"'
+
+
+def _log_failure(what: str, task: asyncio.Future[Any]) -> None:
+    """A background task's failure, said (nothing else reads it); nothing was served from it."""
+    if not task.cancelled() and (e := task.exception()) is not None:
+        log.warning("%s failed: %s: %s", what, type(e).__name__, e)
 
 
 def _read_kept(blob: Blob, want: Want) -> KeptFile:

@@ -8,6 +8,7 @@ the signed digest it was rendered from.
 
 from __future__ import annotations
 
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Generic, TypeVar
 
 import diskcache
 
-from proxy.protocol.errors import StoreUnwritable
+from proxy.protocol.errors import StoreError, StoreFull, StoreUnwritable
 from proxy.storage.store import disk_error
 
 
@@ -69,6 +70,9 @@ class IndexCache:
             self._cache.set(key, value, retry=True)
         except OSError as exc:
             raise disk_error(exc, "index cache write") from exc
+        except sqlite3.Error as exc:  # a page small enough to live in the database fails there ("disk is full")
+            kind = StoreFull if "full" in str(exc) else StoreError
+            raise kind(f"index cache write: {exc}") from exc
 
     def delete(self, key: str) -> None:
         """Forget ``key`` (a page that failed its re-check)."""
