@@ -159,3 +159,53 @@ def test_a_batch_reads_the_online_key_once_however_many_roles_it_signs(
     root = Metadata[Root].from_bytes((repo.metadata_dir / "1.root.json").read_bytes()).signed
     timestamp = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes())
     root.verify_delegate("timestamp", timestamp.signed_bytes, timestamp.signatures)
+
+
+def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and_keeps_no_failed_edit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway's batch takes the timestamp, snapshot and bins its last commit wrote as objects, not files
+    (Repository._take); another process's publish in between, or a commit that failed half-way, must not
+    leave a page out or put an edit in that no file holds."""
+    from proxy.repository import signer
+
+    gateway = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    other = Repository.open(tmp_path / "g")  # another process signing the same tree
+    fmt = gateway.profile.signed_formats[0]
+    change = signer._Change(gateway, datetime.now(UTC))
+    by_bins: dict[tuple[str, ...], list[str]] = {}
+    for n in range(2000):
+        bins = tuple(change.bin_for(gateway.profile.page_target(f"p{n}", f)) for f in gateway.profile.signed_formats)
+        by_bins.setdefault(bins, []).append(f"p{n}")
+    a, b, c, d, e, f = next(names for names in by_bins.values() if len(names) >= 6)[:6]  # the same bins for all
+
+    def page(name: str) -> index.ProjectPage:
+        return index.ProjectPage(name=name, files=())
+
+    gateway.publish_pages({a: page(a)})
+    parsed: list[str] = []
+    real_parse = Repository._parse
+    monkeypatch.setattr(Repository, "_parse", lambda self, name: parsed.append(name) or real_parse(self, name))
+    gateway.publish_pages({b: page(b)})
+    assert not [n for n in parsed if n.endswith((".snapshot.json", ".bins.json")) or ".bin-" in n], parsed
+    other.publish_pages({c: page(c)})  # re-signs the bin, the snapshot and the timestamp
+    gateway.publish_pages({d: page(d)})  # must start from the other's bin, not its own last one
+    real_write = signer.atomic_write
+
+    def full_disk(path: Path, data: bytes, *args: object, **kwargs: object) -> None:
+        if path.name == "timestamp.json":
+            raise OSError(28, "No space left on device")
+        real_write(path, data, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(signer, "atomic_write", full_disk)
+    with pytest.raises(OSError):
+        gateway.publish_pages({e: page(e)})  # edits the bin and the snapshot in memory, commits nothing
+    monkeypatch.setattr(signer, "atomic_write", real_write)
+    gateway.publish_pages({f: page(f)})
+    signed = {path for path in all_targets(gateway) if path.startswith("simple/")}
+    assert signed == {gateway.profile.page_target(p, f2) for p in (a, b, c, d, f) for f2 in gateway.profile.signed_formats}
+    with Upstream(gateway.public_dir) as up:
+        client = reference_updater(tmp_path / "client", up.url, (gateway.metadata_dir / "1.root.json").read_bytes())
+        client.refresh()
+        for p in (a, b, c, d, f):
+            assert client.get_targetinfo(gateway.profile.page_target(p, fmt)) is not None, p
+        assert client.get_targetinfo(gateway.profile.page_target(e, fmt)) is None

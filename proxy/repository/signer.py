@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -76,7 +77,7 @@ from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
-from proxy.util.atomic import Batch, atomic_link, atomic_write
+from proxy.util.atomic import Batch, atomic_link, atomic_write, file_stamp
 from proxy.util.journal import Journal
 from proxy.util.progress import Meter
 
@@ -84,6 +85,8 @@ BINS_ROLE = "bins"
 JOURNAL = "written.journal"  # see Repository.journal
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
 _SERIALIZER = JSONSerializer(compact=True)
+# Parsed metadata a process keeps between its commits: the timestamp, the snapshot, bins and a batch's bin-n.
+_PARSED = 256
 
 
 class RepositoryError(Exception):
@@ -166,11 +169,15 @@ def _is_bin(role: str) -> bool:
 class _Change:
     """One transaction: metadata edited in memory, files staged, then committed."""
 
-    def __init__(self, repo: Repository, now: datetime) -> None:
+    def __init__(self, repo: Repository, now: datetime, reuse: bool = False) -> None:
         self.repo = repo
         self.now = now
-        self.timestamp = repo._load("timestamp")
-        self.snapshot = repo._load("snapshot", self.timestamp.signed.snapshot_meta.version)
+        # reuse: take the roles an earlier change of this process committed as parsed objects, not from
+        # their files (see Repository._take); only a change that commits under the lock may.
+        self._read = repo._take if reuse else repo._load
+        self._reuse = reuse
+        self.timestamp = self._read("timestamp")
+        self.snapshot = self._read("snapshot", self.timestamp.signed.snapshot_meta.version)
         self._roles: dict[str, Metadata] = {}
         self.dirty: set[str] = set()
         self.content: dict[str, bytes | Path] = {}  # target path -> bytes or a local file
@@ -185,7 +192,7 @@ class _Change:
     def role(self, name: str) -> Metadata:
         if name not in self._roles:
             meta = self.snapshot.signed.meta[f"{name}.json"]
-            self._roles[name] = self.repo._load(name, meta.version)
+            self._roles[name] = self._read(name, meta.version)
         return self._roles[name]
 
     def bin_for(self, target_path: str) -> str:
@@ -311,6 +318,9 @@ class _Change:
         if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
+        if self._reuse:  # each object is now what its file says: the next change of this process takes it
+            for name, md in (("timestamp", self.timestamp), ("snapshot", self.snapshot), *self._roles.items()):
+                repo._keep(name, md)
         return self.report
 
     def _sign_root(self) -> None:
@@ -395,6 +405,8 @@ class Repository:
         self.metadata_dir = self.public_dir / self.profile.metadata_path
         # Bin-n -> (version, expiry) as last signed or read here; see _bin_due.
         self._bin_expiry: dict[str, tuple[int, datetime]] = {}
+        # Role -> (its file's name and stamp, the object a commit wrote to that file): see _take.
+        self._parsed: OrderedDict[str, tuple[str, tuple[int, int, int] | None, Metadata]] = OrderedDict()
         # Told the name of every file a commit writes under public/, while a gateway copies the tree to a
         # bucket (it creates the journal): whichever process signs, a revoke or an advisory import too.
         journal = self.path / JOURNAL
@@ -568,6 +580,28 @@ class Repository:
     # -- reading -------------------------------------------------------
     def _load(self, role: str, version: int | None = None) -> Metadata:
         return self._parse(metadata_filename(role, None if role == "timestamp" else version))
+
+    def _take(self, role: str, version: int | None = None) -> Metadata:
+        """:meth:`_load`, or the object :meth:`_keep` left if its file is still the one it was kept with.
+
+        Parsing the snapshot (every bin listed) and the bins of a batch was
+        a quarter of a lone page's signing.  Taken, not shared: the change
+        that takes an object edits it, and only a commit puts it back.
+        """
+        name = metadata_filename(role, None if role == "timestamp" else version)
+        kept = self._parsed.pop(role, None)
+        if kept is not None and kept[0] == name and kept[1] == file_stamp(self.metadata_dir / name):
+            return kept[2]
+        return self._parse(name)
+
+    def _keep(self, role: str, md: Metadata) -> None:
+        """Leave ``md``, just committed to its file, for the next change's :meth:`_take`: one object per
+        role, at most :data:`_PARSED` roles, the least recently kept dropped first."""
+        name = metadata_filename(role, None if role == "timestamp" else md.signed.version)
+        self._parsed[role] = (name, file_stamp(self.metadata_dir / name), md)
+        self._parsed.move_to_end(role)
+        while len(self._parsed) > _PARSED:
+            self._parsed.popitem(last=False)
 
     def _parse(self, name: str) -> Metadata:
         path = self.metadata_dir / name
@@ -784,7 +818,7 @@ class Repository:
             raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
         when = _now(now)
         with self._locked():
-            change = _Change(self, when)
+            change = _Change(self, when, reuse=True)
             listed = self.profile.root_list_signed
             # Only a root list knows every project at once; without one, each project's own page target says.
             known = set(self._projects(change)) if listed else {
