@@ -176,7 +176,8 @@ class _Change:
         # their files (see Repository._take); only a change that commits under the lock may.
         self._read = repo._take if reuse else repo._load
         self._reuse = reuse
-        self.timestamp = self._read("timestamp")
+        # Always read: the one role rewritten under the same name, where a file's stamp alone would have to tell.
+        self.timestamp = repo._load("timestamp")
         self.snapshot = self._read("snapshot", self.timestamp.signed.snapshot_meta.version)
         self._roles: dict[str, Metadata] = {}
         self.dirty: set[str] = set()
@@ -319,7 +320,7 @@ class _Change:
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
         if self._reuse:  # each object is now what its file says: the next change of this process takes it
-            for name, md in (("timestamp", self.timestamp), ("snapshot", self.snapshot), *self._roles.items()):
+            for name, md in (("snapshot", self.snapshot), *self._roles.items()):
                 repo._keep(name, md)
         return self.report
 
@@ -582,13 +583,15 @@ class Repository:
         return self._parse(metadata_filename(role, None if role == "timestamp" else version))
 
     def _take(self, role: str, version: int | None = None) -> Metadata:
-        """:meth:`_load`, or the object :meth:`_keep` left if its file is still the one it was kept with.
+        """:meth:`_load` of a versioned role (never the timestamp), or the object :meth:`_keep` left if its
+        file is still the one it was kept with (its name, and its stamp).
 
-        Parsing the snapshot (every bin listed) and the bins of a batch was
-        a quarter of a lone page's signing.  Taken, not shared: the change
-        that takes an object edits it, and only a commit puts it back.
+        Parsing the snapshot (every bin listed) and the bins again at each
+        batch was 14 % of a one-page batch at 1,024 bins
+        (``bench/publish_batch.py``).  Taken, not shared: the change that
+        takes an object edits it, and only a commit puts it back.
         """
-        name = metadata_filename(role, None if role == "timestamp" else version)
+        name = metadata_filename(role, version)
         kept = self._parsed.pop(role, None)
         if kept is not None and kept[0] == name and kept[1] == file_stamp(self.metadata_dir / name):
             return kept[2]
@@ -597,7 +600,7 @@ class Repository:
     def _keep(self, role: str, md: Metadata) -> None:
         """Leave ``md``, just committed to its file, for the next change's :meth:`_take`: one object per
         role, at most :data:`_PARSED` roles, the least recently kept dropped first."""
-        name = metadata_filename(role, None if role == "timestamp" else md.signed.version)
+        name = metadata_filename(role, md.signed.version)
         self._parsed[role] = (name, file_stamp(self.metadata_dir / name), md)
         self._parsed.move_to_end(role)
         while len(self._parsed) > _PARSED:
