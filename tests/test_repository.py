@@ -176,7 +176,7 @@ def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and
     for n in range(2000):
         bins = tuple(change.bin_for(gateway.profile.page_target(f"p{n}", f)) for f in gateway.profile.signed_formats)
         by_bins.setdefault(bins, []).append(f"p{n}")
-    a, b, c, d, e, f = next(names for names in by_bins.values() if len(names) >= 6)[:6]  # the same bins for all
+    a, b, c, d, e, f, g = next(names for names in by_bins.values() if len(names) >= 7)[:7]  # the same bins for all
 
     def page(name: str) -> index.ProjectPage:
         return index.ProjectPage(name=name, files=())
@@ -186,6 +186,8 @@ def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and
     real_parse = Repository._parse
     monkeypatch.setattr(Repository, "_parse", lambda self, name: parsed.append(name) or real_parse(self, name))
     gateway.publish_pages({b: page(b)})
+    assert gateway.publish_pages({b: page(b)}).unchanged == [b]  # nothing to sign: what it read is kept too
+    gateway.publish_pages({g: page(g)})
     assert not [n for n in parsed if n.endswith((".snapshot.json", ".bins.json")) or ".bin-" in n], parsed
     other.publish_pages({c: page(c)})  # re-signs the bin, the snapshot and the timestamp
     gateway.publish_pages({d: page(d)})  # must start from the other's bin, not its own last one
@@ -202,10 +204,11 @@ def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and
     monkeypatch.setattr(signer, "atomic_write", real_write)
     gateway.publish_pages({f: page(f)})
     signed = {path for path in all_targets(gateway) if path.startswith("simple/")}
-    assert signed == {gateway.profile.page_target(p, f2) for p in (a, b, c, d, f) for f2 in gateway.profile.signed_formats}
+    assert signed == {gateway.profile.page_target(p, f2) for p in (a, b, c, d, f, g)
+                      for f2 in gateway.profile.signed_formats}
     with Upstream(gateway.public_dir) as up:
         client = reference_updater(tmp_path / "client", up.url, (gateway.metadata_dir / "1.root.json").read_bytes())
         client.refresh()
-        for p in (a, b, c, d, f):
+        for p in (a, b, c, d, f, g):
             assert client.get_targetinfo(gateway.profile.page_target(p, fmt)) is not None, p
         assert client.get_targetinfo(gateway.profile.page_target(e, fmt)) is None

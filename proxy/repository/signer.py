@@ -319,10 +319,17 @@ class _Change:
         if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
-        if self._reuse:  # each object is now what its file says: the next change of this process takes it
-            for name, md in (("snapshot", self.snapshot), *self._roles.items()):
-                repo._keep(name, md)
+        self.keep()  # each object is now what its file says
         return self.report
+
+    def keep(self) -> None:
+        """Leave the roles read, each as its file now says (committed, or never edited), for the next change
+        of this process that reuses (see Repository._take): bin-n first and the snapshot last, so that the
+        ones every batch reads are the last to go."""
+        if self._reuse:
+            for name, md in (*sorted(self._roles.items(), key=lambda role: not _is_bin(role[0])),
+                             ("snapshot", self.snapshot)):
+                self.repo._keep(name, md)
 
     def _sign_root(self) -> None:
         """Sign a new root with the old root's keys and its own (TUF spec 5.3.4)."""
@@ -856,6 +863,7 @@ class Repository:
             if listed and (known != set(self._projects(change)) or hidden != hidden_before):
                 self._write_root_list(change, known, hidden)
             if not change.dirty:
+                change.keep()  # nothing edited
                 self._root_list_dropped |= drop
                 return change.report
             report = change.commit()
