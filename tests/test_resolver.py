@@ -199,10 +199,12 @@ class _HeldPages(IndexCache):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.release = threading.Event()
+        self.entered = threading.Event()  # a write has begun (and waits for release)
         self.full = False
         self.error: Exception | None = None
 
     def set(self, key: str, value: bytes) -> None:
+        self.entered.set()
         assert self.release.wait(10)
         if self.full:
             raise StoreFull("index cache write: no space left on device")
@@ -226,6 +228,42 @@ async def test_a_page_is_answered_before_its_disk_write_ends_and_despite_its_fai
     lib = await world.ask("/simple/lib/", accept="application/vnd.pypi.simple.v1+json")
     await world.resolver.close()
     assert isinstance(lib, Page) and not [k for k in held.keys() if k.startswith("simple/lib/")]  # noqa: SIM118
+
+
+async def test_page_writes_under_way_are_bounded_and_a_page_too_large_for_memory_is_written_first(
+        world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    json_v1 = "application/vnd.pypi.simple.v1+json"
+    held = _HeldPages(tmp_path / "held")
+    world.resolver.pages = held
+    # Larger than the memory that answers pages keeps (a quarter of it): on disk before it is answered.
+    monkeypatch.setattr(resolver_module, "_RAW_BYTES", 64)
+    large = asyncio.ensure_future(world.ask("/simple/base/", accept=json_v1))
+    assert await asyncio.to_thread(held.entered.wait, 10)
+    assert not large.done()
+    held.release.set()
+    assert isinstance(await large, Page) and [k for k in held.keys() if k.startswith("simple/base/")]  # noqa: SIM118
+    # At most _PAGE_WRITES under way: the next page waits for a write to end before it is answered.
+    monkeypatch.undo()
+    world.resolver.pages = held
+    monkeypatch.setattr(resolver_module, "_PAGE_WRITES", 1)
+    held.release.clear()
+    held.entered.clear()
+    first = await world.ask("/simple/lib/", accept=json_v1)  # answered; its write is held
+    assert isinstance(first, Page) and await asyncio.to_thread(held.entered.wait, 10)
+    waiting = asyncio.Event()
+    real_wait = asyncio.wait
+
+    async def noted_wait(*args: object, **kwargs: object) -> object:
+        waiting.set()
+        return await real_wait(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resolver_module.asyncio, "wait", noted_wait)
+    second = asyncio.ensure_future(world.ask("/simple/app/", accept=json_v1))
+    await asyncio.wait_for(waiting.wait(), 10)
+    assert not second.done()
+    held.release.set()
+    assert isinstance(await second, Page)
+    await world.resolver.close()
 
 
 async def test_upstream_unreachable_names_the_target_not_a_role(world: World) -> None:
