@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,26 +220,33 @@ class Floor(Direct):
 
 
 class Tufproxy(Setup):
+    """Edge in front of gateway; ``env`` is added to their environment (``{"PYTHONPATH": DIR}`` runs the
+    tufproxy tree at DIR, as bench/uvab.py and the other A/B benches do)."""
+
     name = "tufproxy"
     # The edge's upstream for the gateway at this URL (bench/trace_install.py puts a tap between them).
     gateway_via: Callable[[str], str] = staticmethod(lambda url: url)
+
+    def __init__(self, index: Index, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(index, workdir)
+        self.env = dict(env or {})
 
     def start(self) -> None:
         gateway_dir = self.workdir / "gateway"
         # cwd: "python -m proxy" looks in the working directory first, which would beat a tree on PYTHONPATH
         # (bench/uvab.py's trees); the servers run in their workdir already.
         subprocess.run([*TUFPROXY, "gateway", "init", str(gateway_dir)], check=True, capture_output=True,
-                       cwd=self.workdir)
+                       cwd=self.workdir, env={**os.environ, **self.env})
         gw_port, edge_port = free_port(), free_port()
         gateway = Server("gateway", [*TUFPROXY, "gateway", "serve", str(gateway_dir), "--index-url", self.index.url,
                                      "--listen", f"127.0.0.1:{gw_port}"], self.workdir / "gw",
-                         f"http://127.0.0.1:{gw_port}/readyz")
+                         f"http://127.0.0.1:{gw_port}/readyz", env=self.env)
         self.servers.append(gateway)
         edge = Server("edge", [*TUFPROXY, "serve", "--profile", "gateway", "--upstream",
                                self.gateway_via(f"http://127.0.0.1:{gw_port}/"),
                                "--root", str(gateway_dir / "public" / "metadata" / "1.root.json"),
                                "--cache-dir", str(self.workdir / "edge-cache"), "--listen", f"127.0.0.1:{edge_port}"],
-                      self.workdir / "edge", f"http://127.0.0.1:{edge_port}/readyz")
+                      self.workdir / "edge", f"http://127.0.0.1:{edge_port}/readyz", env=self.env)
         self.servers.append(edge)
         self.url = f"http://127.0.0.1:{edge_port}/simple/"
         self.gateway_url = f"http://127.0.0.1:{gw_port}/"

@@ -91,16 +91,8 @@ def main() -> int:
             asyncio.run(burst(index.url, names))
             floor.append(time.monotonic() - started)
             for i, (name, src) in enumerate(trees):
-                saved = os.environ.get("PYTHONPATH")
-                os.environ["PYTHONPATH"] = str(src)
-                setup = Tufproxy(index, work / name)
-                try:
-                    setup.fresh()
-                finally:
-                    if saved is None:
-                        del os.environ["PYTHONPATH"]
-                    else:
-                        os.environ["PYTHONPATH"] = saved
+                setup = Tufproxy(index, work / name, env={"PYTHONPATH": str(src)})
+                setup.fresh()
                 gateway, edge = setup.servers
                 spies = []
                 if args.spy is not None and i == 0:

@@ -17,7 +17,6 @@ that tree's servers (``TUFPROXY_WORKERS=1``).  Default ``now=<this tree>``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -43,7 +42,6 @@ def main() -> None:
     index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
     cold: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
     warm: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
-    base_env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="bench-uvab-") as tmp:
         work = Path(tmp)
         clients = Path(tempfile.mkdtemp(prefix="bench-uvab-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp))
@@ -52,17 +50,13 @@ def main() -> None:
                 cold["direct"].append(install("uv", index.url, clients / "target", clients)[0])
                 warm["direct"].append(cold["direct"][-1])
                 for name, (tree, setting) in trees.items():
-                    os.environ.clear()
-                    os.environ.update({**base_env, "PYTHONPATH": tree, **setting})
-                    setup = Tufproxy(index, work / name)
+                    setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree, **setting})
                     setup.fresh()
                     try:
                         cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
                         warm[name].append(install("uv", setup.url, clients / "target", clients)[0])
                     finally:
                         setup.stop()
-                        os.environ.clear()
-                        os.environ.update(base_env)
                 print(f"round {r + 1}: " + ", ".join(f"{n} {c[-1]:.3f}" for n, c in cold.items()), file=sys.stderr)
         finally:
             shutil.rmtree(clients, ignore_errors=True)

@@ -19,7 +19,6 @@ servers (``git archive <commit> proxy | tar -x -C DIR``); default
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -39,8 +38,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     args = ap.parse_args()
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2 (the quartiles need two figures)")
     index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
-    base_env = dict(os.environ)
     setups: dict[str, Setup] = {}
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
@@ -49,19 +49,14 @@ def main() -> None:
         try:
             for spec in args.contenders:
                 name, _, tree = spec.partition("=")
-                if tree:  # a tufproxy tree: its servers import it (they inherit the environment when started)
-                    os.environ["PYTHONPATH"] = tree
-                    setup: Setup = Tufproxy(index, work / name)
+                if tree:  # a tufproxy tree, which its servers import
+                    setup: Setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree})
                 elif name in PEERS:
                     setup = PEERS[name](index, work / name)
                 else:
                     ap.error(f"not NAME=DIR, proxpi or devpi: {spec}")
-                try:
-                    setup.fresh()
-                finally:
-                    os.environ.clear()
-                    os.environ.update(base_env)
                 setups[name] = setup
+                setup.fresh()
                 for client in ("pip", "uv"):
                     install(client, setup.url, clients / "target", clients)
             for r in range(args.rounds):

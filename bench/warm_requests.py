@@ -17,7 +17,6 @@ is warm (the client's own time included, alike for all).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -69,19 +68,14 @@ def main() -> None:
     status: dict[tuple[str, str], int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-warm-req-") as tmp:
         work = Path(tmp)
-        base_env = dict(os.environ)
         try:
             for spec in args.contenders:
                 name, _, tree = spec.partition("=")
-                setup = (Tufproxy if tree else KINDS[name])(Index(projects, 0.0) if name == "floor" else index, work / name)
+                served = Index(projects, 0.0) if name == "floor" else index
+                # A tree: the servers of a tufproxy setup import it.
+                setup = Tufproxy(served, work / name, env={"PYTHONPATH": tree}) if tree else KINDS[name](served, work / name)
                 setups[name] = setup
-                if tree:  # its servers import this tree (they take the environment when started)
-                    os.environ["PYTHONPATH"] = tree
-                try:
-                    setup.fresh()
-                finally:
-                    os.environ.clear()
-                    os.environ.update(base_env)
+                setup.fresh()
                 install("pip", setup.url, work / "target", work)
                 session = requests.Session()
                 asked[name] = (session, urls(session, setup.url))
