@@ -45,9 +45,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import math
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -82,6 +80,7 @@ from proxy.protocol.layout import (
 from proxy.protocol.profiles import TUFPROXY, Profile
 from proxy.serving.provenance import EdgeProvenance
 from proxy.serving.refusals import Asker, Refusals
+from proxy.serving.streaming import file_validators
 from proxy.storage.audit import AuditLog, AuditWriteError
 from proxy.storage.downloads import Download, Downloads, ReadAheads
 from proxy.storage.pagecache import HotPages, IndexCache
@@ -610,8 +609,6 @@ class Resolver:
                                  target=want.path, expected=self.settings.max_file_size, actual=want.length)
         kind = "metadata" if want.path.endswith(".metadata") else "file"
         cached = await self._cached(want)
-        if cached is not None and cached.size <= KEPT_FILE_MAX and not await self._keep(want, cached):
-            cached = None  # its bytes no longer verify: evicted, fetched anew below
         if cached is not None:
             self.metrics.hit(kind)
             return self._serve(ask, source, cached)
@@ -698,13 +695,13 @@ class Resolver:
         if sha is None:
             return None
         blob = self.store.get(sha, want.length if want.exact else None)
-        if blob is None or blob.sha256 in self._rechecked:
+        if blob is None:
+            return None
+        # A small file is kept in memory for ready(); its read for that is its re-check the first time.
+        if blob.size <= KEPT_FILE_MAX and not await self._keep(want, blob):
+            return None  # its bytes no longer verify: evicted, fetched anew
+        if blob.sha256 in self._rechecked:
             return blob
-        if blob.size <= KEPT_FILE_MAX:  # its read for memory is its re-check
-            if not await self._keep(want, blob):
-                return None
-            if blob.sha256 in self._rechecked:
-                return blob
         with self.store.in_use(blob.sha256):
             sound = await asyncio.to_thread(self.store.verify, blob, dict(want.hashes))
         if not sound:
@@ -848,13 +845,7 @@ def _read_kept(blob: Blob, want: Want) -> KeptFile:
         st = os.fstat(f.fileno())
         body = f.read(blob.size + 1)
     verify_bytes(want.path, {**want.hashes, "sha256": blob.sha256}, blob.size, body, role=want.role)
-    headers = {
-        **FILE_HEADERS,
-        "Etag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"',  # aiohttp's spelling: the same bytes either way
-        "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(math.ceil(st.st_mtime))),
-        "Accept-Ranges": "bytes",
-    }
-    return KeptFile(body, blob.sha256, st.st_mtime_ns, headers)
+    return KeptFile(body, blob.sha256, st.st_mtime_ns, {**FILE_HEADERS, **file_validators(st), "Accept-Ranges": "bytes"})
 
 
 def _etag_matches(if_none_match: str, etag: str) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import struct
@@ -166,12 +167,9 @@ async def send_file_over_tls(request: web.Request, path: Path, size: int, header
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        response = web.StreamResponse(headers={**headers, "Accept-Ranges": "bytes"})
-        response.content_length = size
         # FileResponse's validators, so that a client's next If-None-Match or If-Range matches.
-        response.etag = f"{st.st_mtime_ns:x}-{st.st_size:x}"
-        response.last_modified = st.st_mtime
+        response = web.StreamResponse(headers={**headers, **file_validators(os.fstat(fd)), "Accept-Ranges": "bytes"})
+        response.content_length = size
         await response.prepare(request)
         offset = 0
         while offset < size:
@@ -185,6 +183,13 @@ async def send_file_over_tls(request: web.Request, path: Path, size: int, header
         os.close(fd)
     await response.write_eof()
     return response
+
+
+def file_validators(st: os.stat_result) -> dict[str, str]:
+    """The ``Etag`` and ``Last-Modified`` aiohttp's ``FileResponse`` derives from a file's stat (its spelling,
+    its rounding), for the answers that send a stored file without it."""
+    return {"Etag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"',
+            "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(math.ceil(st.st_mtime)))}
 
 
 def reset(request: web.Request) -> None:
