@@ -85,7 +85,7 @@ BINS_ROLE = "bins"
 JOURNAL = "written.journal"  # see Repository.journal
 _BIN_ROLE_RE = re.compile(r"bins?-[0-9a-f]+")
 _SERIALIZER = JSONSerializer(compact=True)
-# Parsed metadata a process keeps between its commits: the timestamp, the snapshot, bins and a batch's bin-n.
+# Roles a process keeps parsed between its commits (the snapshot, bins, the bin-n of its batches): see _take.
 _PARSED = 256
 
 
@@ -589,7 +589,7 @@ class Repository:
     def _load(self, role: str, version: int | None = None) -> Metadata:
         return self._parse(metadata_filename(role, None if role == "timestamp" else version))
 
-    def _take(self, role: str, version: int | None = None) -> Metadata:
+    def _take(self, role: str, version: int) -> Metadata:
         """:meth:`_load` of a versioned role (never the timestamp), or the object :meth:`_keep` left if its
         file is still the one it was kept with (its name, and its stamp).
 
