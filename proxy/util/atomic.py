@@ -10,7 +10,23 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+
+# Flushes a batch's files side by side (see Batch.flush): one pool per process, made on first use.
+_FLUSH_THREADS = 8
+_flushers: ThreadPoolExecutor | None = None
+_flushers_made = threading.Lock()
+
+
+def _forget_flushers() -> None:
+    """In a forked child: the parent's pool threads did not come along, so it makes a pool of its own."""
+    global _flushers, _flushers_made
+    _flushers, _flushers_made = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_flushers)
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:
@@ -24,7 +40,11 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 
 def fsync_dir(directory: Path) -> None:
     """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -71,7 +91,12 @@ class Batch:
     A signer writes many files (pages, bins, snapshot) that the next
     timestamp will reach; each must be on disk before the timestamp is.
     Flushing only these files and their directories costs what they wrote,
-    where ``os.sync()`` would flush every dirty page of the machine.
+    where ``os.sync()`` would flush every dirty page of the machine.  They
+    are flushed side by side: concurrent fsyncs share the filesystem's
+    journal commits, where one after another each may wait for its own.
+    With other processes fsyncing too (a gateway and its edges keeping
+    wheels), 40 small files took 27 ms one by one and 8 ms side by side
+    (``python bench/fsync_batch.py``).
     """
 
     def __init__(self) -> None:
@@ -91,13 +116,20 @@ class Batch:
         return list(self._paths)
 
     def flush(self) -> None:
-        """fsync every file of the batch, then every directory a rename of it went into."""
-        for path in dict.fromkeys(self._paths):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        for directory in dict.fromkeys(p.parent for p in self._paths):
-            fsync_dir(directory)
+        """fsync every file of the batch and every directory a rename of it went into; the first failure
+        raises, once all are done."""
+        pool = _flush_pool()
+        done = [pool.submit(_fsync, path) for path in dict.fromkeys(self._paths)]
+        done += [pool.submit(fsync_dir, directory) for directory in dict.fromkeys(p.parent for p in self._paths)]
+        wait(done)
+        for future in done:
+            future.result()
         self._paths.clear()
+
+
+def _flush_pool() -> ThreadPoolExecutor:
+    global _flushers
+    with _flushers_made:
+        if _flushers is None:
+            _flushers = ThreadPoolExecutor(_FLUSH_THREADS, thread_name_prefix="flush")
+        return _flushers

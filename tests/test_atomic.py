@@ -1,0 +1,57 @@
+"""A signing batch made durable side by side (issue 33): every file and directory flushed, a failure raised once
+the rest are done, and a process forked after its parent flushed flushing with threads of its own."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from proxy.util import atomic
+from proxy.util.atomic import Batch
+
+
+def _batch(root: Path, n: int) -> tuple[Batch, list[Path]]:
+    batch = Batch()
+    paths = [root / f"d{i % 3}" / f"f{i}" for i in range(n)]
+    for i, path in enumerate(paths):
+        batch.write(path, b"x" * i)
+    return batch, paths
+
+
+def test_flush_fsyncs_every_file_and_each_directory_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real(fd))[1])
+    batch, paths = _batch(tmp_path, 12)
+    batch.add(paths[0])  # named twice: flushed once
+    batch.flush()
+    wanted = {p.stat().st_ino for p in paths} | {(tmp_path / f"d{i}").stat().st_ino for i in range(3)}
+    assert sorted(synced) == sorted(wanted)
+    assert batch.paths == []
+
+
+def test_a_file_gone_before_the_flush_raises_after_the_others_and_stays_to_flush(tmp_path: Path) -> None:
+    batch, paths = _batch(tmp_path, 20)
+    paths[7].unlink()
+    with pytest.raises(FileNotFoundError):
+        batch.flush()
+    assert batch.paths == paths  # nothing is taken for durable: the caller's commit point is not reached
+
+
+def _flush_in_child(root: str) -> None:
+    batch, _ = _batch(Path(root), 5)
+    batch.flush()
+
+
+def test_a_process_forked_after_its_parent_flushed_flushes_with_its_own_threads(tmp_path: Path) -> None:
+    _batch(tmp_path / "parent", 5)[0].flush()  # the parent's pool exists, its threads running
+    child = multiprocessing.get_context("fork").Process(target=_flush_in_child, args=(str(tmp_path / "child"),))
+    child.start()
+    child.join(30)  # an inherited pool has no threads: the child would wait for ever
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    assert len(list((tmp_path / "child").rglob("f*"))) == 5
