@@ -19,16 +19,6 @@ deadline well under pip's 15 s read timeout; past it the request is a
 The gateway's answer is a hint: the page is still verified from the
 root, so a lying gateway can only make an edge wait (or say 404).
 
-A lookup that must first download the project's bin-n (a project new to
-this worker, or a bin re-signed since it was loaded) starts the question
-ahead (:meth:`MissProtocol.ahead`): it goes to the gateway while the bin
-comes and verifies, and a miss then takes its answer instead of asking
-after the bin said "not here".  For a project the bin lists, the answer is
-dropped: the gateway answered at once from what it has published, and the
-project's use is recorded there as a miss's would be.  Answers wait at
-most :data:`AHEAD_TTL` seconds to be taken, at most :data:`AHEAD_KEEP` at
-a time.
-
 :meth:`MissProtocol.missing` says why a file is not on a project's signed
 page (its 404's detail): the gateway's ``why`` account, asked at most once
 per project per :data:`EXPLAIN_TTL` and within :data:`EXPLAIN_DEADLINE`, so
@@ -69,8 +59,6 @@ WHY_DEADLINE = 60.0  # the gateway reads the index page first
 EXPLAIN_TTL = 60.0
 EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
 EXPLAIN_PROJECTS = 1024
-AHEAD_TTL = 5.0  # a question asked ahead older than this is asked again
-AHEAD_KEEP = 256
 MAX_EXPECTED = 8  # roles, and targets, a publish answer may name (a snapshot, a bin-n, the page's formats)
 _ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -115,44 +103,21 @@ class MissProtocol:
         self._session: aiohttp.ClientSession | None = None  # kept open: a cold install misses once per project
         # project -> (when asked, the gateway's account or None), the newest last, bounded.
         self._accounts: OrderedDict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = OrderedDict()
-        # project -> (when asked, its publish question asked ahead of the lookup), the newest last, bounded.
-        self._ahead: OrderedDict[str, tuple[float, asyncio.Task[_Answer]]] = OrderedDict()
-
-    def ahead(self, project: str) -> None:
-        """Ask the gateway to publish ``project`` now, for a miss that may come (see the module docstring)."""
-        loop = asyncio.get_running_loop()
-        while self._ahead and loop.time() - next(iter(self._ahead.values()))[0] > AHEAD_TTL:
-            self._ahead.popitem(last=False)
-        if project in self._ahead:
-            return
-        task = loop.create_task(self._ask_once(project))
-        task.add_done_callback(_retrieved)
-        self._ahead[project] = (loop.time(), task)
-        if len(self._ahead) > AHEAD_KEEP:
-            self._ahead.popitem(last=False)  # not cancelled: its answer is dropped, its question harmless
 
     async def on_miss(self, project: str) -> bool:
         """True once the edge trusts a timestamp carrying the project (the gateway's 404 raises UnknownTarget)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.deadline
         target = f"simple/{project}/"
-        asked = self._ahead.pop(project, None)
         try:
             async with asyncio.timeout(self.deadline):
-                if asked is not None and loop.time() - asked[0] <= AHEAD_TTL:
-                    answer = await asked[1]
-                else:
-                    answer = await self._ask_once(project)
+                async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
+                    answer = await self._ask(project)
                 self.trust.expect(answer.roles, answer.targets)
                 await self.trust.refresh_until(answer.version, max(0.1, end - loop.time()))
         except TimeoutError:
             raise MetadataPending(target, RETRY_AFTER) from None
         return True
-
-    async def _ask_once(self, project: str) -> _Answer:
-        """The gateway's answer, asked by one worker at a time (one that waited asks again: answered at once)."""
-        async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
-            return await self._ask(project)
 
     def _client(self) -> aiohttp.ClientSession:
         """The session every question to the gateways goes through, its connections kept alive between them."""
@@ -265,12 +230,6 @@ class MissProtocol:
         except TrustError as e:
             log.info("no account of %s from the gateway: %s", project, e)
             return None
-
-
-def _retrieved(task: asyncio.Task[_Answer]) -> None:
-    """A question asked ahead whose answer nobody took may have failed: that is no one's error."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _count(value: object) -> TypeGuard[int]:

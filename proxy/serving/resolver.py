@@ -129,8 +129,6 @@ FILE_HEADERS = {
 # A follower of a fetch that failed for an upstream reason gets one fresh fetch of its own.
 UPSTREAM_FAILURES = (UpstreamUnreachable, MissingUpstream)
 OnMiss = Callable[[str], Awaitable[bool | None]]
-# A miss may come for this project: start what it will wait for (the gateway's publish answer).
-MissAhead = Callable[[str], None]
 # Why a file is not on its project's signed page (project, filename) -> the 404's detail.
 Missing = Callable[[str, str], Awaitable[str]]
 
@@ -295,7 +293,6 @@ class Resolver:
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
         on_miss: OnMiss | None = None,
-        miss_ahead: MissAhead | None = None,
         missing: Missing | None = None,
         page_fetcher: Fetcher | None = None,
         shared: SharedTier | None = None,
@@ -313,7 +310,6 @@ class Resolver:
         self.settings = settings
         self.profile = profile
         self.on_miss = on_miss
-        self.miss_ahead = miss_ahead
         self.missing = missing
         self.refusals = Refusals(audit, metrics, trust)
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
@@ -514,8 +510,6 @@ class Resolver:
         """
         path = self.profile.page_target(project, fmt)
         ask.target = path
-        if self.miss_ahead is not None and not self.trust.walks_in_memory(path):
-            self.miss_ahead(project)  # the bin-n comes first: a miss's question need not wait for it
         try:
             target = await self.trust.get_target(path)
         except UnknownTarget:

@@ -317,7 +317,6 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             layout,
             tuple(config.files_url),
             on_miss=miss.on_miss if miss is not None else None,
-            miss_ahead=miss.ahead if miss is not None else None,
             missing=miss.missing if miss is not None else None,
             page_fetcher=page_fetcher,
             shared=shared,

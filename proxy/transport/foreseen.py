@@ -16,18 +16,8 @@ ahead is handed over as the 404 it was: one taken a moment before is
 what a slower network would have answered, and the cycle goes on to the
 timestamp without waiting a round trip for it.  Any other failure ahead is
 fetched again.
-
-The one changing name foreseen is ``timestamp.json``, which the same cycle
-asks for next, after the root probe (``changing``: each expectation starts
-a new download, dropping one not yet handed over).  A body is handed over
-to the first request for its URL after the latest :meth:`Foreseen.expect`,
-so every timestamp a client fetched before it is older and every one
-fetched after it newer: what it is handed never rolls back what it trusts.  It is still a body
-of a moment ago, as on a slower network, verified like any; a client whose
-root probe found a new root drops it (:meth:`~Foreseen.forget`), since the
-new root may come with a timestamp only its new keys signed.
-
-Bounded: at most ``keep``
+A body kept a moment may be older than the newest ``timestamp.json``, which
+the client would then take for a rollback.  Bounded: at most ``keep``
 bodies, each used once and within ``ttl`` seconds, each within the length
 its caller allows (a longer one, or a failed download, is fetched again the
 ordinary way, so a wrong guess costs a download and nothing else).
@@ -59,15 +49,12 @@ class Foreseen(Fetcher):
         self._started: OrderedDict[str, tuple[float, asyncio.Task[bytes], bool]] = OrderedDict()
         self._counted = counted or (lambda outcome: None)  # "used" or "wasted", once per download started
 
-    def expect(self, url: str, max_length: int, absent_ok: bool = False, changing: bool = False) -> None:
+    def expect(self, url: str, max_length: int, absent_ok: bool = False) -> None:
         """Start downloading ``url`` (at most ``max_length`` bytes), unless it is already under way; with
-        ``absent_ok``, its 404 is handed over too; ``changing`` (the timestamp): a download started ahead
-        before is dropped for a new one, which is no older than this call (see the module docstring)."""
+        ``absent_ok``, its 404 is handed over too (see the module docstring)."""
         loop = asyncio.get_running_loop()
         self._expire(loop.time())
-        if changing:
-            self.forget(url)
-        elif url in self._started:
+        if url in self._started:
             return
         task = loop.create_task(self.inner.fetch_bytes(url, max_length))
         task.add_done_callback(_retrieved)
@@ -75,12 +62,6 @@ class Foreseen(Fetcher):
         while len(self._started) > self.keep:
             _, (_, oldest, _) = self._started.popitem(last=False)
             self._waste(oldest)
-
-    def forget(self, url: str) -> None:
-        """Drop what was fetched ahead for ``url``: the next request for it downloads it anew."""
-        found = self._started.pop(url, None)
-        if found is not None:
-            self._waste(found[1])
 
     def _expire(self, now: float) -> None:
         while self._started:

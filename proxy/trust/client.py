@@ -338,9 +338,6 @@ class TrustedClient:
         """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
         top = TopLevelSet(self._root_bytes, self._expiry_clock(), self._verified)
         rotated = await self._update_root(top)
-        if rotated and isinstance(self._fetcher, Foreseen):
-            # A timestamp fetched ahead may predate the new root, signed by keys it no longer trusts.
-            self._fetcher.forget(self.mirrors[0].metadata("timestamp.json"))
         if rotated and self._state is not None and _keys_rotated(self._state.root, top.root):
             # Spec 5.3.11: the live state was verified under keys the new root no longer trusts (a leaked
             # online key rotated away); it must not keep serving if the rest of this update is refused.
@@ -579,23 +576,6 @@ class TrustedClient:
             return hit[0]
         return None
 
-    def walks_in_memory(self, target_path: str) -> bool:
-        """Whether a lookup of ``target_path`` now would find every role of its walk already loaded (no
-        download, no disk): what a caller that may start slow work ahead of a lookup asks first."""
-        state = self._state
-        if state is None:
-            return False
-        walker = walk(target_path, state.targets, self.config.max_delegations)
-        try:
-            request = next(walker)
-            while (role := self._roles.get(self._role_key(state, request)[0])) is not None:
-                request = walker.send(role)
-        except StopIteration:
-            return True
-        except errors.TrustError:
-            pass  # the lookup itself says why
-        return False
-
     async def _find(self, state: _State, target_path: str) -> Found:
         """Where the spec's walk (5.6.7) ends for ``target_path`` in ``state``, no expiry checked."""
         walker = walk(target_path, state.targets, self.config.max_delegations)
@@ -699,7 +679,7 @@ class TrustedClient:
 
     def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int:
         """Start fetching, from the first mirror, what a publish answer says the next cycle and lookup read:
-        the next root's probe (usually a 404, handed over as such), the timestamp, ``roles`` (a snapshot or delegated role ->
+        the next root's probe (usually a 404, handed over as such), ``roles`` (a snapshot or delegated role ->
         its version) and ``targets`` (path -> the digest it is served under).  Trusts nothing: each body is
         verified when asked for, like any other (:mod:`proxy.transport.foreseen`).  Only with a fetcher that
         foresees and consistent snapshots, whose versioned and hash-named files never change.  How many
@@ -710,9 +690,6 @@ class TrustedClient:
         mirror = self.mirrors[0]
         fetcher.expect(mirror.metadata(f"{state.root.version + 1}.root.json"), self.config.root_max_length,
                        absent_ok=True)
-        # The cycle asks for it only once the root probe answered; fetched now, it is no older than the
-        # answer that named these versions (see the Foreseen docstring), and dropped if the root moved.
-        fetcher.expect(mirror.metadata("timestamp.json"), self.config.timestamp_max_length, changing=True)
         urls = [(mirror.metadata(self._metadata_name(state.root, role, version)),
                  self.config.snapshot_max_length if role == "snapshot" else self.config.targets_max_length)
                 for role, version in roles.items() if role not in _UNVERSIONED]
@@ -720,7 +697,7 @@ class TrustedClient:
                  for path, digest in targets.items()]
         for url, limit in urls:
             fetcher.expect(url, limit)
-        return len(urls) + 2
+        return len(urls) + 1
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""
