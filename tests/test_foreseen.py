@@ -20,10 +20,13 @@ from proxy.repository.sample import build_wheel
 from proxy.serving.edge import _expected
 from proxy.transport.foreseen import Foreseen
 from proxy.transport.upstream import AiohttpFetcher, DownloadHTTPError, DownloadLengthError
+from proxy.trust import TrustConfig, TrustedClient
 from tests.support.faults import Fault, FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
+from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
 from tests.support.testindex import TestIndex
+from tests.support.trustenv import Env, env
 
 
 class _Files:
@@ -130,6 +133,30 @@ def test_a_body_asked_for_after_its_ttl_is_fetched_again() -> None:
         raise AssertionError("unreachable")
 
     assert asyncio.run(scenario()) == ["a", "a"]
+
+
+async def test_a_root_probe_404_kept_from_before_a_rotation_is_not_taken_for_the_last_word(env: Env) -> None:
+    """A publish answer's root probe (404) waits to be used; meanwhile the repository rotates its root and
+    online key.  The cycle that takes the 404 meets a timestamp signed by the new key: it looks for the next
+    root again, finds it, and follows it, rather than refusing the repository."""
+    client = TrustedClient(env.dir, [env.mirror], Foreseen(env.fetcher), TrustConfig(refresh_interval=3600.0))
+    refused: list[Exception] = []
+    client.on_refused = refused.append
+    try:
+        await client.refresh()
+        env.up.status(r"/metadata/2\.root\.json", 404)  # whatever the rotation's timing, the probe ahead says 404
+        assert client.expect({}, {}) == 1
+        await poll(lambda: env.up.count(r"/metadata/2\.root\.json") == 2, "the root probe ahead asked")
+        env.up.clear()
+        env.repo.rotate_root(rotate_online=True)
+        await client.refresh(force=True)
+        assert client.status()["roles"]["root"]["version"] == 2
+        assert client.status()["roles"]["timestamp"]["version"] == env.version("timestamp")
+        assert refused == []
+        # The first refresh's probe, the one ahead (404), the look again, and the cycle started over.
+        assert env.up.count(r"/metadata/2\.root\.json") == 4
+    finally:
+        client.close()
 
 
 def test_the_edge_keeps_a_publish_answers_files_only_when_the_whole_hint_is_well_formed() -> None:

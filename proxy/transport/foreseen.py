@@ -14,8 +14,11 @@ and the next root (``N+1.root.json``), which a cycle asks for first and
 which is usually not there.  For that one alone (``absent_ok``) a 404 seen
 ahead is handed over as the 404 it was: one taken a moment before is
 what a slower network would have answered, and the cycle goes on to the
-timestamp without waiting a round trip for it.  Any other failure ahead is
-fetched again.
+timestamp without waiting a round trip for it.  A 404 kept a while may
+predate a root published since: a client whose timestamp then fails to
+verify probes for the next root again, live, before it calls the timestamp
+a lie (:meth:`proxy.trust.client.TrustedClient._cycle`).  Any other
+failure ahead is fetched again.
 A body kept a moment may be older than the newest ``timestamp.json``, which
 the client would then take for a rollback.  Bounded: at most ``keep``
 bodies, each used once and within ``ttl`` seconds, each within the length

@@ -334,7 +334,7 @@ class TrustedClient:
         else:
             self._local[role] = data
 
-    async def _cycle(self) -> _State:
+    async def _cycle(self, recheck_root: bool = True) -> _State:
         """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies."""
         top = TopLevelSet(self._root_bytes, self._expiry_clock(), self._verified)
         rotated = await self._update_root(top)
@@ -348,9 +348,17 @@ class TrustedClient:
         local_ts = self._local.get("timestamp")
         if local_ts is not None:
             top.load_local_timestamp(local_ts)
-        data, new_ts = await self._fetch_verified(
-            "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
-        )
+        try:
+            data, new_ts = await self._fetch_verified(
+                "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
+            )
+        except errors.RepositoryError:
+            # A root probe answered ahead (Foreseen: a 404 kept from a publish answer) may predate a root
+            # published since, whose new keys signed this timestamp.  Look once more, now, before calling the
+            # timestamp a lie; a new root starts the cycle over (python-tuf takes no root after a timestamp).
+            if recheck_root and isinstance(self._fetcher, Foreseen) and await self._root_moved(top):
+                return await self._cycle(recheck_root=False)
+            raise
         if new_ts is not None:
             await self._trust("timestamp", data, top)
         elif not rotated and self._state is not None and self._state.timestamp.version == top.timestamp.version:
@@ -392,6 +400,16 @@ class TrustedClient:
                 break
             await self._trust("root", found[0], top)
         return top.root.version >= first
+
+    async def _root_moved(self, top: TopLevelSet) -> bool:
+        """Whether a mirror serves the root after the one ``top`` trusts (fetched, not trusted: the cycle that
+        follows verifies it); False when none answers."""
+        try:
+            found = await self._fetch_verified("root", f"{top.root.version + 1}.root.json",
+                                               self.config.root_max_length, lambda _data: None, missing_ok=True)
+        except errors.TrustError:
+            return False
+        return found is not None
 
     @staticmethod
     def _metadata_name(root: Root, role: str, version: int) -> str:
