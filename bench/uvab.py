@@ -5,7 +5,10 @@ every answer) and setup, uv alone (whose cold install is the goal still
 missed), trees alternating within each round so that load drifting on a
 shared machine weighs on all alike.  Per round: uv straight at the index,
 then for each tree a fresh gateway and edge, a cold install and a warm
-one.  Prints medians and every cold figure.
+one.  Prints medians and every cold figure, and for each tree after the
+first the median of its round-by-round cold difference to the first and
+how many rounds it won: a change smaller than the spread of the medians
+shows there first.
 
     python bench/uvab.py [NAME=DIR[:VAR=VALUE],...] [--rounds 10] [--rtt-ms 40]
 
@@ -66,6 +69,12 @@ def main() -> None:
         c, w = statistics.median(cold[name]), statistics.median(warm[name])
         print(f"{name:8} cold {c:.3f} ({c / direct:.2f}x)  warm {w:.3f} ({w / direct:.2f}x)  "
               f"cold each: {' '.join(f'{x:.3f}' for x in sorted(cold[name]))}")
+    # Round against round: load drifting over a run weighs on both figures of a round alike.
+    first, *others = trees
+    for name in others:
+        diffs = [b - a for a, b in zip(cold[first], cold[name], strict=True)]
+        print(f"{name} - {first}, cold, round by round: median {statistics.median(diffs):+.3f} s, "
+              f"{name} faster in {sum(d < 0 for d in diffs)} of {len(diffs)} rounds")
 
 
 if __name__ == "__main__":
