@@ -9,7 +9,8 @@ uv's wall time and its phases, the CPU seconds each process tree spent on
 the install (utime + stime), and the timeline of requests (milliseconds
 from uv's start; ``edge``: what uv asked, ``gw``: what the edge asked the gateway, ``index``: what the gateway
 asked), which shows the levels of uv's resolution: pages, their
-``.metadata``, the dependencies' pages, and so on.
+``.metadata``, the dependencies' pages, and so on; and how many
+connections each hop's requests came on (keep-alive reuse).
 
 The taps cost CPU of their own (reported as "this process"), on the same
 cores: the timeline is for reading the shape, not for figures to compare
@@ -42,6 +43,11 @@ from warmab import _cpu_seconds  # noqa: E402
 _HOP = frozenset(("host", "transfer-encoding", "content-length", "connection"))
 
 
+# Each tap's callers' connections (their address and port): how many the requests came on, i.e. how well the
+# caller reuses its connections (keep-alive).
+PEERS: dict[str, set[object]] = {}
+
+
 class Tap:
     """A reverse proxy to ``target`` on its own loop in a thread, recording (name, start, end, status, path)."""
 
@@ -54,6 +60,8 @@ class Tap:
 
         async def forward(request: web.Request) -> web.Response:
             began = time.monotonic() - t0[0]
+            if request.transport is not None:
+                PEERS.setdefault(name, set()).add(request.transport.get_extra_info("peername"))
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
             async with session[0].request(request.method, target + request.rel_url.raw_path_qs, headers=headers,
                                           data=await request.read(), allow_redirects=False) as r:
@@ -110,7 +118,8 @@ def main() -> None:
         try:
             if args.warm:
                 install("uv", url, client_dir / "target", client_dir)
-                log.clear()
+            log.clear()  # what the servers asked while starting, or the warm-up install
+            PEERS.clear()
             trees = {s.name: s for s in setup.servers} if setup else {}
             before = {name: _cpu_seconds(server) for name, server in trees.items()}
             mine = os.times()
@@ -131,6 +140,8 @@ def main() -> None:
           + ", ".join(f"{k.lower()} {v:.3f} s" for k, v in phases.items()))
     print("CPU seconds: " + "".join(f"{k} {v:.2f}, " for k, v in spent.items())
           + f"uv {uv_cpu:.2f}, this process (index and taps) {taps_cpu:.2f}")
+    print("connections: " + ", ".join(f"{who}: {sum(1 for e in log if e[0] == who)} requests on {len(peers)}"
+                                      for who, peers in sorted(PEERS.items())))
     print(f"{'who':5} {'start':>7} {'end':>7} {'ms':>6} status path")
     for name, began, ended, status, path in sorted(log, key=lambda e: e[1]):
         print(f"{name:5} {began * 1000:7.1f} {ended * 1000:7.1f} {(ended - began) * 1000:6.1f} {status} {path[:100]}")
