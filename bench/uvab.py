@@ -5,9 +5,11 @@ every answer) and setup, uv alone (whose cold install is the goal still
 missed), trees alternating within each round so that load drifting on a
 shared machine weighs on all alike.  Per round: uv straight at the index,
 then for each tree a fresh gateway and edge, a cold install and a warm
-one.  Prints medians and every cold figure, and for each tree after the
-first the median of its round-by-round cold difference to the first and
-how many rounds it won: a change smaller than the spread of the medians
+one.  Prints medians and every cold figure, the CPU seconds the gateway
+and edge spent on each cold install (a steadier figure than the wall
+time on a shared machine), and for each tree after the first the median
+of its round-by-round difference to the first in both and how many
+rounds it was lower: a change smaller than the spread of the medians
 shows there first.
 
     python bench/uvab.py [NAME=DIR[:VAR=VALUE],...] [--rounds 10] [--rtt-ms 40]
@@ -29,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
+from warmab import _cpu_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -45,6 +48,7 @@ def main() -> None:
     index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
     cold: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
     warm: dict[str, list[float]] = {name: [] for name in ["direct", *trees]}
+    cpu: dict[str, list[float]] = {name: [] for name in trees}  # the gateway's and edge's, per cold install
     with tempfile.TemporaryDirectory(prefix="bench-uvab-") as tmp:
         work = Path(tmp)
         clients = Path(tempfile.mkdtemp(prefix="bench-uvab-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp))
@@ -56,7 +60,9 @@ def main() -> None:
                     setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree, **setting})
                     setup.fresh()
                     try:
+                        before = sum(_cpu_seconds(server) for server in setup.servers)
                         cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
+                        cpu[name].append(sum(_cpu_seconds(server) for server in setup.servers) - before)
                         warm[name].append(install("uv", setup.url, clients / "target", clients)[0])
                     finally:
                         setup.stop()
@@ -69,12 +75,15 @@ def main() -> None:
         c, w = statistics.median(cold[name]), statistics.median(warm[name])
         print(f"{name:8} cold {c:.3f} ({c / direct:.2f}x)  warm {w:.3f} ({w / direct:.2f}x)  "
               f"cold each: {' '.join(f'{x:.3f}' for x in sorted(cold[name]))}")
+    print("CPU seconds of the gateway and edge per cold install, median: "
+          + ", ".join(f"{name} {statistics.median(cpu[name]):.2f}" for name in trees))
     # Round against round: load drifting over a run weighs on both figures of a round alike.
     first, *others = trees
     for name in others:
-        diffs = [b - a for a, b in zip(cold[first], cold[name], strict=True)]
-        print(f"{name} - {first}, cold, round by round: median {statistics.median(diffs):+.3f} s, "
-              f"{name} faster in {sum(d < 0 for d in diffs)} of {len(diffs)} rounds")
+        for what, figures, unit in (("cold", cold, "s"), ("CPU", cpu, "CPU s")):
+            diffs = [b - a for a, b in zip(figures[first], figures[name], strict=True)]
+            print(f"{name} - {first}, {what}, round by round: median {statistics.median(diffs):+.3f} {unit}, "
+                  f"{name} lower in {sum(d < 0 for d in diffs)} of {len(diffs)} rounds")
 
 
 if __name__ == "__main__":
