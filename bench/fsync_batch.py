@@ -3,12 +3,13 @@
 A gateway batch writes tens of small files (pages, bin-n, the snapshot)
 and must have them on disk before the timestamp that reaches them.  Each
 fsync may wait for a journal commit of its own; concurrent ones join the
-same commit.  On an idle disk the two ways cost about the same, so this
+same commit.  "Side by side" is the signer's own
+:meth:`proxy.util.atomic.Batch.flush`; "one by one" the loop it replaced.  On an idle disk the two ways cost about the same, so this
 measures them while other writers fsync too (``--writers`` threads each
 rewriting a 1 MiB file and fsyncing it in a loop: what a gateway and an
 edge keeping wheels do meanwhile), in a directory on the disk under test.
 
-    python bench/fsync_batch.py [--dir /tmp] [--files 40] [--rounds 15] [--writers 2] [--threads 8]
+    python bench/fsync_batch.py [--dir /tmp] [--files 40] [--rounds 15] [--writers 2]
 
 Prints the median and slowest milliseconds per batch for each way, the
 ways alternating round by round.
@@ -22,8 +23,9 @@ import statistics
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from proxy.util.atomic import Batch, fsync_dir
 
 
 def _fsync(path: Path) -> None:
@@ -40,9 +42,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--writers", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=8)
     args = ap.parse_args()
-    pool = ThreadPoolExecutor(args.threads)
     took: dict[str, list[float]] = {"one by one": [], "side by side": []}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-fsync-") as tmp:
         base = Path(tmp)
@@ -68,13 +68,17 @@ def main() -> None:
                         path = directory / f"{way[:3]}-{r}-{i}"
                         path.write_bytes(os.urandom(2000))
                         paths.append(path)
-                    targets = [*dict.fromkeys(paths), *dict.fromkeys(p.parent for p in paths)]
+                    batch = Batch()
+                    for path in paths:
+                        batch.add(path)
                     start = time.perf_counter()
-                    if way == "one by one":
-                        for path in targets:
-                            _fsync(path)
+                    if way == "side by side":
+                        batch.flush()
                     else:
-                        list(pool.map(_fsync, targets))
+                        for path in dict.fromkeys(paths):
+                            _fsync(path)
+                        for directory in dict.fromkeys(p.parent for p in paths):
+                            fsync_dir(directory)
                     took[way].append(time.perf_counter() - start)
         finally:
             stop.set()

@@ -95,8 +95,8 @@ class Batch:
     are flushed side by side: concurrent fsyncs share the filesystem's
     journal commits, where one after another each may wait for its own.
     With other processes fsyncing too (a gateway and its edges keeping
-    wheels), 40 small files took 27 ms one by one and 8 ms side by side
-    (``python bench/fsync_batch.py``).
+    wheels), 40 small files took 25 ms one by one and 6 ms side by side
+    (``python bench/fsync_batch.py``, ``bench/results/fsync-batch.md``).
     """
 
     def __init__(self) -> None:
