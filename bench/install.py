@@ -334,8 +334,10 @@ def client_dir(given: Path | None, fallback: Path) -> tuple[Path, str]:
     return fallback, f"{fallback} (no /dev/shm)"
 
 
-def _timed(method: str, url: str, accept: str = "application/vnd.pypi.simple.v1+json") -> tuple[float, float, int]:
-    """(seconds to the first body byte, seconds to the end, status) of one request on a new connection."""
+def _timed(method: str, url: str,
+           accept: str = "application/vnd.pypi.simple.v1+json") -> tuple[float, float, int, str | None]:
+    """(seconds to the first body byte, seconds to the end, status, Server-Timing) of one request on a new
+    connection."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -348,9 +350,32 @@ def _timed(method: str, url: str, accept: str = "application/vnd.pypi.simple.v1+
         resp.read(1)
         first = time.monotonic() - started
         resp.read()
-        return first, time.monotonic() - started, resp.status
+        return first, time.monotonic() - started, resp.status, resp.getheader("Server-Timing")
     finally:
         conn.close()
+
+
+# What each phase of a miss answer's Server-Timing (proxy.util.timing) is, as the table says it.
+PHASES = {
+    "index": "index page fetched and screened",
+    "accept": "policy, pins, page rendered",
+    "batch-wait": "waiting for its signing batch to start",
+    "sign": "signing: pages rendered, bin-n, snapshot and timestamp signed",
+    "write": "metadata and page files written and fsynced",
+    "lookup": "edge: lookup in the metadata it trusted before (the project's bin-n)",
+    "publish": "edge -> gateway publish request, in all",
+    "refresh": "edge: refresh of timestamp and snapshot to the version the gateway named",
+    "relookup": "edge: lookup again (the new bin-n)",
+    "page": "edge: page fetched from the gateway and verified",
+}
+
+
+def _said(header: str | None) -> list[tuple[str, float]]:
+    """The rows of a miss answer's Server-Timing, the gateway's relayed by an edge set in under it."""
+    from proxy.util.timing import parse
+
+    return [(f"{'of which, at the gateway' if name.startswith('gw-') else 'of which'}: "
+             f"{PHASES.get(name.removeprefix('gw-'), name)}", seconds) for name, seconds in parse(header)]
 
 
 def phases(index: Index, workdir: Path, projects: dict[str, list[Dist]]) -> list[tuple[str, float]]:
@@ -364,16 +389,15 @@ def phases(index: Index, workdir: Path, projects: dict[str, list[Dist]]) -> list
         a, b = next(names), next(names)
         big = max(projects[b], key=lambda d: len(d.data))
         out = [("index page fetched directly", _timed("GET", f"{index.url}{a}/")[1])]
-        out.append(("gateway publish of a new project (index fetch, batch window, signing, writes)",
-                    _timed("POST", f"{gateway}_tufproxy/publish/{a}")[1]))
-        first_page = _timed("GET", f"{edge}simple/{b}/")[1]
-        out.append(("edge miss of another new project (publish + edge refresh of timestamp, snapshot, bin + page)",
-                    first_page))
+        _, took, _, said = _timed("POST", f"{gateway}_tufproxy/publish/{a}")
+        out += [("gateway publish of a new project, in all", took), *_said(said)]
+        _, took, _, said = _timed("GET", f"{edge}simple/{b}/")
+        out += [("edge miss of another new project, in all", took), *_said(said)]
         out.append(("the same page again (warm)", _timed("GET", f"{edge}simple/{b}/")[1]))
-        first, done, _ = _timed("GET", f"{edge}packages/{b}/{big.filename}", accept="*/*")
+        first, done, _, _ = _timed("GET", f"{edge}packages/{b}/{big.filename}", accept="*/*")
         out += [(f"cold file through edge -> gateway, first byte ({len(big.data) / 1e6:.1f} MB)", first),
                 ("cold file, done", done)]
-        _, direct_done, _ = _timed("GET", f"http://127.0.0.1:{index.port}/files/{big.filename}", "*/*")
+        _, direct_done, _, _ = _timed("GET", f"http://127.0.0.1:{index.port}/files/{big.filename}", "*/*")
         out += [("the same file from the index directly, done", direct_done)]
         return out
     finally:

@@ -141,6 +141,8 @@ def test_anonymous_clients_of_the_edge_get_public_projects_and_learn_nothing_pri
         seen, expected = get(edge.base + private), get(edge.base + absent)
         assert seen[0] == expected[0] == 404, (private, seen, expected)
         assert seen[2].replace(b"internalpkg", b"X") == expected[2].replace(b"nosuchpkg", b"X"), (seen[2], expected[2])
+        # Nor do their headers tell them apart: the absent one's miss asked the gateway, and saying so would.
+        assert "Server-Timing" not in seen[1] and "Server-Timing" not in expected[1], (seen[1], expected[1])
         assert get(edge.base + private, bob)[0] == 200
     # Under a rule (secret*=@staff) every name is 401 to anonymous clients, published or not, alike.
     secret, absent = get(edge.url + "secretpkg/"), get(edge.url + "secretnothere/")

@@ -33,6 +33,7 @@ from proxy.repository.sample import build_wheel
 from proxy.storage.leader import GENERATION_META, Fence, LeaderLease, LeaseLost
 from proxy.storage.treepush import TreePush
 from proxy.transport.bucket import Bucket, BucketUnavailable
+from proxy.util import timing
 from proxy.util.metrics import BucketMetrics
 from tests.support.clients import install
 from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
@@ -263,9 +264,13 @@ def test_replicas_one_leader_stale_leader_steps_down_and_kill_fails_over_to_an_i
     with group(seaweed, tmp_path, "ha", ["app", "late"], 2, monkeypatch, lease) as g:
         leader = g.leader()
         follower = next(x for x in g.gateways if x is not leader)
-        # A follower forwards a publish to the leader, which answers once the batch is in the bucket.
-        status, answer = follower.publish("app")
+        # A follower forwards a publish to the leader, which answers once the batch is in the bucket, and relays
+        # where the leader's publish spent its time.
+        asked = urllib.request.Request(f"{follower.base}_tufproxy/publish/app", method="POST", data=b"")
+        with urllib.request.urlopen(asked, timeout=30) as r:
+            status, answer, said = r.status, json.loads(r.read()), r.headers.get("Server-Timing")
         assert status == 200, answer
+        assert [name for name, _ in timing.parse(said)] == ["index", "accept", "batch-wait", "sign", "write"], said
         assert not (follower.directory / "public" / "simple" / "app").exists()  # signed by the leader only
         assert (leader.directory / "public" / "simple" / "app").is_dir()
         wait_for(lambda: g.versions and g.versions[-1] >= answer["timestamp_version"], "the batch in the bucket",

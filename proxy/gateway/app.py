@@ -22,7 +22,11 @@ page is published by the leader first.
   the project is written, with ``"expect": {"roles", "targets"}`` when this
   process signed its page lately (the snapshot, bin-n and page targets an
   edge then fetches side by side, :class:`~proxy.gateway.publisher.Foresight`); 404 ``{"project", "reason"}`` when no index lists
-  it; 502 when the index's answer was refused or unreachable.
+  it; 502 when the index's answer was refused or unreachable.  A publish
+  this request made carries ``Server-Timing`` (:mod:`proxy.util.timing`):
+  ``index`` (the page fetched and screened), ``accept`` (policy, pins,
+  rendering), ``batch-wait``, ``sign`` and ``write`` (its batch's files and
+  fsyncs), in milliseconds.
 * ``/healthz``, ``/readyz``, ``/metrics``.
 
 Refusals map to status by whose fault they are, in :func:`_status`: the
@@ -54,6 +58,7 @@ from proxy.serving.access import AccessMiddleware, Resource
 from proxy.serving.listener import Connections
 from proxy.transport.bucket import Bucket
 from proxy.transport.upstream import DownloadHTTPError
+from proxy.util import timing
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -136,7 +141,9 @@ class GatewayApp:
         if self.forwarder is not None:
             answer = await self.forwarder.publish(request.path, request.headers.get("Authorization"))
             if answer is not None:
-                return web.Response(status=answer[0], body=answer[1], content_type="application/json")
+                return web.Response(status=answer[0], body=answer[1], content_type="application/json",
+                                    headers={"Server-Timing": answer[2]} if answer[2] else None)
+        phases = timing.collect()
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:
@@ -144,7 +151,9 @@ class GatewayApp:
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
         if published.foresight is not None:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
-        return web.json_response(said)
+        # Where this publish spent its time (none when another request's publish, or an earlier one, served it).
+        value = timing.header(phases)
+        return web.json_response(said, headers={"Server-Timing": value} if value else None)
 
     async def _why(self, request: web.Request) -> web.Response:
         """What a publish would offer and what the policy hides, by rule (``tufproxy why``); signs nothing."""

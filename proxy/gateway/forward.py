@@ -2,9 +2,10 @@
 
 Only the leader signs and pushes, so a follower asked to publish a project
 passes the request (with its ``Authorization`` header) to the URL the
-leader wrote into the lease, and answers with the leader's status and
-body: the leader answers once the batch is signed and pushed to the
-bucket.  With no leader known, or the leader not answering, the follower
+leader wrote into the lease, and answers with the leader's status, body
+and ``Server-Timing`` (where the leader's publish spent its time, read
+with :func:`proxy.util.timing.parse`'s bounds): the leader answers once
+the batch is signed and pushed to the bucket.  With no leader known, or the leader not answering, the follower
 publishes locally (it is pushed if this replica becomes leader).
 """
 
@@ -15,6 +16,7 @@ import logging
 import aiohttp
 
 from proxy.storage.leader import LeaderLease
+from proxy.util import timing
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +27,9 @@ class Forwarder:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
-    async def publish(self, path: str, authorization: str | None) -> tuple[int, bytes] | None:
-        """The leader's (status, JSON body), or None to publish here (this replica leads, or no leader answers)."""
+    async def publish(self, path: str, authorization: str | None) -> tuple[int, bytes, str | None] | None:
+        """The leader's (status, JSON body, Server-Timing), or None to publish here (this replica leads, or no
+        leader answers)."""
         url = self.lease.leader_url
         if self.lease.leader or not url or url.rstrip("/") == self.lease.url.rstrip("/"):
             return None
@@ -35,7 +38,8 @@ class Forwarder:
         headers = {"Authorization": authorization} if authorization else {}
         try:
             async with self._session.post(url.rstrip("/") + path, headers=headers) as r:
-                return r.status, (await r.content.read(64 * 1024))
+                return r.status, (await r.content.read(64 * 1024)), timing.header(timing.parse(
+                    r.headers.get("Server-Timing")))
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("the leader %s did not answer a forwarded %s (%s): publishing here", url, path, e)
             return None

@@ -50,6 +50,7 @@ from packaging.version import InvalidVersion, Version
 from proxy.protocol import index
 from proxy.protocol.layout import core_metadata_target
 from proxy.transport.upstream import DownloadError
+from proxy.util import timing
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,7 @@ class Prefetcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, page: index.ProjectPage, wave: Wave) -> None:
+        timing.detach()  # started by a client's publish, whose answer does not wait for this
         budget = wave.budget
         try:
             async with self._slots:

@@ -87,6 +87,18 @@ class Foresight:
     targets: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Signed:
+    """A batch's answer to each publish in it: the timestamp version that carries it, and where the time went
+    (seconds): waiting for the batch to start, signing (pages rendered and roles signed, the repository's lock
+    included), and writing (the files, their fsyncs, the bucket push)."""
+
+    version: int
+    waited: float = 0.0
+    signing: float = 0.0
+    writing: float = 0.0
+
+
 class Publisher:
     """The one signer task of a gateway process."""
 
@@ -112,7 +124,7 @@ class Publisher:
         self._pending: Pages = {}
         self._targets: Targets = {}  # other signed targets (provenance objects), signed with the next batch
         self._resign = False
-        self._waiters: list[asyncio.Future[int]] = []
+        self._waiters: list[tuple[asyncio.Future[Signed], float]] = []  # and when each was queued (monotonic)
         self._wake = asyncio.Event()
         self._preparing = 0  # pages being fetched that a publish will follow
         self._task: asyncio.Task[None] | None = None
@@ -219,8 +231,8 @@ class Publisher:
             self._preparing -= 1
             self._wake.set()  # a batch waiting for it looks again
 
-    async def publish(self, pages: Pages) -> int:
-        """Queue ``pages``; the timestamp version that first carries them all."""
+    async def publish(self, pages: Pages) -> Signed:
+        """Queue ``pages``; the timestamp version that first carries them all, and the batch's times."""
         self._pending.update(pages)
         return await self._enqueue()
 
@@ -231,11 +243,11 @@ class Publisher:
     async def resign(self) -> int:
         """Re-sign online roles past half their lifetime (the timestamp before it expires)."""
         self._resign = True
-        return await self._enqueue()
+        return (await self._enqueue()).version
 
-    async def _enqueue(self) -> int:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+    async def _enqueue(self) -> Signed:
+        future: asyncio.Future[Signed] = asyncio.get_running_loop().create_future()
+        self._waiters.append((future, time.monotonic()))
         self._wake.set()
         return await future
 
@@ -258,13 +270,13 @@ class Publisher:
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()
             if self.signing_error is not None and start < self._retry_at:
-                for w in waiters:  # backing off: the key is not asked again yet
+                for w, _ in waiters:  # backing off: the key is not asked again yet
                     if not w.done():
                         w.set_exception(KeyUnavailable(str(self.signing_error)))
                 continue
             try:
                 targets, self._targets = self._targets, {}
-                signed = await asyncio.to_thread(self._sign, pages, resign, targets)
+                signed, writing = await asyncio.to_thread(self._sign, pages, resign, targets)
                 self.signing_error, self._backoff = None, 0.0
             except Exception as e:  # noqa: BLE001 - the signer refused or the disk failed: every waiter hears why
                 self._targets = {**targets, **self._targets}  # signed with a later batch
@@ -274,20 +286,23 @@ class Publisher:
                     self._key_down(key)
                     e = key
                 log.error("publish of %d project(s) failed: %s", len(pages), e)
-                for w in waiters:
+                for w, _ in waiters:
                     if not w.done():
                         w.set_exception(e)
                 continue
+            signing = time.monotonic() - start - writing
             if self._observe is not None and signed:
                 self._observe(signed, time.monotonic() - start)
             if self._after is not None:
+                pushed = time.monotonic()
                 try:
                     await self._after()
                 except Exception as e:  # noqa: BLE001 - signed locally; the next push catches the bucket up
                     log.error("after publishing: %s", e)
-            for w in waiters:
+                writing += time.monotonic() - pushed
+            for w, queued in waiters:
                 if not w.done():
-                    w.set_result(self.timestamp_version)
+                    w.set_result(Signed(self.timestamp_version, start - queued, signing, writing))
             if time.monotonic() - self._catalog_saved >= CATALOG_SAVE_EVERY:
                 await self._save_catalog()
 
@@ -316,13 +331,14 @@ class Publisher:
             while len(self._foresights) > FORESIGHTS:
                 self._foresights.popitem(last=False)
 
-    def _sign(self, pages: Pages, resign: bool, targets: Targets | None = None) -> int:
-        """Sign; how many project pages changed (0 when nothing was signed for pages)."""
-        changed, resigned = 0, []
+    def _sign(self, pages: Pages, resign: bool, targets: Targets | None = None) -> tuple[int, float]:
+        """Sign; how many project pages changed (0 when nothing was signed for pages), and the seconds the
+        pages' files and metadata took to write."""
+        changed, resigned, writing = 0, [], 0.0
         if pages or targets:
             report = self.repo.publish_pages(pages, private=self.private, targets=targets)
             resigned = [*report.added, *report.removed]
-            changed = len(resigned)
+            changed, writing = len(resigned), report.writing
             with self._view:
                 self._foresee(pages, report)
         if resign:
@@ -337,8 +353,10 @@ class Publisher:
             if version > self.timestamp_version:
                 self.timestamp_version, self.timestamp_expires = version, expires
         if self.high_water is not None:
+            written = time.monotonic()
             record_high_water(self.high_water, version)
-        return changed
+            writing += time.monotonic() - written
+        return changed, writing
 
 
 def read_high_water(path: Path) -> int:

@@ -53,6 +53,7 @@ from proxy.protocol.errors import Fault
 from proxy.protocol.osv import RULES as ADVISORY_RULES
 from proxy.protocol.osv import Block
 from proxy.storage.audit import AuditLog
+from proxy.util import timing
 from proxy.util.locks import FetchLocks, Leadership
 from proxy.util.recent import Recent
 
@@ -179,11 +180,13 @@ class Gateway:
             return await self._fetch_and_publish(project, prefetch)
 
     async def _fetch_and_publish(self, project: str, prefetch: Wave | None) -> Published:
-        if prefetch is None:  # a client waits: the batch being signed waits for this page (adaptive window)
-            with self.publisher.preparing():
+        with timing.phase("index"):
+            if prefetch is None:  # a client waits: the batch being signed waits for this page (adaptive window)
+                with self.publisher.preparing():
+                    listing = await self.fetch(project)
+            else:  # a guess: signed in whichever batch comes next, holding no client's batch back
                 listing = await self.fetch(project)
-        else:  # a guess: signed in whichever batch comes next, holding no client's batch back
-            listing = await self.fetch(project)
+        accepting = time.monotonic()
         if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
             self._refused_by_policy(project, refusal)
             listing = refusal  # remembered as absent, like a project no index lists
@@ -198,9 +201,12 @@ class Gateway:
         # Dependencies are read from the files the policy let through, at the index's own URLs.
         self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
             f for f in listing.page.files if f.filename in kept)), prefetch or self.prefetcher.first_wave())
-        version = await self.publisher.publish({project: rendered.page})
+        timing.record("accept", time.monotonic() - accepting)
+        signed = await self.publisher.publish({project: rendered.page})
+        for name, seconds in (("batch-wait", signed.waited), ("sign", signed.signing), ("write", signed.writing)):
+            timing.record(name, seconds)
         self.touch(project)
-        return self._published(project, version)
+        return self._published(project, signed.version)
 
     async def _prefetch(self, name: str, wave: Wave) -> None:
         """Publish a dependency as a request would (policy, pins, checks); never raise."""
@@ -352,7 +358,7 @@ class Gateway:
             signed = None if self.ledger.is_revoked(project) else signed_page(self.publisher.repo.public_dir, project)
             pages[project] = signed and dataclasses.replace(
                 signed, files=tuple(f for f in signed.files if not self.ledger.is_revoked(project, f.filename)))
-        version = await self.publisher.publish(pages) if pages else self.publisher.timestamp_version
+        version = (await self.publisher.publish(pages)).version if pages else self.publisher.timestamp_version
         self._revocations |= set(new)
         for project, filename in new:
             log.info("revocation applied: %s %s (timestamp v%d)", project, filename or "(whole project)", version)
@@ -373,7 +379,7 @@ class Gateway:
                 pages[project] = result
         if not pages:
             return 0
-        version = await self.publisher.publish(pages)
+        version = (await self.publisher.publish(pages)).version
         return sum(1 for p in pages if self.publisher.resigned_at.get(p) == version)
 
     async def watch_advisories(self, interval: float = 1.0, leader: Leadership | None = None) -> None:

@@ -155,6 +155,7 @@ class ChangeReport:
     signed: dict[str, int] = field(default_factory=dict)  # role -> new version
     # Targets given new contents: path -> (the digest its consistent name carries, the role listing it).
     targets: dict[str, tuple[str, str]] = field(default_factory=dict)
+    writing: float = 0.0  # seconds the commit took to write its files, fsyncs included
 
 
 def _now(now: datetime | None) -> datetime:
@@ -280,6 +281,7 @@ class _Change:
         self.timestamp.signed.snapshot_meta = MetaFile(version=self.snapshot.signed.version)
         self._sign("timestamp", self.timestamp)
 
+        started = time.monotonic()
         plain_links: list[tuple[Path, Path]] = []
         batch = Batch()
         for plain, content in self.plain.items():
@@ -319,6 +321,7 @@ class _Change:
         if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
+        self.report.writing = time.monotonic() - started
         self.keep()  # each object is now what its file says
         return self.report
 

@@ -17,7 +17,10 @@ deadline well under pip's 15 s read timeout; past it the request is a
 503 with Retry-After (:class:`MetadataPending`).
 
 The gateway's answer is a hint: the page is still verified from the
-root, so a lying gateway can only make an edge wait (or say 404).
+root, so a lying gateway can only make an edge wait (or say 404).  The
+phases it names in ``Server-Timing`` are relayed, bounded, in the edge's
+own answer under ``gw-`` beside the edge's ``publish`` (the whole
+exchange) and ``refresh`` (:mod:`proxy.util.timing`).
 
 :meth:`MissProtocol.missing` says why a file is not on a project's signed
 page (its 404's detail): the gateway's ``why`` account, asked at most once
@@ -45,6 +48,7 @@ from proxy.protocol.layout import version_of_filename
 from proxy.transport.credentials import OriginAuth
 from proxy.transport.failover import Exhausted, failover
 from proxy.transport.upstream import DownloadError, DownloadHTTPError
+from proxy.util import timing
 from proxy.util.locks import FetchLocks
 from proxy.util.logs import request_id
 
@@ -82,11 +86,13 @@ class _Refreshable(Protocol):
 
 @dataclass(frozen=True)
 class _Answer:
-    """A gateway's publish answer: the timestamp version to wait for, and the files it says come next."""
+    """A gateway's publish answer: the timestamp version to wait for, the files it says come next, and where
+    its publish spent its time (its ``Server-Timing``)."""
 
     version: int
     roles: dict[str, int]
     targets: dict[str, str]
+    phases: timing.Phases
 
 
 class MissProtocol:
@@ -111,10 +117,13 @@ class MissProtocol:
         target = f"simple/{project}/"
         try:
             async with asyncio.timeout(self.deadline):
-                async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
-                    answer = await self._ask(project)
+                with timing.phase("publish"):
+                    async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
+                        answer = await self._ask(project)
+                timing.relay(answer.phases, "gw-")
                 self.trust.expect(answer.roles, answer.targets)
-                await self.trust.refresh_until(answer.version, max(0.1, end - loop.time()))
+                with timing.phase("refresh"):
+                    await self.trust.refresh_until(answer.version, max(0.1, end - loop.time()))
         except TimeoutError:
             raise MetadataPending(target, RETRY_AFTER) from None
         return True
@@ -154,6 +163,7 @@ class MissProtocol:
                         raise GatewayRefused(f"{slug}: {detail}", target=f"simple/{project}/")
                     raise DownloadHTTPError(url, response.status)  # that gateway is failing: ask the next
                 answer = await response.json(content_type=None)
+                phases = timing.parse(response.headers.get("Server-Timing"))
         except aiohttp.ClientError as e:
             raise DownloadError(url, str(e) or type(e).__name__) from e
         except ValueError as e:
@@ -162,7 +172,7 @@ class MissProtocol:
         if not _count(version):
             raise DownloadError(url, "gateway answer has no timestamp_version")
         roles, targets = _expected(answer.get("expect"), project)
-        return _Answer(version, roles, targets)
+        return _Answer(version, roles, targets, phases)
 
 
     async def why(self, project: str) -> dict[str, Any]:

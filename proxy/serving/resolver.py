@@ -46,6 +46,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -89,6 +90,7 @@ from proxy.transport.upstream import Fetcher
 from proxy.trust import TrustedClient, VerifiedTarget
 from proxy.trust.fetch import MissingUpstream, Observer, Pace, Want, fetch_bytes
 from proxy.trust.pagefiles import MAX_CORE_METADATA_SIZE, file_urls, file_want
+from proxy.util import timing
 from proxy.util.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -510,12 +512,16 @@ class Resolver:
         """
         path = self.profile.page_target(project, fmt)
         ask.target = path
+        started = time.monotonic()
         try:
             target = await self.trust.get_target(path)
         except UnknownTarget:
+            # Phases of a miss only: a warm answer names none, so it is the same whichever path sends it.
+            timing.record("lookup", time.monotonic() - started)
             if self.on_miss is None or await self.on_miss(project) is False:
                 raise
-            target = await self.trust.get_target(path)
+            with timing.phase("relookup"):  # its bin-n, as the metadata refreshed for the miss names it
+                target = await self.trust.get_target(path)
         if marked_private(target.custom) and not (ask.private_ok is not None and ask.private_ok(project)):
             # Exactly what a project no index lists gets: a client that may not read it cannot tell.
             if self.on_miss is None:
@@ -556,7 +562,9 @@ class Resolver:
         def fetch(urls: list[str], observer: Observer) -> Awaitable[bytes]:
             return fetch_bytes(self.page_fetcher, want, urls, pace=self.settings.pace, observer=observer)
         shared = self.downloads.shared
-        data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer, fetch))
+        with timing.phase("page"):
+            data = await (fetch(urls, observer) if shared is None else shared.page(algorithm, digest, urls, observer,
+                                                                                    fetch))
         self._rechecked.add(cache_key)
         self._raw.put(cache_key, data, len(data))
         await self._write_page(cache_key, data)
@@ -655,6 +663,7 @@ class Resolver:
         task.add_done_callback(self._ahead_tasks.discard)
 
     async def _fetch_ahead(self, ask: Ask, req: TargetRequest) -> None:
+        timing.detach()  # started by a .metadata request, whose answer does not wait for this
         ask.target = req.target_path()
         try:
             source = await self._file_source(ask, req)

@@ -48,6 +48,7 @@ from proxy.serving.resolver import (
     Streamed,
 )
 from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
+from proxy.util import timing
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
 
@@ -126,6 +127,7 @@ class Proxy:
         start = time.monotonic()
         rid = new_request_id(request.headers.get("X-Request-Id"))
         token = request_id.set(rid)
+        phases = timing.collect()
         try:
             response = await handler(request)
         except web.HTTPException as e:
@@ -134,6 +136,10 @@ class Proxy:
             request_id.reset(token)
         route = request.get(ROUTE, request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
+        # A page a miss waited for says where the wait went; an answer already on the wire (a file) cannot.  A
+        # refusal says nothing: what a 404 waited for would tell a private project from one no index lists.
+        if response.status < 400 and not response.prepared and (value := timing.header(phases)) is not None:
+            response.headers["Server-Timing"] = value
         self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):
             raise response
