@@ -207,14 +207,19 @@ def test_uv_with_uv_index_variables(world: dict, tmp_path: Path) -> None:  # typ
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def _sync(world: dict, upstream: str, dest: Path) -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg]
+    """``tufproxy mirror sync`` of secretpkg from the world's gateway, auditing into the world's directory."""
+    return subprocess.run([sys.executable, "-m", "proxy", "mirror", "sync", "--profile", "gateway", "--upstream",
+                           upstream, "--root", str(world["gw"].root), "--dest", str(dest), "--project", "secretpkg",
+                           "--audit-log", str(world["tmp"] / "sync.audit")],
+                          capture_output=True, text=True, timeout=180)
+
+
 def test_mirror_sync_authenticates_to_the_gateway(world: dict, tmp_path: Path) -> None:  # type: ignore[type-arg]
     gw = world["gw"]
 
     def sync(upstream: str, dest: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "proxy", "mirror", "sync", "--profile", "gateway", "--upstream",
-                               upstream, "--root", str(gw.root), "--dest", str(dest), "--project", "secretpkg",
-                               "--audit-log", str(world["tmp"] / "sync.audit")],
-                              capture_output=True, text=True, timeout=180)
+        return _sync(world, upstream, dest)
     anonymous = sync(gw.base, tmp_path / "anon")
     assert anonymous.returncode != 0 and "401" in anonymous.stdout + anonymous.stderr
     r = sync(with_credentials(gw.base, "edge", GATEWAY_PASSWORD), tmp_path / "mirror")
@@ -245,8 +250,12 @@ def test_wrong_passwords_are_refused_then_throttled(world: dict) -> None:  # typ
 
 
 def test_no_password_reaches_a_log_or_audit_file(world: dict) -> None:  # type: ignore[type-arg]
-    # Run last in this module (pytest keeps file order): every log and audit file written so far.
+    # Run last in this module (pytest keeps file order): every log and audit file written so far.  Under
+    # pytest-xdist this module's tests may be split between workers, each with a world of its own, so the
+    # authenticated sync whose audit file is read is run here too.
     tmp = world["tmp"]
+    synced = _sync(world, with_credentials(world["gw"].base, "edge", GATEWAY_PASSWORD), tmp / "mirror-for-logs")
+    assert synced.returncode == 0 and GATEWAY_PASSWORD not in synced.stdout + synced.stderr, synced.stderr
     files = [p for p in tmp.rglob("*") if p.is_file() and p.suffix in (".log", ".audit", ".jsonl", ".json")]
     assert (tmp / "sync.audit") in files
     files += [world["gw"].log_path, world["gw"].audit_path, world["edge"].log_path]
