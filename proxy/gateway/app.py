@@ -22,8 +22,10 @@ page is published by the leader first.
   the project is written, with ``"expect": {"roles", "targets"}`` when this
   process signed its page lately (the snapshot, bin-n and page targets an
   edge then fetches side by side, :class:`~proxy.gateway.publisher.Foresight`); 404 ``{"project", "reason"}`` when no index lists
-  it; 502 when the index's answer was refused or unreachable.  A publish
-  this request made carries ``Server-Timing`` (:mod:`proxy.util.timing`):
+  it; 502 when the index's answer was refused or unreachable.  An answer
+  for which this request published (this one, or a plain page published
+  first) carries ``Server-Timing`` (:mod:`proxy.util.timing`, set by the
+  middleware; a follower relays its leader's):
   ``index`` (the page fetched and screened), ``accept`` (policy, pins,
   rendering), ``batch-wait``, ``sign`` and ``write`` (its batch's files and
   fsyncs), in milliseconds.
@@ -113,6 +115,7 @@ class GatewayApp:
         route = request.match_info.route.name or "other"
         # Set for each request (a keep-alive connection reuses its task): an edge's id, else ours.
         request_id.set(new_request_id(request.headers.get("X-Request-Id")))
+        phases = timing.collect()
         try:
             response = await handler(request)
         except web.HTTPException as e:
@@ -130,6 +133,10 @@ class GatewayApp:
             response = web.json_response({"reason": reason, "fault": r.kind, "detail": detail}, status=r.status,
                                          headers={"X-Tufproxy-Reason": reason},
                                          reason=refusals.phrase(f"{reason}: {detail[:200]}"))
+        # Where a publish this request made (or its leader's, relayed) spent its time; none when another
+        # request's publish, or an earlier one, served it.
+        if not response.prepared and (value := timing.header_for(response.status, phases)) is not None:
+            response.headers["Server-Timing"] = value
         self.metrics.requests.labels(route, str(response.status)).inc()
         return response
 
@@ -141,9 +148,8 @@ class GatewayApp:
         if self.forwarder is not None:
             answer = await self.forwarder.publish(request.path, request.headers.get("Authorization"))
             if answer is not None:
-                return web.Response(status=answer[0], body=answer[1], content_type="application/json",
-                                    headers={"Server-Timing": answer[2]} if answer[2] else None)
-        phases = timing.collect()
+                timing.relay(answer[2], "")
+                return web.Response(status=answer[0], body=answer[1], content_type="application/json")
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:
@@ -151,9 +157,7 @@ class GatewayApp:
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
         if published.foresight is not None:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
-        # Where this publish spent its time (none when another request's publish, or an earlier one, served it).
-        value = timing.header(phases)
-        return web.json_response(said, headers={"Server-Timing": value} if value else None)
+        return web.json_response(said)
 
     async def _why(self, request: web.Request) -> web.Response:
         """What a publish would offer and what the policy hides, by rule (``tufproxy why``); signs nothing."""

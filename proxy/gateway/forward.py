@@ -27,9 +27,9 @@ class Forwarder:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
-    async def publish(self, path: str, authorization: str | None) -> tuple[int, bytes, str | None] | None:
-        """The leader's (status, JSON body, Server-Timing), or None to publish here (this replica leads, or no
-        leader answers)."""
+    async def publish(self, path: str, authorization: str | None) -> tuple[int, bytes, timing.Phases] | None:
+        """The leader's (status, JSON body, Server-Timing phases), or None to publish here (this replica leads,
+        or no leader answers)."""
         url = self.lease.leader_url
         if self.lease.leader or not url or url.rstrip("/") == self.lease.url.rstrip("/"):
             return None
@@ -38,8 +38,7 @@ class Forwarder:
         headers = {"Authorization": authorization} if authorization else {}
         try:
             async with self._session.post(url.rstrip("/") + path, headers=headers) as r:
-                return r.status, (await r.content.read(64 * 1024)), timing.header(timing.parse(
-                    r.headers.get("Server-Timing")))
+                return r.status, (await r.content.read(64 * 1024)), timing.parse(r.headers.get("Server-Timing"))
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("the leader %s did not answer a forwarded %s (%s): publishing here", url, path, e)
             return None

@@ -136,9 +136,8 @@ class Proxy:
             request_id.reset(token)
         route = request.get(ROUTE, request.match_info.route.name or "other")
         response.headers["X-Request-Id"] = rid
-        # A page a miss waited for says where the wait went; an answer already on the wire (a file) cannot.  A
-        # refusal says nothing: what a 404 waited for would tell a private project from one no index lists.
-        if response.status < 400 and not response.prepared and (value := timing.header(phases)) is not None:
+        # A page a miss waited for says where the wait went; an answer already on the wire (a file) cannot.
+        if not response.prepared and (value := timing.header_for(response.status, phases)) is not None:
             response.headers["Server-Timing"] = value
         self.metrics.request(route, response.status, time.monotonic() - start)
         if isinstance(response, web.HTTPException):

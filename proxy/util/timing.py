@@ -2,7 +2,8 @@
 
 The server starts a list for each request (:func:`collect`); the code
 doing a phase records it there (:func:`phase`, :func:`record`), and the
-server sends what was recorded as ``Server-Timing: index;dur=41.2,
+server's middleware sends what was recorded with a successful answer
+not yet on the wire (:func:`header_for`) as ``Server-Timing: index;dur=41.2,
 sign;dur=9.8``, so an operator (``curl -v``, a browser's developer tools)
 or ``bench/install.py`` sees where a slow miss spent its time without
 a profiler.  Outside a request, and in background work told to
@@ -66,6 +67,12 @@ def phase(name: str) -> Iterator[None]:
 def header(phases: Phases) -> str | None:
     """The ``Server-Timing`` value of ``phases`` (milliseconds), or None when there are none."""
     return ", ".join(f"{name};dur={1000 * seconds:.1f}" for name, seconds in phases) or None
+
+
+def header_for(status: int, phases: Phases) -> str | None:
+    """The ``Server-Timing`` value an answer of ``status`` carries: none for a refusal, since what a 404
+    waited for (a miss asking the gateway, or not) would tell a private project from one no index lists."""
+    return header(phases) if status < 400 else None
 
 
 def parse(value: str | None) -> Phases:
