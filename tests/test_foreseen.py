@@ -1,32 +1,36 @@
-"""Files fetched ahead on a gateway's publish answer (issue 33): the wrapper over a real HTTP server on
-127.0.0.1 (a body is handed over once, within its bound, in time; anything else is fetched again), the
-answer's parsing at the edge, and an edge in front of a real gateway, which fetches the answer's snapshot,
-bin-n and page side by side and still refuses any of them that does not verify."""
+"""Files fetched ahead on a gateway's publish answer, or carried in it (issue 33): the wrapper over a real
+HTTP server on 127.0.0.1 (a body is handed over once, within its bound, in time; anything else is fetched
+again), a carried timestamp taken only above the version trusted, the answer's parsing at the edge, and an
+edge in front of a real gateway, which takes the answer's timestamp, snapshot, bin-n and page without a
+round trip and still refuses any of them that does not verify."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from proxy.protocol import errors
 from proxy.repository.sample import build_wheel
-from proxy.serving.edge import _expected
+from proxy.serving.edge import _expected, _given
 from proxy.transport.foreseen import Foreseen
 from proxy.transport.upstream import AiohttpFetcher, DownloadHTTPError, DownloadLengthError
 from proxy.trust import TrustConfig, TrustedClient
-from tests.support.faults import Fault, FaultyUpstream
+from tests.support.faults import FaultyUpstream
 from tests.support.gatewayproc import GatewayProcess, gateway_init, metric
 from tests.support.poll import poll
 from tests.support.proxyproc import ProxyProcess
+from tests.support.relay import Relay
 from tests.support.testindex import TestIndex
-from tests.support.trustenv import Env, env
+from tests.support.trustenv import Env, env, tampered
 
 
 class _Files:
@@ -119,6 +123,65 @@ def test_a_404_fetched_ahead_is_handed_over_only_where_absence_was_foreseen() ->
     assert outcomes == ["used", "wasted"]
 
 
+def test_a_body_given_is_handed_over_once_within_its_bound_and_a_given_absence_as_a_404() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        outcomes: list[str] = []
+        async for files in _served():
+            fetcher = Foreseen(AiohttpFetcher(), counted=outcomes.append)
+            try:
+                fetcher.give(files.url + "a", b"given")
+                assert await fetcher.fetch_bytes(files.url + "a", 1000) == b"given"
+                assert await fetcher.fetch_bytes(files.url + "a", 1000) == b"a" * 10  # once: then asked anew
+                fetcher.give(files.url + "b", b"x" * 100)  # longer than the caller allows: fetched for itself
+                assert await fetcher.fetch_bytes(files.url + "b", 50) == b"b" * 10
+                fetcher.expect(files.url + "c", 1000)
+                fetcher.give(files.url + "c", b"given c")  # given after a download started: the body given wins
+                assert await fetcher.fetch_bytes(files.url + "c", 1000) == b"given c"
+                fetcher.give(files.url + "missing-root", None)
+                with pytest.raises(DownloadHTTPError) as absent:
+                    await fetcher.fetch_bytes(files.url + "missing-root", 1000)
+                assert absent.value.status == 404
+            finally:
+                await fetcher.close()
+            return files.asked, outcomes
+        raise AssertionError("unreachable")
+
+    asked, outcomes = asyncio.run(scenario())
+    assert asked.count("a") == 1 and asked.count("b") == 1 and "missing-root" not in asked
+    assert outcomes.count("used") == 3 and outcomes.count("wasted") == 2  # b (too long), c's download
+
+
+async def test_a_timestamp_an_answer_carried_is_used_only_above_the_version_trusted(env: Env, tmp_path: Path) -> None:
+    """Taken instead of a round trip and verified like a fetched one; one no newer than the version trusted
+    (another answer, or a live fetch, moved past it) is not offered to a cycle, which would call it a rollback;
+    one older than the version its answer named is the gateway lying, refused as a rollback."""
+    client = TrustedClient(env.dir, [env.mirror], Foreseen(env.fetcher), TrustConfig(refresh_interval=3600.0))
+    refused: list[Exception] = []
+    client.on_refused = refused.append
+    try:
+        await client.refresh()
+        old = env.meta("timestamp.json")
+        env.publish(tmp_path)
+        new, version = env.meta("timestamp.json"), env.version("timestamp")
+        asked = env.up.count(r"/metadata/timestamp\.json")
+        client.expect({}, {}, version, {"metadata/timestamp.json": new})
+        await client.refresh(force=True)
+        assert client.timestamp_version == version
+        assert env.up.count(r"/metadata/timestamp\.json") == asked  # the answer's, no round trip
+
+        client.expect({}, {}, version, {"metadata/timestamp.json": old})
+        await client.refresh(force=True)
+        assert refused == [] and client.timestamp_version == version
+        assert env.up.count(r"/metadata/timestamp\.json") == asked + 1  # fetched: the one given was no newer
+
+        client.expect({}, {}, version + 1, {"metadata/timestamp.json": old})
+        with pytest.raises(errors.Rollback):
+            await client.refresh(force=True)
+        assert [type(e) for e in refused] == [errors.Rollback] and client.timestamp_version == version
+    finally:
+        client.close()
+
+
 def test_a_body_asked_for_after_its_ttl_is_fetched_again() -> None:
     async def scenario() -> list[str]:
         async for files in _served():
@@ -172,37 +235,73 @@ def test_the_edge_keeps_a_publish_answers_files_only_when_the_whole_hint_is_well
         assert _expected(bad, "lib") == ({}, {}), bad
 
 
+def test_the_edge_takes_a_publish_answers_bodies_only_when_all_are_well_formed() -> None:
+    ts, page = base64.b64encode(b"timestamp").decode(), base64.b64encode(b"page").decode()
+    good = {"metadata/timestamp.json": ts, "simple/lib/ab.index.json": page, "metadata/2.root.json": None}
+    assert _given(good) == {"metadata/timestamp.json": b"timestamp", "simple/lib/ab.index.json": b"page",
+                            "metadata/2.root.json": None}
+    for bad in (None, [], "x", {"metadata/timestamp.json": 1}, {"metadata/timestamp.json": "not base64!"},
+                {"metadata/timestamp.json": ["x"]}, {f"simple/lib/{i}": ts for i in range(11)}):
+        assert _given(bad) == {}, bad
+
+
+def _forge(name: str, change: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """An edit of a publish answer: the bodies it carries whose path matches ``name`` changed by ``change``."""
+    def edit(body: bytes) -> bytes:
+        answer = json.loads(body)
+        for path, given in answer.get("given", {}).items():
+            if given is not None and re.fullmatch(name, path):
+                answer["given"][path] = base64.b64encode(change(base64.b64decode(given))).decode()
+        return json.dumps(answer).encode()
+    return edit
+
+
 @pytest.mark.slow
-def test_an_edge_fetches_the_answers_files_side_by_side_and_still_refuses_one_that_does_not_verify(
+def test_an_edge_takes_the_answers_bodies_without_a_round_trip_and_refuses_any_that_does_not_verify(
         tmp_path: Path) -> None:
     index = TestIndex()
-    for name in ("lib", "other"):
+    for name in ("lib", "page", "snap", "stamp"):
         index.add(build_wheel(tmp_path / "dists", name, "1.0"))
     gateway_init(tmp_path / "gw")
-    with index, GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw:
-        # The signed tree comes through a mirror that can tamper; the miss protocol goes to the gateway itself.
+    stale = (tmp_path / "gw" / "public" / "metadata" / "timestamp.json").read_bytes()
+    with index, GatewayProcess(tmp_path / "gw", "--index-url", index.url) as gw, Relay(gw.base) as relay:
+        # The signed tree comes through a mirror that counts what it is asked; the miss protocol goes through a
+        # relay that can forge what the gateway's answers carry.
         mirror = FaultyUpstream(tmp_path / "gw" / "public")
         with mirror, ProxyProcess(tmp_path / "edge", "--profile", "gateway", "--upstream", mirror.url,
-                                  "--gateway-url", gw.base, "--root", str(gw.root), "--workers", "1",
+                                  "--gateway-url", relay.base, "--root", str(gw.root), "--workers", "1",
                                   "--audit-log", str(tmp_path / "edge.audit")) as edge:
-            page = urllib.request.Request(f"{edge.url}lib/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-            with urllib.request.urlopen(page, timeout=30) as r:
-                assert b"lib-1.0-py3-none-any.whl" in r.read()
-            # The next root's probe (a 404), the new snapshot, lib's bin-n and its JSON page were fetched ahead,
-            # each once.
-            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 4
-            for name in (r"metadata/\d+\.snapshot\.json", r"metadata/\d+\.bin-[0-9a-f]+\.json",
-                         r"simple/lib/[0-9a-f]{64}\.index\.json"):
-                asked = [p for p in mirror.requests if re.fullmatch(f"/{name}", p)]
-                assert asked and len(asked) == len(set(asked)), (name, mirror.requests)
+            def page(project: str) -> int:
+                request = urllib.request.Request(f"{edge.url}{project}/",
+                                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as r:
+                        assert f"{project}-1.0-py3-none-any.whl".encode() in r.read()
+                        return int(r.status)
+                except urllib.error.HTTPError as e:
+                    return e.code
 
-            # A page that is not the signed one, fetched ahead like any: refused, never served.
-            mirror.inject(r"/simple/other/.*", Fault.GARBAGE)
-            page = urllib.request.Request(f"{edge.url}other/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(page, timeout=30)
-            assert refused.value.code == 502, refused.value.read()
-            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 8
+            asked = len(mirror.requests)
+            assert page("lib") == 200
+            # The answer carried the next root's absence, the timestamp, the new snapshot, lib's bin-n and its
+            # JSON page: the mirror was asked only for the roles lib was looked for in before the miss (bins, then
+            # the bin-n it delegates lib to, both as signed at init).
+            looked = r"/metadata/1\.bins\.json|/metadata/1\.bin-[0-9a-f]+\.json"
+            assert [p for p in mirror.requests[asked:] if not re.fullmatch(looked, p)] == []
+            assert metric(edge.base, 'tufproxy_foreseen_total{outcome="used"}') >= 4
+
+            # Bodies that are not the signed ones, carried like any: each refused, never served.
+            relay.rewrite("/_tufproxy/publish/page", _forge(r"simple/page/.*", lambda b: b.replace(b"page", b"evil")))
+            relay.rewrite("/_tufproxy/publish/snap", _forge(r"metadata/\d+\.snapshot\.json",
+                                                            lambda b: tampered(b, lambda s: s.update(version=99))))
+            relay.rewrite("/_tufproxy/publish/stamp", _forge(r"metadata/timestamp\.json", lambda _: stale))
+            for project in ("page", "snap", "stamp"):
+                assert page(project) == 502, project
             audit = [json.loads(line) for line in (tmp_path / "edge.audit").read_text().splitlines()]
-            assert any(a.get("event") == "refused" and a.get("fault") == "repository"
-                       and "simple/other/" in str(a.get("target")) for a in audit), audit
+            refusals = [a for a in audit if a.get("event") == "refused"]
+            assert all(a.get("fault") == "repository" for a in refusals), refusals
+            assert any("simple/page/" in str(a.get("target")) for a in refusals), refusals
+            assert {a.get("reason") for a in refusals} >= {"bad-signature", "rollback"}, refusals
+            # Honest answers again: the refused updates cost nothing lasting.
+            relay.clear()
+            assert page("snap") == 200 and page("stamp") == 200

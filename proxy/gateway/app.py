@@ -41,6 +41,7 @@ gone; the last signed tree is still served).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import mimetypes
 import re
@@ -146,7 +147,7 @@ class GatewayApp:
         if not is_valid_project_name(name):
             return web.json_response({"reason": "bad-project-name"}, status=400)
         if self.forwarder is not None:
-            answer = await self.forwarder.publish(request.path, request.headers.get("Authorization"))
+            answer = await self.forwarder.publish(request.path_qs, request.headers.get("Authorization"))
             if answer is not None:
                 timing.relay(answer[2], "")
                 return web.Response(status=answer[0], body=answer[1], content_type="application/json")
@@ -157,6 +158,10 @@ class GatewayApp:
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
         if published.foresight is not None:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
+            root = request.query.get("root", "")
+            bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
+                                             int(root) if root.isdigit() and len(root) < 10 else None)
+            said["given"] = {name: None if body is None else base64.b64encode(body).decode() for name, body in bodies.items()}
         return web.json_response(said)
 
     async def _why(self, request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ import logging
 
 import aiohttp
 
+from proxy.protocol.layout import MAX_PUBLISH_ANSWER
 from proxy.storage.leader import LeaderLease
 from proxy.util import timing
 
@@ -38,7 +39,7 @@ class Forwarder:
         headers = {"Authorization": authorization} if authorization else {}
         try:
             async with self._session.post(url.rstrip("/") + path, headers=headers) as r:
-                return r.status, (await r.content.read(64 * 1024)), timing.parse(r.headers.get("Server-Timing"))
+                return r.status, (await r.content.read(MAX_PUBLISH_ANSWER)), timing.parse(r.headers.get("Server-Timing"))
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("the leader %s did not answer a forwarded %s (%s): publishing here", url, path, e)
             return None

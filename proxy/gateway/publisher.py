@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.protocol import index, lease
+from proxy.protocol.layout import metadata_filename
 from proxy.repository import ChangeReport, Repository
 from proxy.repository.catalog import Catalog
 from proxy.repository.keys import ONLINE
@@ -74,6 +75,17 @@ BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 # crash costs a restart only the bins signed in the last few minutes.
 CATALOG_SAVE_EVERY = 300.0
 FORESIGHTS = 1024  # projects whose latest signing is remembered for a publish answer
+MAX_BODY = 1 << 20  # a file a publish answer carries (a snapshot of 16,384 bins is 534 KB)
+
+
+def _small(path: Path) -> bytes | None:
+    """``path``'s bytes, if it exists and is at most MAX_BODY long."""
+    try:
+        with path.open("rb") as f:
+            body = f.read(MAX_BODY + 1)
+    except FileNotFoundError:
+        return None
+    return body if len(body) <= MAX_BODY else None
 
 
 @dataclass(frozen=True)
@@ -310,6 +322,26 @@ class Publisher:
         """What an edge's next lookup of ``project`` reads, if a recent batch of this process signed its page."""
         with self._view:
             return self._foresights.get(project)
+
+    def bodies(self, foresight: Foresight, root_version: int | None) -> dict[str, bytes | None]:
+        """The bytes of what ``foresight`` names, and of the timestamp, by their path in the tree, for a publish
+        answer to carry: the edge's next cycle and lookup then read them without a round trip.  With the root
+        version the edge trusts, the next root too, or None where the tree has none (the probe every cycle
+        makes first).  A file gone since (collected) or larger than :data:`MAX_BODY` is left out: the edge
+        fetches it."""
+        repo = self.repo
+        meta = repo.profile.metadata_path
+        names = [f"{meta}{metadata_filename('timestamp', None)}",
+                 *(f"{meta}{metadata_filename(role, version)}" for role, version in foresight.roles.items()),
+                 *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
+        found: dict[str, bytes | None] = {}
+        if root_version is not None:
+            probe = f"{meta}{metadata_filename('root', root_version + 1)}"
+            found[probe] = _small(repo.public_dir / probe)
+        for name in names:
+            if (body := _small(repo.public_dir / name)) is not None:
+                found[name] = body
+        return found
 
     def _foresee(self, pages: Pages, report: ChangeReport) -> None:
         """Remember, for each page this batch signed anew, its snapshot, its bin-n and its page target.

@@ -57,6 +57,8 @@ _VALID_FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+!-]*$")
 MAX_NAME_LENGTH = 200
 MAX_FILENAME_LENGTH = 255
 MAX_REQUEST_PATH = 1024
+# A gateway's answer to a publish, with the metadata and page bodies it carries (a snapshot of 16,384 bins is 534 KB).
+MAX_PUBLISH_ANSWER = 8 << 20
 
 
 class PageFormat(str, Enum):

@@ -157,6 +157,12 @@ class TopLevelSet:
         """True when the local timestamp loaded as final (not expired)."""
         return self._load_local(lambda: self._set.update_timestamp(data))
 
+    @property
+    def timestamp_version(self) -> int:
+        """The version of the timestamp trusted so far in this set (0 before any)."""
+        prior = self._set.get(Timestamp.type)
+        return 0 if prior is None else prior.version
+
     def update_timestamp(self, data: bytes) -> Timestamp | None:
         """The new timestamp, or None when it is the version already trusted."""
         if self._set.root.is_expired(self.now):

@@ -32,6 +32,7 @@ the gateway the index) more than that.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import re
@@ -44,7 +45,7 @@ from typing import Any, Protocol, TypeGuard
 import aiohttp
 
 from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTarget, UpstreamUnreachable
-from proxy.protocol.layout import version_of_filename
+from proxy.protocol.layout import MAX_PUBLISH_ANSWER, version_of_filename
 from proxy.transport.credentials import OriginAuth
 from proxy.transport.failover import Exhausted, failover
 from proxy.transport.upstream import DownloadError, DownloadHTTPError
@@ -81,7 +82,11 @@ class GatewayRefused(TrustError):
 class _Refreshable(Protocol):
     async def refresh_until(self, version: int, timeout: float) -> None: ...
 
-    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int: ...
+    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str], version: int = 0,
+               given: Mapping[str, bytes | None] | None = None) -> int: ...
+
+    @property
+    def root_version(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class _Answer:
     version: int
     roles: dict[str, int]
     targets: dict[str, str]
+    given: dict[str, bytes | None]
     phases: timing.Phases
 
 
@@ -121,7 +127,7 @@ class MissProtocol:
                     async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
                         answer = await self._ask(project)
                 timing.relay(answer.phases, "gw-")
-                self.trust.expect(answer.roles, answer.targets)
+                self.trust.expect(answer.roles, answer.targets, answer.version, answer.given)
                 with timing.phase("refresh"):
                     await self.trust.refresh_until(answer.version, max(0.1, end - loop.time()))
         except TimeoutError:
@@ -149,11 +155,14 @@ class MissProtocol:
 
     async def _ask_one(self, gateway_url: str, project: str) -> _Answer:
         url = f"{gateway_url}_tufproxy/publish/{project}"
+        root = self.trust.root_version
         try:
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
             rid = request_id.get()
             headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
-            async with self._client().post(url, headers=headers, allow_redirects=False) as response:
+            # The root it trusts: the gateway then says whether the next one exists, sparing the cycle that probe.
+            params = {"root": str(root)} if root is not None else None
+            async with self._client().post(url, headers=headers, params=params, allow_redirects=False) as response:
                 if response.status != 200:
                     body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
                     slug, detail = _refusal(body)
@@ -162,7 +171,10 @@ class MissProtocol:
                     if response.status == 502 and slug and detail:  # its verdict on the project: another would agree
                         raise GatewayRefused(f"{slug}: {detail}", target=f"simple/{project}/")
                     raise DownloadHTTPError(url, response.status)  # that gateway is failing: ask the next
-                answer = await response.json(content_type=None)
+                body = await response.content.read(MAX_PUBLISH_ANSWER + 1)
+                if len(body) > MAX_PUBLISH_ANSWER:
+                    raise DownloadError(url, f"publish answer over {MAX_PUBLISH_ANSWER} bytes")
+                answer = json.loads(body)
                 phases = timing.parse(response.headers.get("Server-Timing"))
         except aiohttp.ClientError as e:
             raise DownloadError(url, str(e) or type(e).__name__) from e
@@ -172,7 +184,7 @@ class MissProtocol:
         if not _count(version):
             raise DownloadError(url, "gateway answer has no timestamp_version")
         roles, targets = _expected(answer.get("expect"), project)
-        return _Answer(version, roles, targets, phases)
+        return _Answer(version, roles, targets, _given(answer.get("given")), phases)
 
 
     async def why(self, project: str) -> dict[str, Any]:
@@ -263,6 +275,22 @@ def _expected(expect: object, project: str) -> tuple[dict[str, int], dict[str, s
     if len(good_roles) != len(roles) or len(good_targets) != len(targets):
         return {}, {}
     return good_roles, good_targets
+
+
+def _given(given: object) -> dict[str, bytes | None]:
+    """The bodies a publish answer carried (path -> bytes, or None for a file the gateway says it has not),
+    base64 in its JSON; like the files it names, a hint (each is verified when used), so anything odd drops all."""
+    if not isinstance(given, dict) or len(given) > MAX_EXPECTED + 2:  # beside them, the timestamp and root probe
+        return {}
+    found: dict[str, bytes | None] = {}
+    for path, body in given.items():
+        if not isinstance(path, str) or not (body is None or isinstance(body, str)):
+            return {}
+        try:
+            found[path] = None if body is None else base64.b64decode(body, validate=True)
+        except ValueError:
+            return {}
+    return found
 
 
 def _refusal(body: bytes) -> tuple[str | None, str | None]:

@@ -4,9 +4,10 @@ A gateway's answer to a publish names the files an edge's next refresh and
 lookup of the project will fetch: the new snapshot, the project's bin-n,
 its pages.  In the TUF order each is asked for only once the one before it
 verified, one round trip after another.  :class:`Foreseen` starts them all
-at once when told (:meth:`Foreseen.expect`) and hands each body over when
-its URL is asked for; nothing is trusted sooner, since whoever asks still
-verifies every byte exactly as a body it fetched itself.
+at once when told (:meth:`Foreseen.expect`), or takes the bodies the answer
+carried (:meth:`Foreseen.give`), and hands each body over when its URL is
+asked for; nothing is trusted sooner, since whoever asks still verifies
+every byte exactly as a body it fetched itself.
 
 Only names whose bytes never change are to be foreseen: a consistent
 snapshot's versioned metadata (``N.snapshot.json``) and hash-named targets,
@@ -48,8 +49,8 @@ class Foreseen(Fetcher):
         self.inner = inner
         self.keep = keep
         self.ttl = ttl
-        # url -> (when started, the download, whether its 404 is handed over)
-        self._started: OrderedDict[str, tuple[float, asyncio.Task[bytes], bool]] = OrderedDict()
+        # url -> (when started, the download or the body given, whether its 404 is handed over)
+        self._started: OrderedDict[str, tuple[float, asyncio.Future[bytes], bool]] = OrderedDict()
         self._counted = counted or (lambda outcome: None)  # "used" or "wasted", once per download started
 
     def expect(self, url: str, max_length: int, absent_ok: bool = False) -> None:
@@ -59,12 +60,32 @@ class Foreseen(Fetcher):
         self._expire(loop.time())
         if url in self._started:
             return
-        task = loop.create_task(self.inner.fetch_bytes(url, max_length))
-        task.add_done_callback(_retrieved)
-        self._started[url] = (loop.time(), task, absent_ok)
+        self._keep(url, loop.create_task(self.inner.fetch_bytes(url, max_length)), absent_ok)
+
+    def give(self, url: str, body: bytes | None) -> None:
+        """Hand ``body`` over when ``url`` is asked for, as if downloaded now; None: hand over a 404 (``url`` is
+        absent).  For a body that came with the answer that named it: the round trip it saves is the point."""
+        loop = asyncio.get_running_loop()
+        self._expire(loop.time())
+        given: asyncio.Future[bytes] = loop.create_future()
+        if body is None:
+            given.set_exception(DownloadHTTPError(url, 404))
+        else:
+            given.set_result(body)
+        self._waste_started(url)
+        self._keep(url, given, body is None)
+
+    def _keep(self, url: str, download: asyncio.Future[bytes], absent_ok: bool) -> None:
+        download.add_done_callback(_retrieved)
+        self._started[url] = (asyncio.get_running_loop().time(), download, absent_ok)
         while len(self._started) > self.keep:
             _, (_, oldest, _) = self._started.popitem(last=False)
             self._waste(oldest)
+
+    def _waste_started(self, url: str) -> None:
+        found = self._started.pop(url, None)
+        if found is not None:
+            self._waste(found[1])
 
     def _expire(self, now: float) -> None:
         while self._started:
@@ -74,7 +95,7 @@ class Foreseen(Fetcher):
             del self._started[url]
             self._waste(task)
 
-    def _waste(self, task: asyncio.Task[bytes]) -> None:
+    def _waste(self, task: asyncio.Future[bytes]) -> None:
         task.cancel()
         self._counted("wasted")
 
@@ -87,7 +108,7 @@ class Foreseen(Fetcher):
         return self.inner.stream(url, max_length, start) if start else self.inner.stream(url, max_length)
 
     @contextlib.asynccontextmanager
-    async def _handed_over(self, task: asyncio.Task[bytes], url: str, max_length: int,
+    async def _handed_over(self, task: asyncio.Future[bytes], url: str, max_length: int,
                            absent_ok: bool) -> AsyncIterator[ByteStream]:
         # wait() rather than await: the download's own failure is not ours (we fetch again), a cancel of us is.
         await asyncio.wait({task})
@@ -115,7 +136,7 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def _retrieved(task: asyncio.Task[bytes]) -> None:
+def _retrieved(task: asyncio.Future[bytes]) -> None:
     """A download nobody came for may have failed: that is no error of anyone's."""
     if not task.cancelled():
         task.exception()

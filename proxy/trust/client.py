@@ -184,6 +184,9 @@ class TrustedClient:
         self._last_attempt: float | None = None  # monotonic
         self._last_success: float | None = None  # wall clock
         self._last_error: errors.TrustError | None = None
+        # A timestamp a publish answer carried, with the version the gateway named (see expect): the next cycle
+        # takes it instead of asking for one, if that version is above the one it trusts.
+        self._given_timestamp: tuple[int, bytes] | None = None
         # Told of every refused cycle (an aborted update): the server audits and counts it.
         self.on_refused: Callable[[errors.RepositoryError], None] | None = None
 
@@ -240,6 +243,11 @@ class TrustedClient:
             return
         # Shielded: a cancelled request must not cancel everyone's refresh.
         await asyncio.shield(self._start_refresh())
+
+    @property
+    def root_version(self) -> int | None:
+        """Version of the root lookups are answered under (None before the first verified state)."""
+        return None if self._state is None else self._state.root.version
 
     @property
     def timestamp_version(self) -> int | None:
@@ -349,9 +357,13 @@ class TrustedClient:
         if local_ts is not None:
             top.load_local_timestamp(local_ts)
         try:
-            data, new_ts = await self._fetch_verified(
-                "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
-            )
+            given = self._take_given_timestamp(top)
+            if given is not None:
+                data, new_ts = given, top.update_timestamp(given)
+            else:
+                data, new_ts = await self._fetch_verified(
+                    "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
+                )
         except errors.RepositoryError:
             # A root probe answered ahead (Foreseen: a 404 kept from a publish answer) may predate a root
             # published since, whose new keys signed this timestamp.  Look once more, now, before calling the
@@ -388,6 +400,15 @@ class TrustedClient:
             )
             await self._trust("targets", targets_bytes, top)
         return _state_of(top, targets_bytes)
+
+    def _take_given_timestamp(self, top: TopLevelSet) -> bytes | None:
+        """The timestamp a publish answer carried, taken once, if the version its gateway named is above the one
+        ``top`` trusts: an honest gateway's bytes are then at least that version, so a cycle that already moved
+        past it (another answer's, a live fetch) is never handed an older one to call a rollback."""
+        given, self._given_timestamp = self._given_timestamp, None
+        if given is None or given[0] <= top.timestamp_version:
+            return None
+        return given[1]
 
     async def _update_root(self, top: TopLevelSet) -> bool:
         """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps; True if it moved."""
@@ -695,27 +716,43 @@ class TrustedClient:
             del self._found[next(iter(self._found))]
         self._found[target_path] = (target, deadline)
 
-    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str]) -> int:
-        """Start fetching, from the first mirror, what a publish answer says the next cycle and lookup read:
-        the next root's probe (usually a 404, handed over as such), ``roles`` (a snapshot or delegated role ->
-        its version) and ``targets`` (path -> the digest it is served under).  Trusts nothing: each body is
-        verified when asked for, like any other (:mod:`proxy.transport.foreseen`).  Only with a fetcher that
-        foresees and consistent snapshots, whose versioned and hash-named files never change.  How many
-        downloads it started."""
-        fetcher, state = self._fetcher, self._state
+    def expect(self, roles: Mapping[str, int], targets: Mapping[str, str], version: int = 0,
+               given: Mapping[str, bytes | None] | None = None) -> int:
+        """Get ready for what a publish answer says the next cycle and lookup read: the next root's probe
+        (usually a 404, handed over as such), ``roles`` (a snapshot or delegated role -> its version) and
+        ``targets`` (path -> the digest it is served under); ``version``: the timestamp version the answer named.
+        ``given``: bodies the answer carried, by their path under the first mirror (``metadata/7.snapshot.json``,
+        ``metadata/timestamp.json``, a page's served name; None: the gateway says it has no such file); the others
+        are fetched at once.  Trusts nothing: each body is verified when asked for, like any other
+        (:mod:`proxy.transport.foreseen`), and the timestamp by the next cycle.  Only with a fetcher that
+        foresees and consistent snapshots, whose versioned and hash-named files never change.  How many files
+        it got ready."""
+        fetcher, state, given = self._fetcher, self._state, given or {}
         if not isinstance(fetcher, Foreseen) or state is None or not state.root.consistent_snapshot:
             return 0
         mirror = self.mirrors[0]
-        fetcher.expect(mirror.metadata(f"{state.root.version + 1}.root.json"), self.config.root_max_length,
-                       absent_ok=True)
-        urls = [(mirror.metadata(self._metadata_name(state.root, role, version)),
-                 self.config.snapshot_max_length if role == "snapshot" else self.config.targets_max_length)
-                for role, version in roles.items() if role not in _UNVERSIONED]
-        urls += [(mirror.target(self.config.served_name(path, digest)), self.config.targets_max_length)
-                 for path, digest in targets.items()]
-        for url, limit in urls:
-            fetcher.expect(url, limit)
-        return len(urls) + 1
+        base = mirror.targets_url
+
+        def key(url: str) -> str:  # a file's path in the tree, as the answer names it
+            return url[len(base):] if url.startswith(base) else url
+
+        timestamp = given.get(key(mirror.metadata("timestamp.json")))
+        if timestamp is not None and len(timestamp) <= self.config.timestamp_max_length \
+                and version > (self._given_timestamp or (0, b""))[0]:
+            self._given_timestamp = (version, timestamp)
+        files = [(mirror.metadata(f"{state.root.version + 1}.root.json"), self.config.root_max_length, True)]
+        files += [(mirror.metadata(self._metadata_name(state.root, role, role_version)),
+                   self.config.snapshot_max_length if role == "snapshot" else self.config.targets_max_length, False)
+                  for role, role_version in roles.items() if role not in _UNVERSIONED]
+        files += [(mirror.target(self.config.served_name(path, digest)), self.config.targets_max_length, False)
+                  for path, digest in targets.items()]
+        for url, limit, absent_ok in files:
+            body = given.get(key(url), b"")
+            if (body is None and absent_ok) or (body and len(body) <= limit):
+                fetcher.give(url, body)
+            else:
+                fetcher.expect(url, limit, absent_ok=absent_ok)
+        return len(files)
 
     def target_urls(self, target: VerifiedTarget) -> list[str]:
         """Where to download ``target``, one URL per mirror, in mirror order."""

@@ -99,8 +99,9 @@ class Metrics:
             "tufproxy_upstream_fetch_duration_seconds", "Upstream fetch latency", ["mirror"], buckets=_LATENCY_BUCKETS, registry=r
         )
         self.upstream_bytes = Counter("tufproxy_upstream_bytes_total", "Bytes received from upstreams", ["mirror"], registry=r)
-        self.foreseen = Counter("tufproxy_foreseen_total", "Downloads started ahead of their lookup on a gateway's "
-                                "publish answer, by outcome: used, or wasted (not asked for in time, failed, too long)",
+        self.foreseen = Counter("tufproxy_foreseen_total", "Files a gateway's publish answer carried, or named and "
+                                "were downloaded ahead of their lookup, by outcome: used, or wasted (not asked for in "
+                                "time, failed, too long)",
                                 ["outcome"], registry=r)
         self.verification_failures = Counter(
             "tufproxy_verification_failures_total", "Artifacts or metadata refused, by reason", ["reason"], registry=r

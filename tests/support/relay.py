@@ -3,7 +3,9 @@
 Every request is forwarded to ``target`` (method, path, query, body, the
 headers that matter) and the answer passed back, except the paths a test
 overrides: :meth:`serve` answers a path matching a pattern with fixed bytes
-(an older ``timestamp.json``, garbage, a bad signature) until :meth:`clear`.
+(an older ``timestamp.json``, garbage, a bad signature), and :meth:`rewrite`
+passes its answer's body through an edit (a publish answer carrying forged
+bodies), until :meth:`clear`.
 It runs in its own thread and event loop, independent of the code under test.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -23,6 +26,7 @@ class Relay:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.overrides: list[tuple[re.Pattern[str], bytes]] = []
+        self.rewrites: list[tuple[re.Pattern[str], Callable[[bytes], bytes]]] = []
         self.served: dict[str, int] = {}  # pattern -> times its override answered
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -36,19 +40,27 @@ class Relay:
         """Answer paths matching ``pattern`` (a regex on the path) with ``body`` from now on."""
         self.overrides = [*self.overrides, (re.compile(pattern), body)]
 
+    def rewrite(self, pattern: str, edit: Callable[[bytes], bytes]) -> None:
+        """Pass the upstream's answer to paths matching ``pattern`` through ``edit`` from now on."""
+        self.rewrites = [*self.rewrites, (re.compile(pattern), edit)]
+
     def clear(self) -> None:
-        self.overrides = []
+        self.overrides, self.rewrites = [], []
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         for pattern, body in self.overrides:
             if pattern.search(request.path):
                 self.served[pattern.pattern] = self.served.get(pattern.pattern, 0) + 1
                 return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-cache"})
-        headers = {h: request.headers[h] for h in _PASSED if h in request.headers}
+        edits = [edit for pattern, edit in self.rewrites if pattern.search(request.path)]
+        # A body to edit must come as sent, not compressed.
+        headers = {h: request.headers[h] for h in _PASSED if h in request.headers and not (edits and h == "Accept-Encoding")}
         async with self._session.request(request.method, self.target + request.path_qs, headers=headers,
                                          data=await request.read(), allow_redirects=False,
                                          auto_decompress=False) as upstream:
             body = await upstream.read()
+            for edit in edits:
+                body = edit(body)
             passed = {h: v for h, v in upstream.headers.items()
                       if h.lower() in ("content-type", "content-encoding", "cache-control", "etag", "location",
                                        "x-tufproxy-reason", "retry-after", "content-range")}
