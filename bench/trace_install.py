@@ -49,9 +49,12 @@ PEERS: dict[str, set[object]] = {}
 
 
 class Tap:
-    """A reverse proxy to ``target`` on its own loop in a thread, recording (name, start, end, status, path)."""
+    """A reverse proxy to ``target`` on its own loop in a thread, recording (name, start, end, status, path);
+    with ``delay`` (seconds), each request waits that long before it is passed on: a round trip, as the
+    index's delay is one (bench/uvab.py's ``--gateway-rtt-ms``)."""
 
-    def __init__(self, target: str, name: str, log: list[tuple[str, float, float, int, str]], t0: list[float]) -> None:
+    def __init__(self, target: str, name: str, log: list[tuple[str, float, float, int, str]], t0: list[float],
+                 delay: float = 0.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         loop = asyncio.new_event_loop()
@@ -63,6 +66,8 @@ class Tap:
             if request.transport is not None:
                 PEERS.setdefault(name, set()).add(request.transport.get_extra_info("peername"))
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+            if delay:
+                await asyncio.sleep(delay)
             async with session[0].request(request.method, target + request.rel_url.raw_path_qs, headers=headers,
                                           data=await request.read(), allow_redirects=False) as r:
                 body = await r.read()

@@ -17,6 +17,10 @@ shows there first.
 ``DIR``: a tufproxy tree put first on ``PYTHONPATH`` (``git worktree add
 /tmp/base HEAD`` for "before"); ``VAR=VALUE``: an environment setting for
 that tree's servers (``TUFPROXY_WORKERS=1``).  Default ``now=<this tree>``.
+``--gateway-rtt-ms N``: the edge reaches the gateway through a relay (in
+this process) that holds each request N ms, as the index does: an edge
+and a gateway apart, as in most deployments, where the round trips of the
+miss protocol count.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
+from trace_install import Tap  # noqa: E402
 from warmab import _cpu_seconds  # noqa: E402
 
 
@@ -39,6 +44,7 @@ def main() -> None:
     ap.add_argument("trees", nargs="*", default=[f"now={HERE.parent}"])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--rtt-ms", type=float, default=40.0)
+    ap.add_argument("--gateway-rtt-ms", type=float, default=0.0)
     args = ap.parse_args()
     trees = {}
     for spec in args.trees:
@@ -58,6 +64,8 @@ def main() -> None:
                 warm["direct"].append(cold["direct"][-1])
                 for name, (tree, setting) in trees.items():
                     setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree, **setting})
+                    if args.gateway_rtt_ms:
+                        setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', [], [0.0], args.gateway_rtt_ms / 1000).url}/"  # type: ignore[method-assign]
                     setup.fresh()
                     try:
                         before = sum(_cpu_seconds(server) for server in setup.servers)
@@ -70,7 +78,9 @@ def main() -> None:
         finally:
             shutil.rmtree(clients, ignore_errors=True)
     direct = statistics.median(cold["direct"])
-    print(f"uv installs, {args.rounds} rounds, index answering after {args.rtt_ms:g} ms; median seconds (ratio to direct)")
+    apart = f", the gateway after {args.gateway_rtt_ms:g} ms" if args.gateway_rtt_ms else ""
+    print(f"uv installs, {args.rounds} rounds, index answering after {args.rtt_ms:g} ms{apart}; "
+          "median seconds (ratio to direct)")
     for name in cold:
         c, w = statistics.median(cold[name]), statistics.median(warm[name])
         print(f"{name:8} cold {c:.3f} ({c / direct:.2f}x)  warm {w:.3f} ({w / direct:.2f}x)  "
