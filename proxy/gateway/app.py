@@ -71,6 +71,7 @@ PUBLISH_PREFIX = "/_tufproxy/publish/"
 WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _VERSIONED_METADATA = re.compile(r"[0-9]+\.[^/]+\.json")
+_ROOT_VERSION = re.compile(r"[0-9]{1,9}")  # the root an edge trusts, as its publish says (ASCII digits only)
 _NO_CACHE = {"Cache-Control": "no-cache"}
 MAX_TREE_OBJECT = 256 << 20  # a signed page or metadata file read from the bucket (the root list is the largest)
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
@@ -160,7 +161,7 @@ class GatewayApp:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
             root = request.query.get("root", "")
             bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
-                                             int(root) if root.isdigit() and len(root) < 10 else None)
+                                             int(root) if _ROOT_VERSION.fullmatch(root) else None)
             said["given"] = {name: None if body is None else base64.b64encode(body).decode() for name, body in bodies.items()}
         return web.json_response(said)
 

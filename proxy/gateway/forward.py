@@ -17,6 +17,7 @@ import aiohttp
 
 from proxy.protocol.layout import MAX_PUBLISH_ANSWER
 from proxy.storage.leader import LeaderLease
+from proxy.transport.upstream import read_whole
 from proxy.util import timing
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ class Forwarder:
         headers = {"Authorization": authorization} if authorization else {}
         try:
             async with self._session.post(url.rstrip("/") + path, headers=headers) as r:
-                return r.status, (await r.content.read(MAX_PUBLISH_ANSWER)), timing.parse(r.headers.get("Server-Timing"))
+                body = await read_whole(r, MAX_PUBLISH_ANSWER)
+                if body is None:
+                    raise aiohttp.ClientPayloadError(f"an answer over {MAX_PUBLISH_ANSWER} bytes")
+                return r.status, body, timing.parse(r.headers.get("Server-Timing"))
         except (aiohttp.ClientError, TimeoutError) as e:
             log.warning("the leader %s did not answer a forwarded %s (%s): publishing here", url, path, e)
             return None

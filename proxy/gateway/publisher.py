@@ -331,16 +331,19 @@ class Publisher:
         fetches it."""
         repo = self.repo
         meta = repo.profile.metadata_path
-        names = [f"{meta}{metadata_filename('timestamp', None)}",
-                 *(f"{meta}{metadata_filename(role, version)}" for role, version in foresight.roles.items()),
-                 *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
+        # The timestamp only where edges read this directory: one pushed to a bucket (a replica group) is
+        # served there once pushed, and one a follower signed alone never is; an edge that trusted it first
+        # would take the group's older one for a rollback.
+        names = [f"{meta}{metadata_filename('timestamp', None)}"] if self._after is None else []
+        names += [*(f"{meta}{metadata_filename(role, version)}" for role, version in foresight.roles.items()),
+                  *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
         found: dict[str, bytes | None] = {}
-        if root_version is not None:
-            probe = f"{meta}{metadata_filename('root', root_version + 1)}"
-            found[probe] = _small(repo.public_dir / probe)
         for name in names:
             if (body := _small(repo.public_dir / name)) is not None:
                 found[name] = body
+        if root_version is not None:
+            probe = f"{meta}{metadata_filename('root', root_version + 1)}"
+            found[probe] = _small(repo.public_dir / probe)
         return found
 
     def _foresee(self, pages: Pages, report: ChangeReport) -> None:

@@ -18,6 +18,9 @@ deadline well under pip's 15 s read timeout; past it the request is a
 
 The gateway's answer is a hint: the page is still verified from the
 root, so a lying gateway can only make an edge wait (or say 404).  The
+bodies it carries (:func:`_given`) are taken only from the gateway the
+edge's refreshes read first, and verified as that mirror's: a forged one
+is refused as that mirror's lie would be.  The
 phases it names in ``Server-Timing`` are relayed, bounded, in the edge's
 own answer under ``gw-`` beside the edge's ``publish`` (the whole
 exchange) and ``refresh`` (:mod:`proxy.util.timing`).
@@ -48,7 +51,7 @@ from proxy.protocol.errors import Fault, MetadataPending, TrustError, UnknownTar
 from proxy.protocol.layout import MAX_PUBLISH_ANSWER, version_of_filename
 from proxy.transport.credentials import OriginAuth
 from proxy.transport.failover import Exhausted, failover
-from proxy.transport.upstream import DownloadError, DownloadHTTPError
+from proxy.transport.upstream import DownloadError, DownloadHTTPError, read_whole
 from proxy.util import timing
 from proxy.util.locks import FetchLocks
 from proxy.util.logs import request_id
@@ -87,6 +90,9 @@ class _Refreshable(Protocol):
 
     @property
     def root_version(self) -> int | None: ...
+
+    @property
+    def first_mirror(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -164,15 +170,14 @@ class MissProtocol:
             params = {"root": str(root)} if root is not None else None
             async with self._client().post(url, headers=headers, params=params, allow_redirects=False) as response:
                 if response.status != 200:
-                    body = await response.read() if (response.content_length or MAX_BODY + 1) <= MAX_BODY else b""
-                    slug, detail = _refusal(body)
+                    slug, detail = _refusal(await read_whole(response, MAX_BODY) or b"")
                     if response.status == 404:
                         raise UnknownTarget(f"simple/{project}/", detail=f"gateway: {detail}" if detail else None)
                     if response.status == 502 and slug and detail:  # its verdict on the project: another would agree
                         raise GatewayRefused(f"{slug}: {detail}", target=f"simple/{project}/")
                     raise DownloadHTTPError(url, response.status)  # that gateway is failing: ask the next
-                body = await response.content.read(MAX_PUBLISH_ANSWER + 1)
-                if len(body) > MAX_PUBLISH_ANSWER:
+                body = await read_whole(response, MAX_PUBLISH_ANSWER)
+                if body is None:
                     raise DownloadError(url, f"publish answer over {MAX_PUBLISH_ANSWER} bytes")
                 answer = json.loads(body)
                 phases = timing.parse(response.headers.get("Server-Timing"))
@@ -184,7 +189,10 @@ class MissProtocol:
         if not _count(version):
             raise DownloadError(url, "gateway answer has no timestamp_version")
         roles, targets = _expected(answer.get("expect"), project)
-        return _Answer(version, roles, targets, _given(answer.get("given")), phases)
+        # Bodies only from the gateway the edge's refreshes read first: another (a CDN in front, a group's
+        # other replica) may not serve that timestamp yet, and would look like a rollback once trusted.
+        given = _given(answer.get("given")) if gateway_url.rstrip("/") == self.trust.first_mirror.rstrip("/") else {}
+        return _Answer(version, roles, targets, given, phases)
 
 
     async def why(self, project: str) -> dict[str, Any]:

@@ -234,3 +234,19 @@ async def _read_chunk(content: aiohttp.StreamReader) -> bytes:
         parts.append(data)
         n += len(data)
     return b"".join(parts)
+
+
+async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body of ``response``, or None if it is (or says it is) longer than ``limit`` bytes.
+
+    ``StreamReader.read(n)`` returns what is buffered, not ``n`` bytes: a body that arrives in pieces is
+    read here to its end."""
+    if (response.content_length or 0) > limit:
+        return None
+    parts, size = [], 0
+    while chunk := await response.content.read(CHUNK_SIZE):
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)

@@ -245,6 +245,11 @@ class TrustedClient:
         await asyncio.shield(self._start_refresh())
 
     @property
+    def first_mirror(self) -> str:
+        """The base URL of the mirror each refresh reads first."""
+        return self.mirrors[0].targets_url
+
+    @property
     def root_version(self) -> int | None:
         """Version of the root lookups are answered under (None before the first verified state)."""
         return None if self._state is None else self._state.root.version
@@ -357,13 +362,10 @@ class TrustedClient:
         if local_ts is not None:
             top.load_local_timestamp(local_ts)
         try:
-            given = self._take_given_timestamp(top)
-            if given is not None:
-                data, new_ts = given, top.update_timestamp(given)
-            else:
-                data, new_ts = await self._fetch_verified(
-                    "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
-                )
+            found = self._given_timestamp_verified(top)
+            data, new_ts = found if found is not None else await self._fetch_verified(
+                "timestamp", "timestamp.json", self.config.timestamp_max_length, top.update_timestamp
+            )
         except errors.RepositoryError:
             # A root probe answered ahead (Foreseen: a 404 kept from a publish answer) may predate a root
             # published since, whose new keys signed this timestamp.  Look once more, now, before calling the
@@ -401,14 +403,26 @@ class TrustedClient:
             await self._trust("targets", targets_bytes, top)
         return _state_of(top, targets_bytes)
 
-    def _take_given_timestamp(self, top: TopLevelSet) -> bytes | None:
-        """The timestamp a publish answer carried, taken once, if the version its gateway named is above the one
-        ``top`` trusts: an honest gateway's bytes are then at least that version, so a cycle that already moved
-        past it (another answer's, a live fetch) is never handed an older one to call a rollback."""
+    def _given_timestamp_verified(self, top: TopLevelSet) -> tuple[bytes, Timestamp | None] | None:
+        """The timestamp a publish answer carried, taken once and verified into ``top``; None to fetch one.
+
+        Taken only if the version its gateway named is above the one ``top``
+        trusts: an honest gateway's bytes are then at least that version, so a
+        cycle that already moved past it (another answer's, a live fetch) is
+        never handed an older one to call a rollback.  One that does not
+        verify (a root rotated between the gateway's reads, a forgery) is
+        dropped with a warning and the timestamp fetched, as if none had come:
+        the answer was a hint, and ``top`` is unchanged by a refused update.
+        """
         given, self._given_timestamp = self._given_timestamp, None
         if given is None or given[0] <= top.timestamp_version:
             return None
-        return given[1]
+        try:
+            return given[1], top.update_timestamp(given[1])
+        except errors.RepositoryError as e:
+            logger.warning("a publish answer's timestamp (version %d named) did not verify (%s): fetching it",
+                           given[0], e)
+            return None
 
     async def _update_root(self, top: TopLevelSet) -> bool:
         """Spec 5.3: follow the root chain, at most ``max_root_rotations`` steps; True if it moved."""
@@ -427,7 +441,8 @@ class TrustedClient:
         follows verifies it); False when none answers."""
         try:
             found = await self._fetch_verified("root", f"{top.root.version + 1}.root.json",
-                                               self.config.root_max_length, lambda _data: None, missing_ok=True)
+                                               self.config.root_max_length, lambda _data: None, missing_ok=True,
+                                               live=True)
         except errors.TrustError:
             return False
         return found is not None
@@ -439,11 +454,11 @@ class TrustedClient:
 
     @overload
     async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
-                              missing_ok: Literal[False] = False) -> tuple[bytes, T]: ...
+                              missing_ok: Literal[False] = False, live: bool = False) -> tuple[bytes, T]: ...
 
     @overload
     async def _fetch_verified(self, role: str, filename: str, max_length: int, verify: Callable[[bytes], T],
-                              missing_ok: bool) -> tuple[bytes, T] | None: ...
+                              missing_ok: bool, live: bool = False) -> tuple[bytes, T] | None: ...
 
     async def _fetch_verified(
         self,
@@ -452,16 +467,19 @@ class TrustedClient:
         max_length: int,
         verify: Callable[[bytes], T],
         missing_ok: bool = False,
+        live: bool = False,
     ) -> tuple[bytes, T] | None:
         """Bytes of ``filename`` that ``verify`` accepts, trying each mirror in order.
 
         ``missing_ok``: whether the file exists is the question (the next
         root); None answers it when a mirror said it has no such file
-        (:class:`~proxy.transport.failover.Tried` says when).
+        (:class:`~proxy.transport.failover.Tried` says when).  ``live``: asked of the mirrors now, never
+        answered from what a publish answer carried or named.
         """
+        fetcher = self._fetcher.inner if live and isinstance(self._fetcher, Foreseen) else self._fetcher
         async def attempt(_mirror: int, url: str) -> tuple[bytes, T]:
             try:
-                data = await self._fetcher.fetch_bytes(url, max_length)
+                data = await fetcher.fetch_bytes(url, max_length)
             except DownloadLengthError as e:
                 # An endless or oversized answer is the upstream lying, not a network fault.
                 raise errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}") from e

@@ -28,6 +28,7 @@ class Relay:
         self.overrides: list[tuple[re.Pattern[str], bytes]] = []
         self.rewrites: list[tuple[re.Pattern[str], Callable[[bytes], bytes]]] = []
         self.served: dict[str, int] = {}  # pattern -> times its override answered
+        self.requests: list[str] = []  # every request's method and path, in order
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.port = 0
@@ -48,6 +49,7 @@ class Relay:
         self.overrides, self.rewrites = [], []
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(f"{request.method} {request.path}")
         for pattern, body in self.overrides:
             if pattern.search(request.path):
                 self.served[pattern.pattern] = self.served.get(pattern.pattern, 0) + 1
