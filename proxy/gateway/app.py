@@ -152,17 +152,25 @@ class GatewayApp:
             if answer is not None:
                 timing.relay(answer[2], "")
                 return web.Response(status=answer[0], body=answer[1], content_type="application/json")
+        # Asked ahead of an edge's lookup (MissProtocol.ask_ahead), for a project signed before: the edge will
+        # most likely find it and drop the answer, so it carries no bodies.
+        held = request.query.get("ahead") == "1" and canonicalize_name(name) in self.gateway.publisher.published
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
-        if published.foresight is not None:
+        if published.foresight is not None and not held:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
-            root = request.query.get("root", "")
-            bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
-                                             int(root) if _ROOT_VERSION.fullmatch(root) else None)
-            said["given"] = {name: None if body is None else base64.b64encode(body).decode() for name, body in bodies.items()}
+            # The bodies, for an edge that reads this gateway first (it asks: given=1), from the tree this
+            # replica serves: not a follower's, which serves the group's bucket (one that signed alone, its
+            # leader away, has versions of its own the group may sign differently).
+            if request.query.get("given") == "1" and self._following() is None:
+                root = request.query.get("root", "")
+                bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
+                                                 int(root) if _ROOT_VERSION.fullmatch(root) else None)
+                said["given"] = {name: None if body is None else base64.b64encode(body).decode()
+                                 for name, body in bodies.items()}
         return web.json_response(said)
 
     async def _why(self, request: web.Request) -> web.Response:

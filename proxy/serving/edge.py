@@ -1,7 +1,10 @@
 """The edge's half of the miss protocol: ask the gateway to publish, then trust what it signed.
 
 ``tufproxy serve`` in front of a gateway calls :meth:`MissProtocol.on_miss`
-when no signed page lists a project.  It POSTs
+when no signed page lists a project, and :meth:`MissProtocol.ask_ahead`
+when the lookup that would tell must first read a role (the project's
+bin-n): the publish is asked while that read is under way, and a miss
+takes its answer, a round trip sooner.  It POSTs
 ``/_tufproxy/publish/<project>`` to the gateway (one worker at a time per
 project, through a cross-process lock file in the cache directory; a worker that
 waited asks again and gets the answer at once), then refreshes its
@@ -67,6 +70,8 @@ WHY_DEADLINE = 60.0  # the gateway reads the index page first
 EXPLAIN_TTL = 60.0
 EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
 EXPLAIN_PROJECTS = 1024
+AHEAD_TTL = 5.0  # a publish asked ahead of its lookup is taken by a miss this soon after, or asked again
+AHEAD_PROJECTS = 256
 MAX_EXPECTED = 8  # roles, and targets, a publish answer may name (a snapshot, a bin-n, the page's formats)
 _ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -94,6 +99,9 @@ class _Refreshable(Protocol):
     @property
     def first_mirror(self) -> str: ...
 
+    @property
+    def foresees(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class _Answer:
@@ -119,8 +127,35 @@ class MissProtocol:
         self.locks = locks
         self.deadline = deadline
         self._session: aiohttp.ClientSession | None = None  # kept open: a cold install misses once per project
+        # project -> (when asked, the publish asked ahead of a lookup's outcome: ask_ahead), the newest last.
+        self._ahead: OrderedDict[str, tuple[float, asyncio.Task[_Answer]]] = OrderedDict()
         # project -> (when asked, the gateway's account or None), the newest last, bounded.
         self._accounts: OrderedDict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = OrderedDict()
+
+    def ask_ahead(self, project: str) -> None:
+        """Ask the gateway to publish ``project`` now, while the lookup that may yet find it signed reads a role
+        it had not (the project's bin-n): a miss then starts a round trip sooner, and :meth:`on_miss` takes the
+        answer.  A lookup that finds the project leaves it unused; the gateway, asked for a project it holds,
+        answers at once and carries no bodies (``ahead=1``)."""
+        loop = asyncio.get_running_loop()
+        while self._ahead and loop.time() - next(iter(self._ahead.values()))[0] > AHEAD_TTL:
+            self._ahead.popitem(last=False)
+        if project in self._ahead:
+            return
+        task = loop.create_task(self._ask_ahead(project))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # an unused answer's failure is nobody's
+        self._ahead[project] = (loop.time(), task)
+        while len(self._ahead) > AHEAD_PROJECTS:
+            self._ahead.popitem(last=False)
+
+    async def _ask_ahead(self, project: str) -> _Answer:
+        timing.detach()  # not the asking request's wait unless on_miss takes it
+        async with asyncio.timeout(self.deadline):
+            return await self._ask_locked(project, ahead=True)
+
+    async def _ask_locked(self, project: str, ahead: bool = False) -> _Answer:
+        async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
+            return await self._ask(project, ahead)
 
     async def on_miss(self, project: str) -> bool:
         """True once the edge trusts a timestamp carrying the project (the gateway's 404 raises UnknownTarget)."""
@@ -130,8 +165,11 @@ class MissProtocol:
         try:
             async with asyncio.timeout(self.deadline):
                 with timing.phase("publish"):
-                    async with self.locks.hold(f"gateway-publish:{project}", wait=self.deadline):
-                        answer = await self._ask(project)
+                    asked = self._ahead.pop(project, None)
+                    fresh = asked is not None and loop.time() - asked[0] <= AHEAD_TTL
+                    # shield: the answer asked ahead is not this request's to cancel.
+                    answer = await (asyncio.shield(asked[1]) if asked is not None and fresh
+                                    else self._ask_locked(project))
                 timing.relay(answer.phases, "gw-")
                 self.trust.expect(answer.roles, answer.targets, answer.version, answer.given)
                 with timing.phase("refresh"):
@@ -151,23 +189,28 @@ class MissProtocol:
         if self._session is not None:
             await self._session.close()
 
-    async def _ask(self, project: str) -> _Answer:
+    async def _ask(self, project: str, ahead: bool = False) -> _Answer:
         """The timestamp version the first gateway that answers names; one that is down, or answers 5xx without
         a reason, is passed over for the next (the one failover loop)."""
         try:
-            return await failover(self.gateway_urls, lambda _i, url: self._ask_one(url, project))
+            return await failover(self.gateway_urls, lambda _i, url: self._ask_one(url, project, ahead))
         except Exhausted as e:
             raise UpstreamUnreachable(f"publish {project}", e.tried.failures) from None
 
-    async def _ask_one(self, gateway_url: str, project: str) -> _Answer:
+    async def _ask_one(self, gateway_url: str, project: str, ahead: bool) -> _Answer:
         url = f"{gateway_url}_tufproxy/publish/{project}"
+        # Bodies only from the gateway the edge's refreshes read first: another (a CDN in front, a group's
+        # other replica) may not serve that timestamp yet, and would look like a rollback once trusted.
+        takes = self.trust.foresees and gateway_url.rstrip("/") == self.trust.first_mirror.rstrip("/")
         root = self.trust.root_version
         try:
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
             rid = request_id.get()
             headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
-            # The root it trusts: the gateway then says whether the next one exists, sparing the cycle that probe.
-            params = {"root": str(root)} if root is not None else None
+            # Asking for the bodies, with the root it trusts: the gateway then says whether the next one exists,
+            # sparing the cycle that probe.
+            params = {**({"given": "1"} if takes else {}), **({"root": str(root)} if takes and root is not None else {}),
+                      **({"ahead": "1"} if ahead else {})}
             async with self._client().post(url, headers=headers, params=params, allow_redirects=False) as response:
                 if response.status != 200:
                     slug, detail = _refusal(await read_whole(response, MAX_BODY) or b"")
@@ -189,10 +232,7 @@ class MissProtocol:
         if not _count(version):
             raise DownloadError(url, "gateway answer has no timestamp_version")
         roles, targets = _expected(answer.get("expect"), project)
-        # Bodies only from the gateway the edge's refreshes read first: another (a CDN in front, a group's
-        # other replica) may not serve that timestamp yet, and would look like a rollback once trusted.
-        given = _given(answer.get("given")) if gateway_url.rstrip("/") == self.trust.first_mirror.rstrip("/") else {}
-        return _Answer(version, roles, targets, given, phases)
+        return _Answer(version, roles, targets, _given(answer.get("given")) if takes else {}, phases)
 
 
     async def why(self, project: str) -> dict[str, Any]:

@@ -295,6 +295,7 @@ class Resolver:
         profile: Profile = TUFPROXY,
         file_origins: tuple[str, ...] = (),
         on_miss: OnMiss | None = None,
+        ask_ahead: Callable[[str], None] | None = None,
         missing: Missing | None = None,
         page_fetcher: Fetcher | None = None,
         shared: SharedTier | None = None,
@@ -312,6 +313,7 @@ class Resolver:
         self.settings = settings
         self.profile = profile
         self.on_miss = on_miss
+        self.ask_ahead = ask_ahead  # a miss asked of the gateway before the lookup has read what it needs
         self.missing = missing
         self.refusals = Refusals(audit, metrics, trust)
         # URL prefixes a verified page may point files at (warehouse profile): the mirrors
@@ -513,8 +515,18 @@ class Resolver:
         path = self.profile.page_target(project, fmt)
         ask.target = path
         started = time.monotonic()
+        lookup: Awaitable[VerifiedTarget] = self.trust.get_target(path)
+        if self.ask_ahead is not None:
+            lookup = asyncio.ensure_future(lookup)
+            try:
+                await asyncio.sleep(0)  # one step: a lookup of roles already read ends in it
+            except asyncio.CancelledError:
+                lookup.cancel()
+                raise
+            if not lookup.done():  # it reads a role first (a bin-n): a miss would wait for that, then ask
+                self.ask_ahead(project)
         try:
-            target = await self.trust.get_target(path)
+            target = await lookup
         except UnknownTarget:
             # Phases of a miss only: a warm answer names none, so it is the same whichever path sends it.
             timing.record("lookup", time.monotonic() - started)

@@ -317,6 +317,7 @@ async def _start(config: ServeConfig, sock: socket.socket | None, opened: contex
             layout,
             tuple(config.files_url),
             on_miss=miss.on_miss if miss is not None else None,
+            ask_ahead=miss.ask_ahead if miss is not None else None,
             missing=miss.missing if miss is not None else None,
             page_fetcher=page_fetcher,
             shared=shared,

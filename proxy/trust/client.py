@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
-from tuf.api.metadata import MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
+from tuf.api.metadata import Metadata, MetaFile, Root, Snapshot, TargetFile, Targets, Timestamp
+from tuf.api.serialization import DeserializationError
 
 from proxy.protocol import errors
 from proxy.protocol.model import (
@@ -250,6 +251,11 @@ class TrustedClient:
         return self.mirrors[0].targets_url
 
     @property
+    def foresees(self) -> bool:
+        """Whether :meth:`expect` can use what a publish answer names or carries (its fetcher foresees)."""
+        return isinstance(self._fetcher, Foreseen)
+
+    @property
     def root_version(self) -> int | None:
         """Version of the root lookups are answered under (None before the first verified state)."""
         return None if self._state is None else self._state.root.version
@@ -418,8 +424,13 @@ class TrustedClient:
         if given is None or given[0] <= top.timestamp_version:
             return None
         try:
+            # python-tuf takes an expired timestamp into the set before it says so: one kept a while is left out
+            # before it is offered, so that a refusal leaves ``top`` as it was.
+            offered = Metadata[Timestamp].from_bytes(given[1]).signed
+            if offered.is_expired(top.now):
+                raise errors.ExpiredMetadata("timestamp", offered.expires)
             return given[1], top.update_timestamp(given[1])
-        except errors.RepositoryError as e:
+        except (errors.RepositoryError, DeserializationError) as e:
             logger.warning("a publish answer's timestamp (version %d named) did not verify (%s): fetching it",
                            given[0], e)
             return None

@@ -3,9 +3,10 @@
 Every request is forwarded to ``target`` (method, path, query, body, the
 headers that matter) and the answer passed back, except the paths a test
 overrides: :meth:`serve` answers a path matching a pattern with fixed bytes
-(an older ``timestamp.json``, garbage, a bad signature), and :meth:`rewrite`
+(an older ``timestamp.json``, garbage, a bad signature), :meth:`rewrite`
 passes its answer's body through an edit (a publish answer carrying forged
-bodies), until :meth:`clear`.
+bodies), and :meth:`hold` keeps a request until another has come (an order
+a test asserts, not a wait for time), until :meth:`clear`.
 It runs in its own thread and event loop, independent of the code under test.
 """
 
@@ -29,6 +30,8 @@ class Relay:
         self.rewrites: list[tuple[re.Pattern[str], Callable[[bytes], bytes]]] = []
         self.served: dict[str, int] = {}  # pattern -> times its override answered
         self.requests: list[str] = []  # every request's method and path, in order
+        self.holds: list[tuple[re.Pattern[str], re.Pattern[str]]] = []
+        self.released: list[tuple[str, bool]] = []  # (held request, whether the awaited one came)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.port = 0
@@ -45,11 +48,24 @@ class Relay:
         """Pass the upstream's answer to paths matching ``pattern`` through ``edit`` from now on."""
         self.rewrites = [*self.rewrites, (re.compile(pattern), edit)]
 
+    def hold(self, pattern: str, until: str) -> None:
+        """Keep requests matching ``pattern`` (on "METHOD /path") until one matching ``until`` has come, at most
+        10 s; :attr:`released` says which."""
+        self.holds = [*self.holds, (re.compile(pattern), re.compile(until))]
+
     def clear(self) -> None:
-        self.overrides, self.rewrites = [], []
+        self.overrides, self.rewrites, self.holds = [], [], []
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(f"{request.method} {request.path}")
+        asked = f"{request.method} {request.path}"
+        self.requests.append(asked)
+        for pattern, until in self.holds:
+            if pattern.fullmatch(asked):
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 10
+                while not (came := any(until.fullmatch(r) for r in self.requests)) and loop.time() < end:
+                    await asyncio.sleep(0.01)  # polling the relay's own log, in its own thread
+                self.released.append((asked, came))
         for pattern, body in self.overrides:
             if pattern.search(request.path):
                 self.served[pattern.pattern] = self.served.get(pattern.pattern, 0) + 1
