@@ -71,7 +71,7 @@ PUBLISH_PREFIX = "/_tufproxy/publish/"
 WHY_PREFIX = "/_tufproxy/why/"
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,254}")
 _VERSIONED_METADATA = re.compile(r"[0-9]+\.[^/]+\.json")
-_ROOT_VERSION = re.compile(r"[0-9]{1,9}")  # the root an edge trusts, as its publish says (ASCII digits only)
+_VERSION = re.compile(r"[0-9]{1,19}")  # a version an edge's publish names (ASCII digits only)
 _NO_CACHE = {"Cache-Control": "no-cache"}
 MAX_TREE_OBJECT = 256 << 20  # a signed page or metadata file read from the bucket (the root list is the largest)
 _IMMUTABLE = {"Cache-Control": "public, max-age=31536000, immutable"}
@@ -152,15 +152,17 @@ class GatewayApp:
             if answer is not None:
                 timing.relay(answer[2], "")
                 return web.Response(status=answer[0], body=answer[1], content_type="application/json")
-        # Asked ahead of an edge's lookup (MissProtocol.ask_ahead), for a project signed before: the edge will
-        # most likely find it and drop the answer, so it carries no bodies.
-        held = request.query.get("ahead") == "1" and canonicalize_name(name) in self.gateway.publisher.published
         try:
             published = await self.gateway.ensure(name)
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
-        if published.foresight is not None and not held:
+        # Asked ahead of an edge's lookup (MissProtocol.ask_ahead) that will find the page in the timestamp it
+        # trusts (have=T): it drops the answer, which names and carries nothing.
+        have = request.query.get("have", "")
+        known = _VERSION.fullmatch(have) is not None and published.foresight is not None \
+            and int(have) >= published.foresight.version
+        if published.foresight is not None and not known:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
             # The bodies, for an edge that reads this gateway first (it asks: given=1), from the tree this
             # replica serves: not a follower's, which serves the group's bucket (one that signed alone, its
@@ -168,7 +170,7 @@ class GatewayApp:
             if request.query.get("given") == "1" and self._following() is None:
                 root = request.query.get("root", "")
                 bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
-                                                 int(root) if _ROOT_VERSION.fullmatch(root) else None)
+                                                 int(root) if _VERSION.fullmatch(root) else None)
                 said["given"] = {name: None if body is None else base64.b64encode(body).decode()
                                  for name, body in bodies.items()}
         return web.json_response(said)

@@ -97,6 +97,9 @@ class _Refreshable(Protocol):
     def root_version(self) -> int | None: ...
 
     @property
+    def timestamp_version(self) -> int | None: ...
+
+    @property
     def first_mirror(self) -> str: ...
 
     @property
@@ -136,7 +139,8 @@ class MissProtocol:
         """Ask the gateway to publish ``project`` now, while the lookup that may yet find it signed reads a role
         it had not (the project's bin-n): a miss then starts a round trip sooner, and :meth:`on_miss` takes the
         answer.  A lookup that finds the project leaves it unused; the gateway, asked for a project it holds,
-        answers at once and carries no bodies (``ahead=1``)."""
+        answers at once and, when the page is in the timestamp the edge trusts (``have=T``), names and carries
+        nothing."""
         loop = asyncio.get_running_loop()
         while self._ahead and loop.time() - next(iter(self._ahead.values()))[0] > AHEAD_TTL:
             self._ahead.popitem(last=False)
@@ -209,8 +213,11 @@ class MissProtocol:
             headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
             # Asking for the bodies, with the root it trusts: the gateway then says whether the next one exists,
             # sparing the cycle that probe.
+            # Asked ahead of a lookup: the timestamp it trusts, in which the lookup may yet find the page (then the
+            # answer need name and carry nothing).
+            have = self.trust.timestamp_version if ahead else None
             params = {**({"given": "1"} if takes else {}), **({"root": str(root)} if takes and root is not None else {}),
-                      **({"ahead": "1"} if ahead else {})}
+                      **({"have": str(have)} if have is not None else {})}
             async with self._client().post(url, headers=headers, params=params, allow_redirects=False) as response:
                 if response.status != 200:
                     slug, detail = _refusal(await read_whole(response, MAX_BODY) or b"")
