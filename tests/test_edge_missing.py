@@ -4,6 +4,7 @@ minute however many clients ask, and never waited for past its deadline."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +68,47 @@ def test_a_refused_project_is_named_with_the_gateways_reason() -> None:
     protocol = _protocol(_Gateway({"project": "evil", "refused": "evil: denied by policy\x1b[31m"}))
     answer = asyncio.run(protocol.missing("evil", "evil-1.0.tar.gz"))
     assert answer == "evil-1.0.tar.gz: the gateway does not offer evil: evil: denied by policy?[31m"
+
+
+class _Trust:
+    """What MissProtocol reads of the edge's trust core, trusting nothing yet."""
+
+    root_version = timestamp_version = None
+    first_mirror, foresees = "http://127.0.0.1:9/", False
+
+    async def refresh_until(self, version: int, timeout: float) -> None:
+        return None
+
+    def expect(self, *args: object) -> int:
+        return 0
+
+
+def test_misses_take_the_publish_asked_ahead_while_it_is_under_way_and_ask_again_once_it_is_old(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.util.locks import FetchLocks
+
+    monkeypatch.setattr(edge, "AHEAD_TTL", 0.0)  # an answer is old at once; one under way is taken however old
+
+    async def main() -> list[tuple[str, bool]]:
+        protocol = MissProtocol(["http://127.0.0.1:9/"], _Trust(), FetchLocks(tmp_path))  # type: ignore[arg-type]
+        asked: list[tuple[str, bool]] = []
+        entered, answer = asyncio.Event(), asyncio.Event()
+
+        async def ask(project: str, ahead: bool = False) -> edge._Answer:
+            asked.append((project, ahead))
+            entered.set()
+            await answer.wait()
+            return edge._Answer(7, {}, {}, {}, [])
+
+        protocol._ask = ask  # type: ignore[method-assign]
+        protocol.ask_ahead("lib")
+        protocol.ask_ahead("lib")  # asked once
+        await entered.wait()
+        misses = [asyncio.ensure_future(protocol.on_miss("lib")) for _ in range(2)]
+        await asyncio.sleep(0)  # each miss takes its first step: it finds the ask under way
+        answer.set()
+        assert await asyncio.gather(*misses) == [True, True]
+        assert await protocol.on_miss("lib") is True  # the answer is old now: asked again
+        return asked
+
+    assert asyncio.run(main()) == [("lib", True), ("lib", False)]

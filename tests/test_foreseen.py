@@ -379,9 +379,19 @@ def test_an_edge_takes_the_answers_bodies_without_a_round_trip_and_refuses_any_t
             # the same (the edge cannot tell yet), answered at once naming and carrying nothing, and found.
             answers: list[dict[str, object]] = []
             relay.rewrite("/_tufproxy/publish/held", lambda body: answers.append(json.loads(body)) or body)
-            assert page("held") == 200
+            held = urllib.request.Request(f"{edge.url}held/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            with urllib.request.urlopen(held, timeout=30) as r:
+                assert b"held-1.0-py3-none-any.whl" in r.read()
+                phases = r.headers.get("Server-Timing") or ""
+                assert "lookup" not in phases and "publish" not in phases, phases  # found: no miss (the page fetched)
             assert [("given" in a, "expect" in a) for a in answers] == [(False, False)], answers
             relay.clear()
+            # Only a page in the timestamp the edge names (have=T) gets the empty answer.
+            for have, names in (("0", True), ("abc", True), ("9" * 19, False)):
+                ask = urllib.request.Request(f"{gw.base}_tufproxy/publish/lib?given=1&have={have}", method="POST")
+                with urllib.request.urlopen(ask, timeout=30) as r:
+                    said = json.loads(r.read())
+                assert ("expect" in said, "given" in said) == (names, names), (have, said)
 
             # A root version that is not a plain number is ignored, never an error.
             odd = urllib.request.Request(f"{gw.base}_tufproxy/publish/lib?root=%C2%B2", method="POST")

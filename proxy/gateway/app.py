@@ -161,7 +161,7 @@ class GatewayApp:
         # trusts (have=T): it drops the answer, which names and carries nothing.
         have = request.query.get("have", "")
         known = _VERSION.fullmatch(have) is not None and published.foresight is not None \
-            and int(have) >= published.foresight.version
+            and published.foresight.version is not None and int(have) >= published.foresight.version
         if published.foresight is not None and not known:
             said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
             # The bodies, for an edge that reads this gateway first (it asks: given=1), from the tree this

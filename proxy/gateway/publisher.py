@@ -97,7 +97,7 @@ class Foresight:
 
     roles: dict[str, int]
     targets: dict[str, str]
-    version: int = 0  # the timestamp version of the batch that signed them
+    version: int | None = None  # the timestamp version of the batch that signed them (None: not known)
 
 
 @dataclass(frozen=True)
@@ -364,7 +364,7 @@ class Publisher:
             roles = {"snapshot": report.signed["snapshot"],
                      **{role: report.signed[role] for _, role in found.values() if role in report.signed}}
             self._foresights[project] = Foresight(roles, {path: digest for path, (digest, _) in found.items()},
-                                                  report.signed.get("timestamp", 0))
+                                                  report.signed.get("timestamp"))
             while len(self._foresights) > FORESIGHTS:
                 self._foresights.popitem(last=False)
 

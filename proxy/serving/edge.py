@@ -70,8 +70,8 @@ WHY_DEADLINE = 60.0  # the gateway reads the index page first
 EXPLAIN_TTL = 60.0
 EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
 EXPLAIN_PROJECTS = 1024
-AHEAD_TTL = 5.0  # a publish asked ahead of its lookup is taken by a miss this soon after, or asked again
-AHEAD_PROJECTS = 256
+AHEAD_TTL = 5.0  # a publish asked ahead of its lookup is taken by a miss until answered and this long after
+AHEAD_PROJECTS = 256  # asks ahead kept (and so under way) at most
 MAX_EXPECTED = 8  # roles, and targets, a publish answer may name (a snapshot, a bin-n, the page's formats)
 _ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -138,19 +138,30 @@ class MissProtocol:
     def ask_ahead(self, project: str) -> None:
         """Ask the gateway to publish ``project`` now, while the lookup that may yet find it signed reads a role
         it had not (the project's bin-n): a miss then starts a round trip sooner, and :meth:`on_miss` takes the
-        answer.  A lookup that finds the project leaves it unused; the gateway, asked for a project it holds,
-        answers at once and, when the page is in the timestamp the edge trusts (``have=T``), names and carries
-        nothing."""
+        answer.  A lookup that finds the project leaves it unused; the gateway answers at once and, when the
+        page is in the timestamp the edge trusts (``have=T``), names and carries nothing.  At most
+        :data:`AHEAD_PROJECTS` asks are kept: past that, lookups wait as before."""
         loop = asyncio.get_running_loop()
-        while self._ahead and loop.time() - next(iter(self._ahead.values()))[0] > AHEAD_TTL:
-            self._ahead.popitem(last=False)
-        if project in self._ahead:
+        for name, (asked, task) in list(self._ahead.items()):
+            if task.done() and loop.time() - asked > AHEAD_TTL:
+                del self._ahead[name]
+        if project in self._ahead or len(self._ahead) >= AHEAD_PROJECTS:
             return
         task = loop.create_task(self._ask_ahead(project))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # an unused answer's failure is nobody's
         self._ahead[project] = (loop.time(), task)
-        while len(self._ahead) > AHEAD_PROJECTS:
-            self._ahead.popitem(last=False)
+
+    def _asked_ahead(self, project: str) -> asyncio.Task[_Answer] | None:
+        """The ask for ``project`` under way, or answered within AHEAD_TTL (an older answer names an older
+        timestamp than a new ask would); every miss of it meanwhile takes the same one."""
+        kept = self._ahead.get(project)
+        if kept is None:
+            return None
+        asked, task = kept
+        if task.done() and asyncio.get_running_loop().time() - asked > AHEAD_TTL:
+            del self._ahead[project]
+            return None
+        return task
 
     async def _ask_ahead(self, project: str) -> _Answer:
         timing.detach()  # not the asking request's wait unless on_miss takes it
@@ -169,11 +180,9 @@ class MissProtocol:
         try:
             async with asyncio.timeout(self.deadline):
                 with timing.phase("publish"):
-                    asked = self._ahead.pop(project, None)
-                    fresh = asked is not None and loop.time() - asked[0] <= AHEAD_TTL
+                    ahead = self._asked_ahead(project)
                     # shield: the answer asked ahead is not this request's to cancel.
-                    answer = await (asyncio.shield(asked[1]) if asked is not None and fresh
-                                    else self._ask_locked(project))
+                    answer = await (asyncio.shield(ahead) if ahead is not None else self._ask_locked(project))
                 timing.relay(answer.phases, "gw-")
                 self.trust.expect(answer.roles, answer.targets, answer.version, answer.given)
                 with timing.phase("refresh"):

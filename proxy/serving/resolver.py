@@ -516,8 +516,9 @@ class Resolver:
         ask.target = path
         started = time.monotonic()
         lookup: Awaitable[VerifiedTarget] = self.trust.get_target(path)
-        if self.ask_ahead is not None:
+        if self.ask_ahead is not None and self.trust.remembered(path) is None:
             lookup = asyncio.ensure_future(lookup)
+            lookup.add_done_callback(lambda t: t.cancelled() or t.exception())  # read here, or by nobody
             try:
                 await asyncio.sleep(0)  # one step: a lookup of roles already read ends in it
             except asyncio.CancelledError:
