@@ -87,7 +87,7 @@ def test_misses_take_the_publish_asked_ahead_while_it_is_under_way_and_ask_again
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy.util.locks import FetchLocks
 
-    monkeypatch.setattr(edge, "AHEAD_TTL", 0.0)  # an answer is old at once; one under way is taken however old
+    monkeypatch.setattr(edge, "AHEAD_TTL", -1.0)  # an answer is old at once; one under way is taken however old
 
     async def main() -> list[tuple[str, bool]]:
         protocol = MissProtocol(["http://127.0.0.1:9/"], _Trust(), FetchLocks(tmp_path))  # type: ignore[arg-type]
@@ -112,3 +112,32 @@ def test_misses_take_the_publish_asked_ahead_while_it_is_under_way_and_ask_again
         return asked
 
     assert asyncio.run(main()) == [("lib", True), ("lib", False)]
+
+
+def test_a_miss_reuses_the_gateways_404_asked_ahead_but_asks_again_after_a_passing_failure(tmp_path: Path) -> None:
+    from proxy.protocol.errors import UnknownTarget, UpstreamUnreachable
+    from proxy.util.locks import FetchLocks
+
+    async def main() -> list[tuple[str, bool]]:
+        protocol = MissProtocol(["http://127.0.0.1:9/"], _Trust(), FetchLocks(tmp_path))  # type: ignore[arg-type]
+        asked: list[tuple[str, bool]] = []
+
+        async def ask(project: str, ahead: bool = False) -> edge._Answer:
+            asked.append((project, ahead))
+            if project == "absent":
+                raise UnknownTarget("simple/absent/", detail="gateway: absent: no index lists it")
+            if ahead:
+                raise UpstreamUnreachable("publish blip", [])
+            return edge._Answer(7, {}, {}, {}, [])
+
+        protocol._ask = ask  # type: ignore[method-assign]
+        for project in ("blip", "absent"):
+            protocol.ask_ahead(project)
+            await asyncio.wait({protocol._ahead[project].task})  # answered (or failed) before the lookup misses
+        assert await protocol.on_miss("blip") is True  # the gateway unreachable a moment: asked again
+        with pytest.raises(UnknownTarget):
+            await protocol.on_miss("absent")  # the gateway's 404: its answer, not asked again
+        await protocol.close()
+        return asked
+
+    assert asyncio.run(main()) == [("blip", True), ("absent", True), ("blip", False)]

@@ -71,7 +71,7 @@ EXPLAIN_TTL = 60.0
 EXPLAIN_DEADLINE = 3.0  # a 404's detail is worth little more than this wait
 EXPLAIN_PROJECTS = 1024
 AHEAD_TTL = 5.0  # a publish asked ahead of its lookup is taken by a miss until answered and this long after
-AHEAD_PROJECTS = 256  # asks ahead kept (and so under way) at most
+AHEAD_PROJECTS = 256  # asks ahead kept at most, under way or answered
 MAX_EXPECTED = 8  # roles, and targets, a publish answer may name (a snapshot, a bin-n, the page's formats)
 _ROLE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -118,6 +118,14 @@ class _Answer:
     phases: timing.Phases
 
 
+@dataclass
+class _Ahead:
+    """A publish asked ahead of a lookup's outcome: when asked, then when answered (``since``), and the ask."""
+
+    since: float
+    task: asyncio.Task[_Answer]
+
+
 class MissProtocol:
     """See the module docstring.  ``gateway_urls``: every gateway of the group (each ends in ``/``), asked in order."""
 
@@ -130,8 +138,8 @@ class MissProtocol:
         self.locks = locks
         self.deadline = deadline
         self._session: aiohttp.ClientSession | None = None  # kept open: a cold install misses once per project
-        # project -> (when asked, the publish asked ahead of a lookup's outcome: ask_ahead), the newest last.
-        self._ahead: OrderedDict[str, tuple[float, asyncio.Task[_Answer]]] = OrderedDict()
+        # project -> the publish asked ahead of a lookup's outcome (ask_ahead), the oldest first.
+        self._ahead: OrderedDict[str, _Ahead] = OrderedDict()
         # project -> (when asked, the gateway's account or None), the newest last, bounded.
         self._accounts: OrderedDict[str, tuple[float, asyncio.Task[dict[str, Any] | None]]] = OrderedDict()
 
@@ -140,28 +148,49 @@ class MissProtocol:
         it had not (the project's bin-n): a miss then starts a round trip sooner, and :meth:`on_miss` takes the
         answer.  A lookup that finds the project leaves it unused; the gateway answers at once and, when the
         page is in the timestamp the edge trusts (``have=T``), names and carries nothing.  At most
-        :data:`AHEAD_PROJECTS` asks are kept: past that, lookups wait as before."""
+        :data:`AHEAD_PROJECTS` asks are kept, answered ones giving way first: past that, lookups wait as
+        before."""
         loop = asyncio.get_running_loop()
-        for name, (asked, task) in list(self._ahead.items()):
-            if task.done() and loop.time() - asked > AHEAD_TTL:
-                del self._ahead[name]
-        if project in self._ahead or len(self._ahead) >= AHEAD_PROJECTS:
+        for name in [name for name in self._ahead if self._stale(name)]:
+            del self._ahead[name]
+        if project in self._ahead:
             return
+        if len(self._ahead) >= AHEAD_PROJECTS:
+            answered = next((name for name, kept in self._ahead.items() if kept.task.done()), None)
+            if answered is None:
+                return
+            del self._ahead[answered]
         task = loop.create_task(self._ask_ahead(project))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # an unused answer's failure is nobody's
-        self._ahead[project] = (loop.time(), task)
+        kept = self._ahead[project] = _Ahead(loop.time(), task)
+
+        def answered_now(t: asyncio.Task[_Answer]) -> None:
+            kept.since = asyncio.get_running_loop().time()  # AHEAD_TTL runs from the answer
+            if not t.cancelled():
+                t.exception()  # an unused answer's failure is nobody's
+
+        task.add_done_callback(answered_now)
+
+    def _stale(self, project: str) -> bool:
+        """Whether the ask kept for ``project`` is no answer for a miss now: answered more than AHEAD_TTL ago
+        (it names an older timestamp than a new ask would), cancelled, or failed for a reason that may pass (a
+        gateway unreachable a moment); a 404 or a refusal of the project is the gateway's answer, kept."""
+        kept = self._ahead[project]
+        task = kept.task
+        if not task.done():
+            return False
+        if task.cancelled() or asyncio.get_running_loop().time() - kept.since > AHEAD_TTL:
+            return True
+        failed = task.exception()
+        return failed is not None and not isinstance(failed, (UnknownTarget, GatewayRefused))
 
     def _asked_ahead(self, project: str) -> asyncio.Task[_Answer] | None:
-        """The ask for ``project`` under way, or answered within AHEAD_TTL (an older answer names an older
-        timestamp than a new ask would); every miss of it meanwhile takes the same one."""
-        kept = self._ahead.get(project)
-        if kept is None:
+        """The ask for ``project`` under way, or its answer while not stale: every miss meanwhile takes it."""
+        if project not in self._ahead:
             return None
-        asked, task = kept
-        if task.done() and asyncio.get_running_loop().time() - asked > AHEAD_TTL:
+        if self._stale(project):
             del self._ahead[project]
             return None
-        return task
+        return self._ahead[project].task
 
     async def _ask_ahead(self, project: str) -> _Answer:
         timing.detach()  # not the asking request's wait unless on_miss takes it
@@ -199,6 +228,9 @@ class MissProtocol:
         return self._session
 
     async def close(self) -> None:
+        for kept in self._ahead.values():
+            kept.task.cancel()
+        self._ahead.clear()
         if self._session is not None:
             await self._session.close()
 
