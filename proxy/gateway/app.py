@@ -21,7 +21,11 @@ page is published by the leader first.
   200 ``{"project", "timestamp_version"}`` once a timestamp carrying
   the project is written, with ``"expect": {"roles", "targets"}`` when this
   process signed its page lately (the snapshot, bin-n and page targets an
-  edge then fetches side by side, :class:`~proxy.gateway.publisher.Foresight`); 404 ``{"project", "reason"}`` when no index lists
+  edge then fetches side by side, :class:`~proxy.gateway.publisher.Foresight`),
+  and ``"given"`` (their bytes, the timestamp's where this replica serves its
+  own tree, and whether the root after ``root=N`` exists) when asked with
+  ``given=1``; neither when ``have=T`` says the edge's timestamp already
+  carries the page (an ask ahead of its lookup); 404 ``{"project", "reason"}`` when no index lists
   it; 502 when the index's answer was refused or unreachable.  An answer
   for which this request published (this one, or a plain page published
   first) carries ``Server-Timing`` (:mod:`proxy.util.timing`, set by the
