@@ -363,7 +363,7 @@ PHASES = {
     "sign": "signing: pages rendered, bin-n, snapshot and timestamp signed",
     "write": "metadata and page files written and fsynced",
     "lookup": "edge: lookup in the metadata it trusted before (the project's bin-n)",
-    "publish": "edge -> gateway publish request, in all",
+    "publish": "edge -> gateway publish exchange, what was left of it when the lookup ended (asked ahead)",
     "refresh": "edge: refresh of timestamp and snapshot to the version the gateway named",
     "relookup": "edge: lookup again (the new bin-n)",
     "page": "edge: page fetched from the gateway and verified",

@@ -141,3 +141,28 @@ def test_a_miss_reuses_the_gateways_404_asked_ahead_but_asks_again_after_a_passi
         return asked
 
     assert asyncio.run(main()) == [("blip", True), ("absent", True), ("blip", False)]
+
+
+def test_an_answer_asked_ahead_for_a_timestamp_the_edge_trusts_already_is_asked_again(tmp_path: Path) -> None:
+    """The lookup missed in that timestamp: the page went since (a gateway restored from a backup), and only a
+    new ask publishes it again."""
+    from proxy.util.locks import FetchLocks
+
+    async def main() -> list[bool]:
+        trust = _Trust()
+        trust.timestamp_version = 9  # type: ignore[assignment]
+        protocol = MissProtocol(["http://127.0.0.1:9/"], trust, FetchLocks(tmp_path))  # type: ignore[arg-type]
+        asked: list[bool] = []
+
+        async def ask(project: str, ahead: bool = False) -> edge._Answer:
+            asked.append(ahead)
+            return edge._Answer(7 if ahead else 10, {}, {}, {}, [])
+
+        protocol._ask = ask  # type: ignore[method-assign]
+        protocol.ask_ahead("late")
+        await asyncio.wait({protocol._ahead["late"].task})
+        assert await protocol.on_miss("late") is True
+        await protocol.close()
+        return asked
+
+    assert asyncio.run(main()) == [True, False]

@@ -212,6 +212,10 @@ class MissProtocol:
                     ahead = self._asked_ahead(project)
                     # shield: the answer asked ahead is not this request's to cancel.
                     answer = await (asyncio.shield(ahead) if ahead is not None else self._ask_locked(project))
+                    if ahead is not None and answer.version <= (self.trust.timestamp_version or 0):
+                        # It named a timestamp the edge trusts already, and the lookup in that found no page:
+                        # the page went since (a gateway restored from a backup, a revocation). Asked now.
+                        answer = await self._ask_locked(project)
                 timing.relay(answer.phases, "gw-")
                 self.trust.expect(answer.roles, answer.targets, answer.version, answer.given)
                 with timing.phase("refresh"):
