@@ -161,20 +161,19 @@ class GatewayApp:
         except NotListed as e:
             return web.json_response({"project": canonicalize_name(name), "reason": "not-found", "detail": str(e)}, status=404)
         said: dict[str, object] = {"project": published.project, "timestamp_version": published.timestamp_version}
+        foresight, have = published.foresight, _version_asked(request, "have")
         # Asked ahead of an edge's lookup (MissProtocol.ask_ahead) that will find the page in the timestamp it
         # trusts (have=T): it drops the answer, which names and carries nothing.
-        have = request.query.get("have", "")
-        known = _VERSION.fullmatch(have) is not None and published.foresight is not None \
-            and published.foresight.version is not None and int(have) >= published.foresight.version
-        if published.foresight is not None and not known:
-            said["expect"] = {"roles": published.foresight.roles, "targets": published.foresight.targets}
+        known = have is not None and foresight is not None and foresight.version is not None \
+            and have >= foresight.version
+        if foresight is not None and not known:
+            said["expect"] = {"roles": foresight.roles, "targets": foresight.targets}
             # The bodies, for an edge that reads this gateway first (it asks: given=1), from the tree this
             # replica serves: not a follower's, which serves the group's bucket (one that signed alone, its
             # leader away, has versions of its own the group may sign differently).
             if request.query.get("given") == "1" and self._following() is None:
-                root = request.query.get("root", "")
-                bodies = await asyncio.to_thread(self.gateway.publisher.bodies, published.foresight,
-                                                 int(root) if _VERSION.fullmatch(root) else None)
+                bodies = await asyncio.to_thread(self.gateway.publisher.bodies, foresight,
+                                                 _version_asked(request, "root"))
                 said["given"] = {name: None if body is None else base64.b64encode(body).decode()
                                  for name, body in bodies.items()}
         return web.json_response(said)
@@ -331,6 +330,12 @@ class GatewayApp:
             self.metrics.usage_entries.labels(structure).set(size)
         if self.connections is not None:
             self.connections.report()
+
+
+def _version_asked(request: web.Request, name: str) -> int | None:
+    """The version a publish's ``name`` parameter says (ASCII digits, bounded), or None."""
+    value = request.query.get(name, "")
+    return int(value) if _VERSION.fullmatch(value) else None
 
 
 _OPEN = frozenset(("healthz", "readyz"))

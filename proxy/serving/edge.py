@@ -256,10 +256,9 @@ class MissProtocol:
             # The edge's request id goes along, so the gateway's log lines and audit records name it too.
             rid = request_id.get()
             headers = {**(self.auth.headers(url) if self.auth else {}), **({"X-Request-Id": rid} if rid != "-" else {})}
-            # Asking for the bodies, with the root it trusts: the gateway then says whether the next one exists,
-            # sparing the cycle that probe.
-            # Asked ahead of a lookup: the timestamp it trusts, in which the lookup may yet find the page (then the
-            # answer need name and carry nothing).
+            # given=1 asks for the bodies, root=N (the root it trusts) for whether the next root exists, sparing
+            # the cycle that probe; ahead of a lookup, have=T (the timestamp it trusts, in which the lookup may
+            # yet find the page: the answer then names and carries nothing).
             have = self.trust.timestamp_version if ahead else None
             params = {**({"given": "1"} if takes else {}), **({"root": str(root)} if takes and root is not None else {}),
                       **({"have": str(have)} if have is not None else {})}
