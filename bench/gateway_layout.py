@@ -1,4 +1,4 @@
-"""Why the gateway signs files through pages, and why 1024 bins: the measurements behind README.
+"""Why the gateway signs files through pages, and why 512 bins: the measurements behind the design page.
 
 1. A first publish of one project with FILES files (numpy's page lists
    ~4,415): as per-file targets (``tufproxy`` layout, ``Repository.add``)
@@ -8,10 +8,13 @@
 2. For each bin count: snapshot.json size, and what one publish costs every
    edge: a refresh of a warm edge's trust core (new timestamp + snapshot,
    verified) after one project was published, median over REPEATS.  With
-   PROJECTS projects published, the size of an average bin-n (what an edge
-   fetches on its first look at a page in that bin).
+   PROJECTS projects published, the size of an average bin-n, and what an
+   edge's first look at a page in a bin it has not read costs (the bin-n
+   fetched and verified, median over REPEATS projects): the other side of
+   the balance.
 
-Usage: ``python bench/gateway_layout.py [--files 4400] [--projects 2000] [--repeats 5]``; prints JSON.
+Usage: ``python bench/gateway_layout.py [--files 4400] [--projects 20000] [--repeats 5] [--bins 16384 1024 512 256]``;
+prints JSON.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def first_publish(tmp: Path, files: int, bins: int) -> dict[str, object]:
     return out
 
 
-async def edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float:
+async def edge_costs(repo: Repository, repeats: int, tmp: Path) -> tuple[float, float]:
+    """(refresh after one publish, first lookup in an unread bin), seconds, medians over ``repeats``."""
     TrustedClient.initialize(tmp / "edge", (repo.metadata_dir / "1.root.json").read_bytes())
     fetcher = LocalFetcher(repo.public_dir)
     base = fetcher.base_url()
@@ -79,8 +83,14 @@ async def edge_refresh_cost(repo: Repository, repeats: int, tmp: Path) -> float:
         start = time.perf_counter()
         await client.refresh(force=True)
         costs.append(time.perf_counter() - start)
+    looks = []
+    fmt = repo.profile.signed_formats[0]
+    for i in range(repeats):
+        start = time.perf_counter()
+        await client.get_target(repo.profile.page_target(f"p{i}", fmt))
+        looks.append(time.perf_counter() - start)
     client.close()
-    return statistics.median(costs)
+    return statistics.median(costs), statistics.median(looks)
 
 
 def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, object]:
@@ -88,10 +98,11 @@ def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, ob
     repo.publish_pages({f"p{i}": synthetic_page(f"p{i}", 3) for i in range(projects)})
     snapshot = max(repo.metadata_dir.glob("*.snapshot.json"), key=lambda p: int(p.name.split(".")[0]))
     bin_sizes = [p.stat().st_size for p in repo.metadata_dir.glob("*.bin-*.json")]
-    refresh = asyncio.run(edge_refresh_cost(repo, repeats, tmp / f"edge{bins}"))
+    refresh, lookup = asyncio.run(edge_costs(repo, repeats, tmp / f"edge{bins}"))
     return {
         "snapshot_bytes": snapshot.stat().st_size,
         "edge_refresh_ms_per_publish": round(refresh * 1e3, 1),
+        "edge_first_lookup_in_a_bin_ms": round(lookup * 1e3, 1),
         "largest_bin_bytes": max(bin_sizes),
         "median_bin_bytes": int(statistics.median(bin_sizes)),
     }
@@ -100,9 +111,9 @@ def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, ob
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=4400)
-    ap.add_argument("--projects", type=int, default=2000)
+    ap.add_argument("--projects", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--bins", type=int, nargs="*", default=[16384, 1024, 256])
+    ap.add_argument("--bins", type=int, nargs="*", default=[16384, 1024, 512, 256])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-gw-") as t:
         tmp = Path(t)

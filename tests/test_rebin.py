@@ -15,8 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tuf.api.metadata import Metadata
+from tuf.api.metadata import Metadata, SuccinctRoles
 
+from proxy.cli.gateway import DEFAULT_BINS
 from proxy.protocol.bins import bins_for_targets
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
@@ -39,6 +40,15 @@ def test_the_rule_gives_pep_458s_plan_and_doubles_at_four_times_the_targets() ->
     assert bins_for_targets(4 * 2_273_481) == 32768  # "SHOULD double when ... targets increase 4x"
     assert bins_for_targets(2 * 100_000) == 4096  # a 100,000-project gateway: two signed pages a project
     assert bins_for_targets(0) == 2 and bins_for_targets(10**12) == 65536
+
+
+def test_the_default_is_the_rules_count_for_a_thousand_projects_and_grows_without_leftover_names() -> None:
+    # docs/concepts/gateway-design.md, "512 bins": two signed pages a project.
+    assert DEFAULT_BINS == bins_for_targets(2 * 1000) == bins_for_targets(2 * 2200) == 512
+    # A rebin to the rule's count for 100,000 projects keeps every name: nothing is left listed in the snapshot.
+    names = {bins: set(SuccinctRoles([], 1, bins.bit_length() - 1, "bin").get_roles()) for bins in (512, 4096, 8192)}
+    assert names[512] < names[4096] and bins_for_targets(2 * 100_000) == 4096
+    assert not names[4096] & names[8192]  # one more digit: the old names stay (what the docs warn of)
 
 
 @pytest.mark.slow
