@@ -14,9 +14,11 @@ bytes, written as a Python bytes literal, so the wheel is larger (287 MB for
 
 Each is read to the end with one client (``curl -o /dev/null``); medians of
 ``--rounds``.  The figure is the speed ratio nginx / tufproxy (the issue's
-goal: at least 0.66).
+goal: at least 0.66).  ``--tree NAME=DIR`` (repeatable) runs the tufproxy
+tree at ``DIR`` (put first on ``PYTHONPATH``, as bench/uvab.py does) under
+that name, each in turn within every round: an A/B in one run.
 
-    python bench/gateway_cold.py [--mb 200] [--rounds 5]
+    python bench/gateway_cold.py [--mb 200] [--rounds 5] [--tree NAME=DIR ...]
 """
 
 from __future__ import annotations
@@ -83,12 +85,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="a tufproxy tree to run under NAME (default: this one, as 'tufproxy')")
     args = ap.parse_args()
+    trees = {name: {"PYTHONPATH": str(Path(d).resolve())} for name, _, d in (t.partition("=") for t in args.tree)} \
+        or {"tufproxy": {}}
     wheel = big_wheel(args.mb)
     projects = load([wheel])
     [dist] = projects["bigcold"]
     index = Index(projects, 0.0)
-    times: dict[str, list[float]] = {"floor": [], "nginx": [], "tufproxy": []}
+    times: dict[str, list[float]] = {"floor": [], "nginx": [], **{name: [] for name in trees}}
     with tempfile.TemporaryDirectory(prefix="bench-gateway-cold-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o755)  # nginx's worker runs as another user when we are root
@@ -99,23 +105,26 @@ def main() -> None:
                 times["nginx"].append(curl(f"{nginx.base}files/{dist.filename}"))
             finally:
                 nginx.server.stop()
-            chain = Tufproxy(index, work / "tufproxy")
-            chain.fresh()
-            try:
-                curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
-                times["tufproxy"].append(curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
-            finally:
-                chain.stop()
+            for name, env in trees.items():
+                chain = Tufproxy(index, work / "tufproxy", env)
+                chain.fresh()
+                try:
+                    curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
+                    times[name].append(curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
+                finally:
+                    chain.stop()
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), file=sys.stderr)
     med = {k: statistics.median(v) for k, v in times.items()}
     size = len(dist.data) / 1e6
     print(f"# A {size:.0f} MB file cold: edge -> gateway beside nginx proxy_cache ({time.strftime('%Y-%m-%d')})\n")
-    print(f"`python bench/gateway_cold.py --mb {args.mb} --rounds {args.rounds}`; load average at the end "
+    given = "".join(f" --tree {t}" for t in args.tree)
+    print(f"`python bench/gateway_cold.py --mb {args.mb} --rounds {args.rounds}{given}`; load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; one client (curl); medians.\n")
     print("| path | median (s) | MB/s | all rounds (s) |\n|---|---:|---:|---|")
     for k, v in times.items():
         print(f"| {k} | {med[k]:.2f} | {size / med[k]:.0f} | {' '.join(f'{x:.2f}' for x in v)} |")
-    print(f"\nspeed ratio nginx / tufproxy: **{med['nginx'] / med['tufproxy']:.2f}** (goal >= 0.66)")
+    for name in trees:
+        print(f"\nspeed ratio nginx / {name}: **{med['nginx'] / med[name]:.2f}** (goal >= 0.66)")
 
 
 if __name__ == "__main__":

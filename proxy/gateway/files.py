@@ -23,8 +23,11 @@ connection is reset before its last byte.
 
 A file already kept is checked against its pin (the signed hash) the
 first time this process serves it; one that no longer matches (a rewritten
-volume, or a file kept before its pin was lost and rebuilt) is audited,
-removed and fetched again.
+volume, a file kept before its pin was lost and rebuilt, or one a power
+loss cut short) is audited as our storage's fault, removed and fetched
+again.  That check is why a kept file gets no fsync of its own: losing one
+to a power loss costs a fetch, not a wrong byte, while the fsync held the
+last byte of every cold file until its data was on disk.
 
 A ``.metadata`` file the dependency prefetch reads from the index
 (:mod:`proxy.gateway.prefetch`) is offered here as soon as that read
@@ -68,7 +71,7 @@ from aiohttp import web
 
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.protocol.errors import TrustError
+from proxy.protocol.errors import Fault, TrustError
 from proxy.protocol.layout import core_metadata_target, file_target
 from proxy.protocol.model import file_digest
 from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
@@ -92,7 +95,7 @@ _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
 def _write_and_stat(path: Path, data: bytes) -> os.stat_result:
-    atomic_write(path, data)
+    atomic_write(path, data, durable=False)  # checked at each process's first serve, as a fetched file is
     return os.stat(path)
 
 
@@ -229,7 +232,8 @@ class FileSource:
             if actual != expected or (size is not None and size != st.st_size):
                 log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
                             path, algorithm, expected, size)
-                fault = self.metrics.refused("hash-mismatch")
+                # It matched when kept: whatever changed it since is our storage, not the index.
+                fault = self.metrics.refused("hash-mismatch", Fault.OURS)
                 self.audit.refused(reason="hash-mismatch", fault=fault.value, target=target,
                                    detail="kept file differs from its pin",
                                    expected={algorithm: expected, "size": size},
@@ -351,8 +355,7 @@ class FileSource:
                     detail=str(e),
                 )
                 raise
-            await asyncio.to_thread(os.fsync, fd)
-            os.replace(tmp, path)
+            os.replace(tmp, path)  # no fsync: see the module docstring
             if self.journal is not None:
                 self.journal.wrote([download.key])
         finally:

@@ -6,8 +6,11 @@ that writes into ``tmp/`` within space reserved against the size limit;
 only once the fetch verified every signed hash is it published as
 ``blobs/<aa>/<sha256>``.  So a file under ``blobs/`` was verified when it
 was written; ``verify`` re-hashes it later (the first time a process
-serves it) against bit rot and against a crash before its fsync, which
-runs after publishing, off the client's critical path.  The store is sized by ``max_bytes`` and evicts least
+serves it) against bit rot and against a power loss before the kernel
+wrote it back.  That re-hash is why a blob gets no fsync of its own: one
+lost costs a fetch, not a wrong byte, while its fsync would compete for
+the disk with the fsyncs that guard something (trusted metadata, and a
+gateway's signing batches where one shares the disk).  The store is sized by ``max_bytes`` and evicts least
 recently used blobs (by atime, so it survives a restart), never one pinned
 as in use.
 
@@ -45,7 +48,6 @@ from typing import Any, TypeVar
 from proxy.protocol.errors import RepositoryError, StoreError, StoreFull, StoreUnwritable
 from proxy.protocol.hashing import StreamingVerifier, UnsupportedHashes
 from proxy.trust.fetch import pwrite_all
-from proxy.util.atomic import fsync_dir
 from proxy.util.locks import try_flock
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -101,7 +103,6 @@ class BlobStore:
         self._pins: dict[str, int] = {}
         self._pin_fds: dict[str, int] = {}  # sha256 -> fd holding a shared flock while pinned
         self._scanned = 0.0  # monotonic time of the last scan of blobs/
-        self._syncing: set[asyncio.Future[None]] = set()  # background fsyncs, referenced until done
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -399,27 +400,6 @@ class BlobStore:
             # A sweep got to it between creation and lock: it is gone, or going.
             os.close(fd)
 
-    def _fsync_later(self, path: Path) -> None:
-        """fsync a published blob and its directory off the request's path (best effort).
-
-        A crash before it completes can leave a short or zeroed blob: the
-        re-hash at first serve in the next process evicts it.
-        """
-        def run() -> None:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                fsync_dir(path.parent)
-            except OSError as exc:  # evicted meanwhile, or the disk failing: the re-check covers it
-                log.debug("background fsync of %s: %s", path, exc)
-
-        future = asyncio.get_running_loop().run_in_executor(None, run)
-        self._syncing.add(future)
-        future.add_done_callback(self._syncing.discard)
-
     def _adopt(self, sha256: str, size: int) -> Blob:
         with self._lock:
             if sha256 in self._index:
@@ -546,7 +526,7 @@ class BlobWriter:
         self.size = 0
 
     async def publish(self, sha256: str) -> Blob:
-        """Make the verified bytes visible as the blob ``sha256``; fsync follows in the background."""
+        """Make the verified bytes visible as the blob ``sha256`` (no fsync: see the module docstring)."""
         self._check_open()
         if not self._exact:
             extra = self.size - self._reserved
@@ -556,7 +536,6 @@ class BlobWriter:
         blob = self._renamed
         assert blob is not None
         self._cleanup()
-        self._store._fsync_later(blob.path)
         return blob
 
     def _rename_sync(self, sha256: str) -> None:
