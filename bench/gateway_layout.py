@@ -97,7 +97,12 @@ def bins_cost(tmp: Path, bins: int, projects: int, repeats: int) -> dict[str, ob
     repo = Repository.init(tmp / f"bins{bins}", bins=bins, layout="gateway", clock_versions=True)
     repo.publish_pages({f"p{i}": synthetic_page(f"p{i}", 3) for i in range(projects)})
     snapshot = max(repo.metadata_dir.glob("*.snapshot.json"), key=lambda p: int(p.name.split(".")[0]))
-    bin_sizes = [p.stat().st_size for p in repo.metadata_dir.glob("*.bin-*.json")]
+    newest: dict[str, Path] = {}  # each bin's current version: older ones are history, not what an edge reads
+    for p in repo.metadata_dir.glob("*.bin-*.json"):
+        version, _, name = p.name.partition(".")
+        if name not in newest or int(version) > int(newest[name].name.partition(".")[0]):
+            newest[name] = p
+    bin_sizes = [p.stat().st_size for p in newest.values()]
     refresh, lookup = asyncio.run(edge_costs(repo, repeats, tmp / f"edge{bins}"))
     return {
         "snapshot_bytes": snapshot.stat().st_size,

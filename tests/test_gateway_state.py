@@ -204,7 +204,7 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
             kept.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
         with GatewayProcess(tmp_path / "gw", *flags) as gw:
             assert urllib.request.urlopen(gw.base + url_path, timeout=20).read() == path.read_bytes()
-            records = [r for r in gw.audit() if r.get("reason") == "hash-mismatch" and r.get("target") == url_path]
+            records = [r for r in gw.audit() if r.get("reason") == "kept-file-changed" and r.get("target") == url_path]
             assert [r["fault"] for r in records] == ["ours"], records
     assert kept.read_bytes() == path.read_bytes()
 

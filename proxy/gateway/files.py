@@ -24,10 +24,15 @@ connection is reset before its last byte.
 A file already kept is checked against its pin (the signed hash) the
 first time this process serves it; one that no longer matches (a rewritten
 volume, a file kept before its pin was lost and rebuilt, or one a power
-loss cut short) is audited as our storage's fault, removed and fetched
-again.  That check is why a kept file gets no fsync of its own: losing one
+loss cut short) is audited (``kept-file-changed``, our storage's fault),
+removed and fetched again.  That check is why a kept file gets no fsync of its own: losing one
 to a power loss costs a fetch, not a wrong byte, while the fsync held the
-last byte of every cold file until its data was on disk.
+last byte of every cold file until its data was on disk.  Except where the
+tree is copied to a bucket (``--store``): the copier uploads what the
+journal names and checks nothing against pins, so there a file is on disk
+before the journal names it, as the signer's files are.  The descriptor is
+closed before the rename, so a host sharing the directory over NFS
+(close-to-open) sees the whole file once it sees the name.
 
 A ``.metadata`` file the dependency prefetch reads from the index
 (:mod:`proxy.gateway.prefetch`) is offered here as soon as that read
@@ -60,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 from collections import OrderedDict
@@ -71,9 +75,10 @@ from aiohttp import web
 
 from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
-from proxy.protocol.errors import Fault, TrustError
+from proxy.protocol.errors import TrustError
+from proxy.protocol.hashing import ACCEPTED
 from proxy.protocol.layout import core_metadata_target, file_target
-from proxy.protocol.model import file_digest
+from proxy.protocol.model import digest, file_digest
 from proxy.serving.streaming import first_bytes, over_tls, send_download, send_file_over_tls
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download, InFlight, ReadAheads, Tee
@@ -94,16 +99,16 @@ READ_AHEAD_WAIT = 10.0
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
-def _write_and_stat(path: Path, data: bytes) -> os.stat_result:
-    atomic_write(path, data, durable=False)  # checked at each process's first serve, as a fetched file is
+def _write_and_stat(path: Path, data: bytes, durable: bool) -> os.stat_result:
+    atomic_write(path, data, durable=durable)
     return os.stat(path)
 
 
 def _pinned_digest(pin: Pin, core: bool) -> tuple[str, str] | None:
-    """What a kept file (or its ``.metadata``) is checked against: the pin's sha256, else its sha512; None
-    when it names neither."""
+    """What a kept file (or its ``.metadata``) is checked against: the first of the pin's hashes we check
+    (sha256 first); None when it names none."""
     hashes = (pin.core_metadata or {}) if core else pin.hashes
-    algorithm = next((a for a in ("sha256", "sha512") if a in hashes), None)
+    algorithm = next((a for a in ACCEPTED if a in hashes), None)
     return (algorithm, hashes[algorithm]) if algorithm is not None else None
 
 
@@ -226,21 +231,20 @@ class FileSource:
             return True
         pinned = _pinned_digest(pin, core)
         size = None if core else pin.size
-        if pinned is not None:
-            algorithm, expected = pinned
-            actual = await asyncio.to_thread(file_digest, algorithm, path)
-            if actual != expected or (size is not None and size != st.st_size):
-                log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
-                            path, algorithm, expected, size)
-                # It matched when kept: whatever changed it since is our storage, not the index.
-                fault = self.metrics.refused("hash-mismatch", Fault.OURS)
-                self.audit.refused(reason="hash-mismatch", fault=fault.value, target=target,
-                                   detail="kept file differs from its pin",
-                                   expected={algorithm: expected, "size": size},
-                                   actual={algorithm: actual, "size": st.st_size})
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                return False
+        short = size is not None and size != st.st_size
+        algorithm, expected = pinned if pinned is not None else ("", None)
+        actual = None if short or pinned is None else await asyncio.to_thread(file_digest, algorithm, path)
+        if short or actual != expected:
+            log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
+                        path, algorithm, expected, size)
+            fault = self.metrics.refused("kept-file-changed")
+            self.audit.refused(reason="kept-file-changed", fault=fault.value, target=target,
+                               detail="kept file differs from its pin",
+                               expected={algorithm: expected, "size": size},
+                               actual={algorithm: actual, "size": st.st_size})
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return False
         self._mark_checked(key)
         return True
 
@@ -273,7 +277,7 @@ class FileSource:
             return None  # the prefetch's read failed or is stuck: fetched from the index as usual
         data = read.result()
         pinned = _pinned_digest(pin, core=True)
-        if pinned is None or hashlib.new(pinned[0], data).hexdigest() != pinned[1]:
+        if pinned is None or digest(pinned[0], data) != pinned[1]:
             return None  # not what was signed: fetched from the index as usual
         self._keeping[target] = data
         self.metrics.files.labels("read-ahead").inc()
@@ -283,9 +287,10 @@ class FileSource:
         return data
 
     async def _keep(self, path: Path, target: str, data: bytes) -> None:
-        """Write checked read-ahead bytes as if fetched now (durably, atomically), known checked from then on."""
+        """Write checked read-ahead bytes as if fetched now (atomically; durably if journaled: the module
+        docstring), known checked from then on."""
         try:
-            st = await asyncio.to_thread(_write_and_stat, path, data)
+            st = await asyncio.to_thread(_write_and_stat, path, data, self.journal is not None)
             self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))
             if self.journal is not None:
                 self.journal.wrote([target])
@@ -355,11 +360,16 @@ class FileSource:
                     detail=str(e),
                 )
                 raise
-            os.replace(tmp, path)  # no fsync: see the module docstring
+            if self.journal is not None:  # a copier reads it once the journal names it (module docstring)
+                await asyncio.to_thread(os.fsync, fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, path)
             if self.journal is not None:
                 self.journal.wrote([download.key])
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         self.metrics.files.labels("ok").inc()

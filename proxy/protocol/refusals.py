@@ -80,8 +80,11 @@ UNEXPECTED = Row(500, Fault.OURS, "internal error", audit=False)
 # or listing a file it gave no hash for,
 REPOSITORY_RULES = frozenset({"upstream-changed-file", "hash-mismatch", "provenance-invalid", "publisher-changed",
                               "missing-hash"})
-# and these, which could not check a file now because something upstream did not answer.
+# and these, which could not check a file now because something upstream did not answer;
 UPSTREAM_RULES = frozenset({"provenance-unavailable"})
+# and this one, a file the gateway kept that no longer matches the pin it matched when kept: its own storage
+# (a rewritten volume, a power loss before the kernel wrote it back), removed and fetched again.
+OURS_RULES = frozenset({"kept-file-changed"})
 
 # Reason phrases travel in the status line: printable ASCII, bounded.
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
@@ -125,6 +128,8 @@ def rule_fault(rule: str) -> Fault:
     """Whose decision a gateway rule that left something out was (its metric's ``kind``, its audit's ``fault``)."""
     if rule in UPSTREAM_RULES:
         return Fault.UPSTREAM
+    if rule in OURS_RULES:
+        return Fault.OURS
     return Fault.REPOSITORY if rule in REPOSITORY_RULES else Fault.OPERATOR
 
 

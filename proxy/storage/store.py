@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import re
 import shutil
@@ -59,9 +58,6 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # Another process's blobs appear on disk unannounced: resync the accounting this often, when near the limit.
 _RESCAN_INTERVAL = 5.0
 _T = TypeVar("_T")
-log = logging.getLogger(__name__)
-
-
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """Crash-safe file publication: a reader sees the old file or the new one, never half.
 
-Every write of trusted or served state in tufproxy goes through here:
+Every write of trusted or signed state in tufproxy goes through here:
 write a temp file in the same directory, fsync it, ``os.replace`` it over
 the target, fsync the directory so the rename itself survives power loss.
+``durable=False`` leaves out the fsyncs, for files whose every reader
+checks them (a store's kept files) or that a :class:`Batch` flushes
+before its commit point.
 """
 
 from __future__ import annotations
