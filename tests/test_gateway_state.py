@@ -7,6 +7,7 @@ processes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -19,7 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from proxy.gateway.files import FileSource
+from proxy.gateway.ledger import Pin
+from proxy.gateway.metrics import GatewayMetrics
+from proxy.protocol.model import digest
 from proxy.repository.sample import build_wheel
+from proxy.storage.audit import AuditLog
 from tests.support.gatewayproc import GatewayProcess, gateway_init
 from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
@@ -207,6 +213,27 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
             records = [r for r in gw.audit() if r.get("reason") == "kept-file-changed" and r.get("target") == url_path]
             assert [r["fault"] for r in records] == ["ours"], records
     assert kept.read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512", "blake2b-256"])
+def test_a_kept_file_is_checked_whatever_hash_its_pin_names(tmp_path: Path, algorithm: str) -> None:
+    """The first serve in a process re-checks a kept file (they get no fsync), whichever accepted hash the index
+    gave: a file cut to nothing or with a byte changed is removed, never served, and recorded as ours."""
+    data = b"a wheel's bytes " * 1000
+    pin = Pin("p", "p-1.0-py3-none-any.whl", {algorithm: digest(algorithm, data)}, len(data),
+              "https://index.example/simple/", "https://files.index.example/p-1.0-py3-none-any.whl")
+    target = "packages/p/p-1.0-py3-none-any.whl"
+    path = tmp_path / target
+    path.parent.mkdir(parents=True)
+    audit = tmp_path / "audit.jsonl"
+    files = FileSource(tmp_path, None, None, AuditLog(audit), GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+    path.write_bytes(data)
+    assert asyncio.run(files._kept(path, target, pin, core=False))
+    for damaged in (b"", data[:-1] + b"!"):
+        path.write_bytes(damaged)
+        assert not asyncio.run(files._kept(path, target, pin, core=False)) and not path.exists()
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["reason"], r["fault"], r["target"]) for r in records] == [("kept-file-changed", "ours", target)] * 2
 
 
 # -- item 4: a restore from an older backup under running edges ------------------------------
