@@ -190,9 +190,8 @@ def test_a_lost_ledger_is_rebuilt_from_the_signed_pages_and_a_swap_is_refused(
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["rewritten", "cut-short"])
 def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Path, gw_dir: Path, damage: str) -> None:
-    """Kept files get no fsync of their own (files.py): a power loss may leave one short, as a rewritten volume
-    may leave one altered; either is caught at the next process's first serve, refetched, and recorded as our
-    storage's fault, not the index's."""
+    """A kept file altered or cut short on the volume is caught at the next process's first serve, refetched,
+    and recorded as our storage's fault, not the index's."""
     dists = tmp_path / "dists"
     with TestIndex() as index:
         path = build_wheel(dists, "kept", "1.0")
@@ -217,8 +216,8 @@ def test_a_kept_file_is_checked_against_its_pin_before_it_is_served(tmp_path: Pa
 
 @pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512", "blake2b-256"])
 def test_a_kept_file_is_checked_whatever_hash_its_pin_names(tmp_path: Path, algorithm: str) -> None:
-    """The first serve in a process re-checks a kept file (they get no fsync), whichever accepted hash the index
-    gave: a file cut to nothing or with a byte changed is removed, never served, and recorded as ours."""
+    """The first serve in a process re-checks a kept file, whichever accepted hash the index gave: a file cut to
+    nothing or with a byte changed is removed, never served, and recorded as our storage's fault."""
     data = b"a wheel's bytes " * 1000
     pin = Pin("p", "p-1.0-py3-none-any.whl", {algorithm: digest(algorithm, data)}, len(data),
               "https://index.example/simple/", "https://files.index.example/p-1.0-py3-none-any.whl")
@@ -226,12 +225,14 @@ def test_a_kept_file_is_checked_whatever_hash_its_pin_names(tmp_path: Path, algo
     path = tmp_path / target
     path.parent.mkdir(parents=True)
     audit = tmp_path / "audit.jsonl"
-    files = FileSource(tmp_path, None, None, AuditLog(audit), GatewayMetrics(), 2**30)  # type: ignore[arg-type]
-    path.write_bytes(data)
-    assert asyncio.run(files._kept(path, target, pin, core=False))
-    for damaged in (b"", data[:-1] + b"!"):
-        path.write_bytes(damaged)
-        assert not asyncio.run(files._kept(path, target, pin, core=False)) and not path.exists()
+    log = AuditLog(audit)
+    for damaged in (None, b"", data[:-1] + b"!"):
+        # A process of its own each time (what it checked is per process): the first serve after a start.
+        files = FileSource(tmp_path, None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+        path.write_bytes(data if damaged is None else damaged)
+        assert asyncio.run(files._kept(path, target, pin, core=False)) is (damaged is None)
+        assert path.exists() is (damaged is None)
+    log.close()
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [(r["reason"], r["fault"], r["target"]) for r in records] == [("kept-file-changed", "ours", target)] * 2
 

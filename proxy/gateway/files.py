@@ -23,16 +23,13 @@ connection is reset before its last byte.
 
 A file already kept is checked against its pin (the signed hash) the
 first time this process serves it; one that no longer matches (a rewritten
-volume, a file kept before its pin was lost and rebuilt, or one a power
-loss cut short) is audited (``kept-file-changed``, our storage's fault),
-removed and fetched again.  That check is why a kept file gets no fsync of its own: losing one
-to a power loss costs a fetch, not a wrong byte, while the fsync held the
-last byte of every cold file until its data was on disk.  Except where the
-tree is copied to a bucket (``--store``): the copier uploads what the
-journal names and checks nothing against pins, so there a file is on disk
-before the journal names it, as the signer's files are.  The descriptor is
-closed before the rename, so a host sharing the directory over NFS
-(close-to-open) sees the whole file once it sees the name.
+volume, a file kept before its pin was lost and rebuilt) is audited
+(``kept-file-changed``: it matched when kept, so the fault is our
+storage's), removed and fetched again.  A kept file is fsynced before its
+rename all the same: the bucket copy (``--store``) uploads what is on
+disk without checking it against pins.  The descriptor is closed before
+the rename, so a host sharing the directory over NFS (close-to-open) sees
+the whole file once it sees the name.
 
 A ``.metadata`` file the dependency prefetch reads from the index
 (:mod:`proxy.gateway.prefetch`) is offered here as soon as that read
@@ -99,8 +96,8 @@ READ_AHEAD_WAIT = 10.0
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
-def _write_and_stat(path: Path, data: bytes, durable: bool) -> os.stat_result:
-    atomic_write(path, data, durable=durable)
+def _write_and_stat(path: Path, data: bytes) -> os.stat_result:
+    atomic_write(path, data)
     return os.stat(path)
 
 
@@ -231,17 +228,18 @@ class FileSource:
             return True
         pinned = _pinned_digest(pin, core)
         size = None if core else pin.size
-        short = size is not None and size != st.st_size
-        algorithm, expected = pinned if pinned is not None else ("", None)
-        actual = None if short or pinned is None else await asyncio.to_thread(file_digest, algorithm, path)
-        if short or actual != expected:
-            log.warning("kept file %s does not match its pin (%s %s, size %s): removed, fetching it again",
-                        path, algorithm, expected, size)
+        expected: dict[str, object] = {"size": size}
+        actual: dict[str, object] = {"size": st.st_size}
+        changed = size is not None and size != st.st_size
+        if not changed and pinned is not None:  # a size that differs says enough
+            expected[pinned[0]] = pinned[1]
+            actual[pinned[0]] = await asyncio.to_thread(file_digest, pinned[0], path)
+            changed = actual[pinned[0]] != pinned[1]
+        if changed:
+            log.warning("kept file %s does not match its pin (%s): removed, fetching it again", path, expected)
             fault = self.metrics.refused("kept-file-changed")
             self.audit.refused(reason="kept-file-changed", fault=fault.value, target=target,
-                               detail="kept file differs from its pin",
-                               expected={algorithm: expected, "size": size},
-                               actual={algorithm: actual, "size": st.st_size})
+                               detail="kept file differs from its pin", expected=expected, actual=actual)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return False
@@ -287,10 +285,9 @@ class FileSource:
         return data
 
     async def _keep(self, path: Path, target: str, data: bytes) -> None:
-        """Write checked read-ahead bytes as if fetched now (atomically; durably if journaled: the module
-        docstring), known checked from then on."""
+        """Write checked read-ahead bytes as if fetched now (durably, atomically), known checked from then on."""
         try:
-            st = await asyncio.to_thread(_write_and_stat, path, data, self.journal is not None)
+            st = await asyncio.to_thread(_write_and_stat, path, data)
             self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))
             if self.journal is not None:
                 self.journal.wrote([target])
@@ -360,10 +357,9 @@ class FileSource:
                     detail=str(e),
                 )
                 raise
-            if self.journal is not None:  # a copier reads it once the journal names it (module docstring)
-                await asyncio.to_thread(os.fsync, fd)
-            os.close(fd)
-            fd = -1
+            await asyncio.to_thread(os.fsync, fd)
+            closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
+            os.close(closing)
             os.replace(tmp, path)
             if self.journal is not None:
                 self.journal.wrote([download.key])

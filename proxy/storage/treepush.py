@@ -67,11 +67,13 @@ _IMMUTABLE = re.compile(r"(?:packages/.+|simple/.*/[0-9a-f]{64,128}\.[^/]+)")
 
 def _held(relative: str, path: Path, size: int, there: tuple[int, str] | None) -> bool:
     """Whether the bucket's object (size, ETag) already holds ``path``'s bytes (see :meth:`TreePush._walked`)."""
-    if there is None or there[0] != size:
+    if there is None:
         return False
     if _IMMUTABLE.fullmatch(relative):
+        # Its bytes never change, and the bucket's came from a verified, fsynced file: a local copy of another
+        # size was damaged since (the gateway re-checks its own at first serve and pushes what it fetches again).
         return True
-    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest() == there[1]
+    return there[0] == size and hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest() == there[1]
 
 
 @contextlib.asynccontextmanager
@@ -167,7 +169,7 @@ class TreePush:
     def _walked(self, held: dict[str, tuple[int, str]] | None = None) -> tuple[list[tuple[str, Path | bytes, Stamp]], list[str]]:
         """Every file not pushed yet; at a first push, ``held`` (the bucket's inventory) says which are there
         already: a name whose bytes never change under it (a page under its hash, a file under its pinned
-        name) with the same size, any other with the same MD5 as its ETag.  A restart then uploads
+        name) whatever its size, any other with the same size and MD5 as its ETag.  A restart then uploads
         what changed while it was down, not the whole tree again."""
         found: list[tuple[str, Path | bytes, Stamp]] = []
         seen = set()
