@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,9 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.protocol.model import digest
 from proxy.repository.sample import build_wheel
 from proxy.storage.audit import AuditLog
+from proxy.storage.downloads import Download
+from proxy.transport.local import LocalFetcher
+from proxy.trust.fetch import Want
 from tests.support.gatewayproc import GatewayProcess, gateway_init
 from tests.support.poll import wait_for
 from tests.support.proxyproc import ProxyProcess
@@ -235,6 +239,32 @@ def test_a_kept_file_is_checked_whatever_hash_its_pin_names(tmp_path: Path, algo
     log.close()
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [(r["reason"], r["fault"], r["target"]) for r in records] == [("kept-file-changed", "ours", target)] * 2
+
+
+def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's bucket copy (``--store``) uploads kept files from disk without checking them against their
+    pins, so each is fsynced before the rename that names it (files.py); the edge's blobs need not be."""
+    data = b"a kept wheel's bytes " * 4000
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "p-1.0-py3-none-any.whl").write_bytes(data)
+    fetcher = LocalFetcher(index)
+    target = "packages/p/p-1.0-py3-none-any.whl"
+    path = tmp_path / "public" / target
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real(fd))[1])
+    log = AuditLog(tmp_path / "audit.jsonl")
+    files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+
+    async def keep() -> None:
+        want = Want(target, {"sha256": digest("sha256", data)}, len(data), True, "pin")
+        await files._fetch(Download(target, want), fetcher, [f"{fetcher.base_url()}p-1.0-py3-none-any.whl"], path,
+                           None, "test")
+    asyncio.run(keep())
+    log.close()
+    assert path.read_bytes() == data and os.stat(path).st_ino in synced
+    assert not [p for p in path.parent.iterdir() if p != path]  # no temp file left
 
 
 # -- item 4: a restore from an older backup under running edges ------------------------------
