@@ -82,8 +82,8 @@ REPOSITORY_RULES = frozenset({"upstream-changed-file", "hash-mismatch", "provena
                               "missing-hash"})
 # and these, which could not check a file now because something upstream did not answer;
 UPSTREAM_RULES = frozenset({"provenance-unavailable"})
-# and this one, a file the gateway kept that no longer matches the pin it matched when kept: its own storage
-# (a rewritten volume, a power loss before the kernel wrote it back), removed and fetched again.
+# and this one, which leaves nothing out: a file the gateway kept that no longer matches the pin it matched when
+# kept, changed by its own storage (a rewritten volume, a failing disk), removed and fetched again.
 OURS_RULES = frozenset({"kept-file-changed"})
 
 # Reason phrases travel in the status line: printable ASCII, bounded.

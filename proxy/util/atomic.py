@@ -3,9 +3,10 @@
 Every write of trusted or signed state in tufproxy goes through here:
 write a temp file in the same directory, fsync it, ``os.replace`` it over
 the target, fsync the directory so the rename itself survives power loss.
-``durable=False`` leaves out the fsyncs, for files whose every reader
-checks them (a store's kept files) or that a :class:`Batch` flushes
-before its commit point.
+``durable=False`` leaves out the fsyncs: for the files of a :class:`Batch`,
+flushed together before their commit point, and for the few records a
+crash may take back to an older copy (the gateway's catalog, its
+high-water mark).
 """
 
 from __future__ import annotations
