@@ -20,16 +20,24 @@ that tree's servers (``TUFPROXY_WORKERS=1``).  Default ``now=<this tree>``.
 ``--gateway-rtt-ms N``: the edge reaches the gateway through a relay (in
 this process) that holds each request N ms, as the index does: an edge
 and a gateway apart, as in most deployments, where the round trips of the
-miss protocol count.
+miss protocol count.  ``--disk-load MIB``: a process beside them writes
+and fsyncs a file of MIB MiB after another, in the servers' filesystem, for
+the whole run: a disk busy with others' writes (a backup, other services,
+the shared machines these benches run on at busy hours), on which every
+fsync of the gateway and the edge waits for the journal behind them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,6 +46,33 @@ from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
 from trace_install import Tap  # noqa: E402
 from warmab import _cpu_seconds  # noqa: E402
 
+_WRITER = """
+import os, sys
+path, block = sys.argv[1], b"x" * 2**20
+while True:
+    with open(path, "wb") as f:
+        for _ in range(int(sys.argv[2])):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+"""
+
+
+@contextlib.contextmanager
+def disk_load(directory: Path, mib: int) -> Iterator[None]:
+    """While inside: a process writing and fsyncing ``mib`` MiB files in ``directory``, one after another."""
+    if mib <= 0:
+        yield
+        return
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(directory / "disk-load"), str(mib)])
+    try:
+        yield
+    finally:
+        writer.kill()
+        writer.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(directory / "disk-load")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,6 +80,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     ap.add_argument("--gateway-rtt-ms", type=float, default=0.0)
+    ap.add_argument("--disk-load", type=int, default=0, metavar="MIB")
     args = ap.parse_args()
     trees = {}
     for spec in args.trees:
@@ -58,27 +94,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-uvab-") as tmp:
         work = Path(tmp)
         clients = Path(tempfile.mkdtemp(prefix="bench-uvab-", dir="/dev/shm" if Path("/dev/shm").is_dir() else tmp))
-        try:
-            for r in range(args.rounds):
-                cold["direct"].append(install("uv", index.url, clients / "target", clients)[0])
-                warm["direct"].append(cold["direct"][-1])
-                for name, (tree, setting) in trees.items():
-                    setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree, **setting})
-                    if args.gateway_rtt_ms:
-                        setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', [], [0.0], args.gateway_rtt_ms / 1000).url}/"  # type: ignore[method-assign]
-                    setup.fresh()
-                    try:
-                        before = sum(_cpu_seconds(server) for server in setup.servers)
-                        cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
-                        cpu[name].append(sum(_cpu_seconds(server) for server in setup.servers) - before)
-                        warm[name].append(install("uv", setup.url, clients / "target", clients)[0])
-                    finally:
-                        setup.stop()
-                print(f"round {r + 1}: " + ", ".join(f"{n} {c[-1]:.3f}" for n, c in cold.items()), file=sys.stderr)
-        finally:
-            shutil.rmtree(clients, ignore_errors=True)
+        with disk_load(work, args.disk_load):
+            try:
+                for r in range(args.rounds):
+                    cold["direct"].append(install("uv", index.url, clients / "target", clients)[0])
+                    warm["direct"].append(cold["direct"][-1])
+                    for name, (tree, setting) in trees.items():
+                        setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree, **setting})
+                        if args.gateway_rtt_ms:
+                            setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', [], [0.0], args.gateway_rtt_ms / 1000).url}/"  # type: ignore[method-assign]
+                        setup.fresh()
+                        try:
+                            before = sum(_cpu_seconds(server) for server in setup.servers)
+                            cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
+                            cpu[name].append(sum(_cpu_seconds(server) for server in setup.servers) - before)
+                            warm[name].append(install("uv", setup.url, clients / "target", clients)[0])
+                        finally:
+                            setup.stop()
+                    print(f"round {r + 1}: " + ", ".join(f"{n} {c[-1]:.3f}" for n, c in cold.items()), file=sys.stderr)
+            finally:
+                shutil.rmtree(clients, ignore_errors=True)
     direct = statistics.median(cold["direct"])
     apart = f", the gateway after {args.gateway_rtt_ms:g} ms" if args.gateway_rtt_ms else ""
+    apart += f", {args.disk_load} MiB files written and fsynced beside them" if args.disk_load else ""
     print(f"uv installs, {args.rounds} rounds, index answering after {args.rtt_ms:g} ms{apart}; "
           "median seconds (ratio to direct)")
     for name in cold:

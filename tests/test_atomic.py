@@ -55,3 +55,38 @@ def test_a_process_forked_after_its_parent_flushed_flushes_with_its_own_threads(
         child.kill()
     assert child.exitcode == 0
     assert len(list((tmp_path / "child").rglob("f*"))) == 5
+
+
+def test_a_commit_fsyncs_its_file_with_the_batch_then_renames_it_and_fsyncs_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit point's own file is flushed with the files it reaches, before its name replaces the old one."""
+    events: list[str] = []
+    real = os.fsync
+    commit = tmp_path / "d0" / "timestamp.json"
+    commit.parent.mkdir(parents=True)
+    commit.write_bytes(b"old")
+
+    def fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        events.append("fsync " + ("dir" if os.path.isdir(name) else "commit" if ".timestamp.json." in name
+                                   else "file"))
+        real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    batch, _ = _batch(tmp_path, 6)
+    batch.commit(commit, b"new", before=lambda: events.append(f"before, still {commit.read_bytes().decode()}"))
+    assert commit.read_bytes() == b"new"
+    assert events.index("before, still old") == len(events) - 2  # every other fsync came before it
+    assert events[-1] == "fsync dir" and "fsync commit" in events[:-2]
+    assert batch.paths == [] and not list(commit.parent.glob(".*.tmp"))
+
+
+def test_a_commit_whose_batch_does_not_flush_leaves_the_old_file(tmp_path: Path) -> None:
+    commit = tmp_path / "d0" / "timestamp.json"
+    batch, paths = _batch(tmp_path, 6)
+    commit.write_bytes(b"old")
+    paths[2].unlink()
+    with pytest.raises(FileNotFoundError):
+        batch.commit(commit, b"new", before=lambda: pytest.fail("told before the files were durable"))
+    assert commit.read_bytes() == b"old" and not list(commit.parent.glob(".*.tmp"))
+    assert batch.paths == paths  # the files stay to flush; the commit's own is gone

@@ -368,19 +368,19 @@ def test_a_bin_missing_mid_update_leaves_the_catalog_as_it_was_until_it_can_be_r
 def test_a_reader_who_sees_a_new_timestamp_finds_the_plain_pages_it_carries(tmp_path: Path, monkeypatch: Any) -> None:
     """The gateway serves a plain page once its catalog (read from the timestamp on) says the project is
     published: the plain names must exist by the time the timestamp does, or that request is a 404."""
-    from proxy.repository import signer
+    from proxy.util.atomic import Batch
 
     repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
     seen: list[tuple[str, bool]] = []
-    real = signer.atomic_write
+    real = Batch.commit
 
-    def write(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
+    def commit(batch: Batch, path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
         if path.name == "timestamp.json":
             seen.extend((name, (repo.public_dir / "simple" / "late" / name).is_file())
                         for name in ("index.html", "index.json"))
-        real(path, data, *args, **kwargs)
+        real(batch, path, data, *args, **kwargs)
 
-    monkeypatch.setattr(signer, "atomic_write", write)
+    monkeypatch.setattr(Batch, "commit", commit)
     repo.publish_pages({"late": _page("late")})
     assert seen == [("index.html", True), ("index.json", True)]
 
@@ -388,20 +388,20 @@ def test_a_reader_who_sees_a_new_timestamp_finds_the_plain_pages_it_carries(tmp_
 def test_a_commit_that_fails_leaves_the_plain_pages_as_they_were(tmp_path: Path, monkeypatch: Any) -> None:
     """The plain names are linked before the commit point; a commit that fails there (a full disk) puts them
     back, since garbage collection and pin rebuilds read them as the signed page."""
-    from proxy.repository import signer
+    from proxy.util.atomic import Batch
 
     repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
     repo.publish_pages({"kept": _page("kept")})
     page = repo.public_dir / "simple" / "kept" / "index.json"
     signed = page.read_bytes()
-    real = signer.atomic_write
+    real = Batch.commit
 
-    def full_disk(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
+    def full_disk(batch: Batch, path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
         if path.name == "timestamp.json":
             raise OSError(28, "No space left on device")
-        real(path, data, *args, **kwargs)
+        real(batch, path, data, *args, **kwargs)
 
-    monkeypatch.setattr(signer, "atomic_write", full_disk)
+    monkeypatch.setattr(Batch, "commit", full_disk)
     changed = index.ProjectPage(name="kept", files=(index.DistFile(
         filename="kept-1.0-py3-none-any.whl", url="../../packages/kept/kept-1.0-py3-none-any.whl",
         hashes={"sha256": "0" * 64}),))
@@ -414,6 +414,6 @@ def test_a_commit_that_fails_leaves_the_plain_pages_as_they_were(tmp_path: Path,
     assert page.read_bytes() == signed
     assert not (repo.public_dir / "simple" / "new" / "index.json").exists()
     assert not [p.name for p in repo.public_dir.rglob(".*.before")]
-    monkeypatch.setattr(signer, "atomic_write", real)
+    monkeypatch.setattr(Batch, "commit", real)
     repo.publish_pages({"kept": changed, "new": _page("new")})
     assert page.read_bytes() != signed and (repo.public_dir / "simple" / "new" / "index.json").exists()

@@ -22,6 +22,7 @@ from aiohttp import web
 from tuf.api.metadata import Metadata
 
 from proxy.gateway.publisher import Foresight, Publisher
+from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from proxy.serving.edge import _expected, _given
@@ -219,10 +220,57 @@ def test_a_gateway_in_a_replica_group_carries_no_timestamp(tmp_path: Path) -> No
     async def push() -> None:
         return None
 
-    alone, grouped = Publisher(repo).bodies(seen, 1), Publisher(repo, after=push).bodies(seen, 1)
-    assert set(alone) == {"metadata/timestamp.json", f"metadata/{snapshot}.snapshot.json", "metadata/2.root.json"}
-    assert set(grouped) == set(alone) - {"metadata/timestamp.json"}
-    assert alone["metadata/2.root.json"] is None
+    alone, grouped = Publisher(repo).carried(seen, 1), Publisher(repo, after=push).carried(seen, 1)
+    assert set(alone.bodies) == {"metadata/timestamp.json", f"metadata/{snapshot}.snapshot.json", "metadata/2.root.json"}
+    assert set(grouped.bodies) == set(alone.bodies) - {"metadata/timestamp.json"}
+    assert alone.bodies["metadata/2.root.json"] is None
+    assert (grouped.version, grouped.roles) == (None, seen.roles)  # no timestamp: the batch's own files
+
+
+def test_an_answer_carries_the_current_timestamp_and_the_snapshot_and_bin_n_it_names(tmp_path: Path) -> None:
+    """A batch signed after a project's moves the snapshot (and, in the same bin, its bin-n): the answer for the
+    project carries the timestamp the tree serves now and the files that one names, so the edge's cycle verifies
+    what it was handed instead of fetching the newer snapshot and bin-n before it can answer."""
+    repo = Repository.init(tmp_path / "g", bins=2, layout="gateway", clock_versions=True)
+    publisher = Publisher(repo, window=0.01)
+    profile = repo.profile
+    succinct = repo.load_metadata(profile.bin_delegator, 1).signed.delegations.succinct_roles
+
+    def bin_of(name: str) -> str:
+        return str(succinct.get_role_for_target(profile.page_target(name, profile.signed_formats[0])))
+
+    def page(name: str) -> index.ProjectPage:
+        return index.ProjectPage(name=name, files=())
+
+    second = next(f"p{i}" for i in range(100) if bin_of(f"p{i}") == bin_of("first"))
+
+    async def scenario() -> Foresight | None:
+        publisher.start()
+        try:
+            await publisher.publish({"first": page("first")})
+            seen = publisher.foresight("first")
+            await publisher.publish({second: page(second)})  # the same bin: re-signs first's bin-n as well
+        finally:
+            await publisher.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen is not None
+    stamp = Metadata.from_bytes((repo.metadata_dir / "timestamp.json").read_bytes()).signed
+    snapshot = stamp.snapshot_meta.version
+    listed = Metadata.from_bytes((repo.metadata_dir / f"{snapshot}.snapshot.json").read_bytes()).signed.meta
+    (bin_n,) = set(seen.roles) - {"snapshot"}
+    assert seen.roles["snapshot"] < snapshot and seen.roles[bin_n] < listed[f"{bin_n}.json"].version
+    carried = publisher.carried(seen, None)
+    assert carried.version == stamp.version
+    assert carried.roles == {"snapshot": snapshot, bin_n: listed[f"{bin_n}.json"].version}
+    assert carried.bodies["metadata/timestamp.json"] == (repo.metadata_dir / "timestamp.json").read_bytes()
+    for role, version in carried.roles.items():
+        name = f"{version}.{role}.json"
+        assert carried.bodies[f"metadata/{name}"] == (repo.metadata_dir / name).read_bytes()
+    # A timestamp it cannot read leaves the batch's own files named.
+    (repo.metadata_dir / "timestamp.json").write_bytes(b"{}")
+    assert publisher.carried(seen, None).roles == seen.roles
 
 
 def test_a_body_asked_for_after_its_ttl_is_fetched_again() -> None:

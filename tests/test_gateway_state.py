@@ -22,9 +22,12 @@ from pathlib import Path
 import pytest
 
 from proxy.gateway.files import FileSource
-from proxy.gateway.ledger import Pin
+from proxy.gateway.ledger import Ledger, Pin
 from proxy.gateway.metrics import GatewayMetrics
+from proxy.gateway.publisher import Publisher
+from proxy.protocol import index
 from proxy.protocol.model import digest
+from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download
@@ -265,6 +268,36 @@ def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: 
     log.close()
     assert path.read_bytes() == data and os.stat(path).st_ino in synced
     assert not [p for p in path.parent.iterdir() if p != path]  # no temp file left
+
+
+def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A miss appends its page's pins without an fsync of their own (on the loop, one per page); the signing batch
+    that publishes the page flushes the ledger with its files, before its commit point."""
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    ledger = Ledger(tmp_path / "ledger")
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    ledger_file = lambda: os.stat(ledger.path).st_ino  # noqa: E731 - read when called: the file is made below
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(
+        "ledger fsync" if os.fstat(fd).st_ino == ledger_file() else "fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b))[1])
+    ledger.append([{"kind": "pin", "project": "p", "filename": "p-1.0-py3-none-any.whl", "hashes": {"sha256": "a" * 64},
+                    "size": 1, "core_metadata": None, "index": "https://index.example/simple/", "url": None}],
+                  durable=False)
+    assert "ledger fsync" not in events
+    publisher = Publisher(repo, window=0.01, flush_also=(ledger.path,))
+
+    async def publish() -> None:
+        publisher.start()
+        try:
+            await publisher.publish({"p": index.ProjectPage(name="p", files=())})
+        finally:
+            await publisher.stop()
+    asyncio.run(publish())
+    assert events.index("ledger fsync") < events.index("replace timestamp.json")
+    pin = ledger.pins.get(("p", "p-1.0-py3-none-any.whl"))
+    assert pin is not None and pin.hashes == {"sha256": "a" * 64}
 
 
 # -- item 4: a restore from an older backup under running edges ------------------------------

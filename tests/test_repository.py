@@ -167,6 +167,7 @@ def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and
     (Repository._take); another process's publish in between, or a commit that failed half-way, must not
     leave a page out or put an edit in that no file holds."""
     from proxy.repository import signer
+    from proxy.util.atomic import Batch
 
     gateway = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
     other = Repository.open(tmp_path / "g")  # another process signing the same tree
@@ -191,17 +192,17 @@ def test_a_signer_reusing_its_parsed_metadata_loses_no_other_writers_publish_and
     assert not [n for n in parsed if n.endswith((".snapshot.json", ".bins.json")) or ".bin-" in n], parsed
     other.publish_pages({c: page(c)})  # re-signs the bin, the snapshot and the timestamp
     gateway.publish_pages({d: page(d)})  # must start from the other's bin, not its own last one
-    real_write = signer.atomic_write
+    real_commit = Batch.commit
 
-    def full_disk(path: Path, data: bytes, *args: object, **kwargs: object) -> None:
+    def full_disk(batch: Batch, path: Path, data: bytes, *args: object, **kwargs: object) -> None:
         if path.name == "timestamp.json":
             raise OSError(28, "No space left on device")
-        real_write(path, data, *args, **kwargs)  # type: ignore[arg-type]
+        real_commit(batch, path, data, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(signer, "atomic_write", full_disk)
+    monkeypatch.setattr(Batch, "commit", full_disk)
     with pytest.raises(OSError):
         gateway.publish_pages({e: page(e)})  # edits the bin and the snapshot in memory, commits nothing
-    monkeypatch.setattr(signer, "atomic_write", real_write)
+    monkeypatch.setattr(Batch, "commit", real_commit)
     gateway.publish_pages({f: page(f)})
     signed = {path for path in all_targets(gateway) if path.startswith("simple/")}
     assert signed == {gateway.profile.page_target(p, f2) for p in (a, b, c, d, f, g)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tuf.api.metadata import Metadata
 
 from proxy.protocol.errors import MetadataPending
 from proxy.trust import BadSignature
@@ -158,3 +159,38 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
     assert (await client.get_target(fresh)).path == fresh
     with pytest.raises(UnknownTarget):
         await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
+
+
+async def test_a_cycles_roles_are_fsynced_together_before_its_state_is_served_and_before_a_refusal(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each role is renamed into place as it verifies (spec 5.4.5, 5.5.7) and the cycle's writes are fsynced in one
+    flush: before the new state answers lookups, and before a refusal of a later role is raised (the timestamp
+    that verified keeps guarding against rollback after a restart)."""
+    from proxy.util.atomic import Batch
+
+    client = env.client()
+    await client.refresh(force=True)
+    flushed: list[tuple[list[str], int | None]] = []
+    real = Batch.flush
+
+    def flush(batch: Batch) -> None:
+        if any(p.parent == env.dir for p in batch.paths):  # the client's, not the repository's signing
+            flushed.append((sorted(p.name for p in batch.paths), client.timestamp_version))
+        real(batch)
+
+    monkeypatch.setattr(Batch, "flush", flush)
+    before = client.timestamp_version
+    env.publish(tmp_path)
+    await client.refresh_until(env.version("timestamp"), timeout=10)
+    assert flushed == [(["snapshot.json", "timestamp.json"], before)]  # one flush, the old state still served
+    assert client.timestamp_version == env.version("timestamp") != before
+
+    flushed.clear()
+    env.publish(tmp_path, "another")
+    snapshot = env.version("snapshot")
+    env.up.replace(rf"/metadata/{snapshot}\.snapshot\.json",
+                   tampered(env.meta(f"{snapshot}.snapshot.json"), lambda s: s.update(expires="2099-01-01T00:00:00Z")))
+    with pytest.raises(BadSignature):
+        await client.refresh_until(env.version("timestamp"), timeout=10)
+    assert flushed == [(["timestamp.json"], client.timestamp_version)]
+    assert Metadata.from_bytes((env.dir / "timestamp.json").read_bytes()).signed.version == env.version("timestamp")

@@ -172,10 +172,13 @@ class GatewayApp:
             # replica serves: not a follower's, which serves the group's bucket (one that signed alone, its
             # leader away, has versions of its own the group may sign differently).
             if request.query.get("given") == "1" and self._following() is None:
-                bodies = await asyncio.to_thread(self.gateway.publisher.bodies, foresight,
-                                                 _version_asked(request, "root"))
+                carried = await asyncio.to_thread(self.gateway.publisher.carried, foresight,
+                                                  _version_asked(request, "root"))
+                if carried.version is not None:  # the timestamp carried, and what it names
+                    said["timestamp_version"] = max(carried.version, published.timestamp_version)
+                    said["expect"] = {"roles": carried.roles, "targets": foresight.targets}
                 said["given"] = {name: None if body is None else base64.b64encode(body).decode()
-                                 for name, body in bodies.items()}
+                                 for name, body in carried.bodies.items()}
         return web.json_response(said)
 
     async def _why(self, request: web.Request) -> web.Response:

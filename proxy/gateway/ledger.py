@@ -1,7 +1,8 @@
 """The gateway's memory: an append-only ledger of what it pinned and revoked, indexed on disk.
 
 ``DIR/gateway/ledger.jsonl`` holds one JSON object per line, appended
-(``O_APPEND``, fsynced) and never rewritten:
+(``O_APPEND``, fsynced: a page's pins with the signing batch that publishes
+it, before its commit point) and never rewritten:
 
 * ``{"kind": "project", "project", "index"}``: the index a project was first
   published from; later refreshes ask that index only.
@@ -365,8 +366,10 @@ class Ledger:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(self, records: list[dict[str, Any]]) -> None:
-        """Append records durably, then take them in."""
+    def append(self, records: list[dict[str, Any]], durable: bool = True) -> None:
+        """Append records, then take them in; durably, unless a commit point that flushes this file
+        (:attr:`path`) comes before anything relies on them: the pins of a page, flushed with the batch that signs
+        it (:class:`~proxy.gateway.publisher.Publisher`'s ``flush_also``)."""
         if not records:
             return
         now = datetime.now(UTC).isoformat(timespec="seconds")
@@ -377,7 +380,8 @@ class Ledger:
             if os.fstat(fd).st_size and _last_byte(self.path) != b"\n":
                 lines = b"\n" + lines
             os.write(fd, lines)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         self.reload()

@@ -101,6 +101,38 @@ class Foresight:
 
 
 @dataclass(frozen=True)
+class Carried:
+    """What a publish answer carries (:meth:`Publisher.carried`): the timestamp version it names (None: the
+    one the publish reported), the roles the edge's next cycle and lookup read (role -> version), and the bodies
+    of those files and of the timestamp, by their path in the tree (None: the tree has no such file)."""
+
+    version: int | None
+    roles: dict[str, int]
+    bodies: dict[str, bytes | None]
+
+
+def _named_by(stamp: bytes, roles: dict[str, int], read: Callable[[str], bytes | None]) -> tuple[int | None, dict[str, int]]:
+    """The timestamp ``stamp``'s version, and ``roles`` (the snapshot and delegated roles a batch signed) at the
+    versions it names: its snapshot, and in that snapshot each delegated role (``read``: a file of the metadata
+    directory).  Read with plain JSON, unverified: the edge verifies what it is handed.  Anything unexpected
+    (a role no longer listed, a file gone or too large) leaves ``roles`` as they were, and the edge fetches what
+    it then lacks."""
+    try:
+        signed = json.loads(stamp)["signed"]
+        version, snapshot = int(signed["version"]), int(signed["meta"]["snapshot.json"]["version"])
+        if snapshot == roles.get("snapshot"):
+            return version, roles
+        body = read(metadata_filename("snapshot", snapshot))
+        if body is None:
+            return version, roles
+        listed = json.loads(body)["signed"]["meta"]
+        return version, {role: snapshot if role == "snapshot" else int(listed[f"{role}.json"]["version"])
+                         for role in roles}
+    except (ValueError, KeyError, TypeError):
+        return None, roles
+
+
+@dataclass(frozen=True)
 class Signed:
     """A batch's answer to each publish in it: the timestamp version that carries it, and where the time went
     (seconds): waiting for the batch to start, signing (pages rendered and roles signed, the repository's lock
@@ -120,8 +152,9 @@ class Publisher:
                  after: Callable[[], Awaitable[object]] | None = None,
                  key_failed: Callable[[KeyUnavailable], None] | None = None,
                  private: Callable[[str], bool] | None = None, high_water: Path | None = None,
-                 catalog: Path | None = None) -> None:
+                 catalog: Path | None = None, flush_also: tuple[Path, ...] = ()) -> None:
         self.repo = repo
+        self.flush_also = flush_also  # files made durable with each batch, before its commit point (the ledger)
         self.private = private  # which projects to mark private in the signed metadata
         self.high_water = high_water  # where the highest timestamp version published is kept
         self._resign_all = False  # the next re-sign covers every online role (after a restore)
@@ -324,28 +357,37 @@ class Publisher:
         with self._view:
             return self._foresights.get(project)
 
-    def bodies(self, foresight: Foresight, root_version: int | None) -> dict[str, bytes | None]:
-        """The bytes of what ``foresight`` names, and of the timestamp, by their path in the tree, for a publish
-        answer to carry: the edge's next cycle and lookup then read them without a round trip.  With the root
+    def carried(self, foresight: Foresight, root_version: int | None) -> Carried:
+        """What a publish answer carries for ``foresight``'s page: the bytes of the files the edge's next cycle and
+        lookup read, by their path in the tree, so that it reads them without a round trip.  With the root
         version the edge trusts, the next root too, or None where the tree has none (the probe every cycle
         makes first).  A file gone since (collected) or larger than :data:`MAX_BODY` is left out: the edge
-        fetches it."""
+        fetches it.
+
+        The timestamp only where edges read this directory: one pushed to a bucket (a replica group) is
+        served there once pushed, and one a follower signed alone never is; an edge that trusted it first
+        would take the group's older one for a rollback.  That timestamp is the tree's current one, and the
+        snapshot and bin-n carried are the ones it names (:func:`_named_by`), not the batch's that signed the
+        page: a batch signed since moved both, and an edge handed the older ones fetched the current ones
+        before it could answer.  Without a timestamp, the batch's own files (immutable) are carried."""
         repo = self.repo
         meta = repo.profile.metadata_path
-        # The timestamp only where edges read this directory: one pushed to a bucket (a replica group) is
-        # served there once pushed, and one a follower signed alone never is; an edge that trusted it first
-        # would take the group's older one for a rollback.
-        names = [f"{meta}{metadata_filename('timestamp', None)}"] if self._after is None else []
-        names += [*(f"{meta}{metadata_filename(role, version)}" for role, version in foresight.roles.items()),
-                  *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
+        roles, version = foresight.roles, None
         found: dict[str, bytes | None] = {}
+        if self._after is None:
+            stamp = _small(repo.public_dir / f"{meta}{metadata_filename('timestamp', None)}")
+            if stamp is not None:
+                found[f"{meta}{metadata_filename('timestamp', None)}"] = stamp
+                version, roles = _named_by(stamp, foresight.roles, lambda name: _small(repo.metadata_dir / name))
+        names = [*(f"{meta}{metadata_filename(role, role_version)}" for role, role_version in roles.items()),
+                 *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
         for name in names:
             if (body := _small(repo.public_dir / name)) is not None:
                 found[name] = body
         if root_version is not None:
             probe = f"{meta}{metadata_filename('root', root_version + 1)}"
             found[probe] = _small(repo.public_dir / probe)
-        return found
+        return Carried(version, roles, found)
 
     def _foresee(self, pages: Pages, report: ChangeReport) -> None:
         """Remember, for each page this batch signed anew, its snapshot, its bin-n and its page target.
@@ -373,7 +415,7 @@ class Publisher:
         pages' files and metadata took to write."""
         changed, resigned, writing = 0, [], 0.0
         if pages or targets:
-            report = self.repo.publish_pages(pages, private=self.private, targets=targets)
+            report = self.repo.publish_pages(pages, private=self.private, targets=targets, flush_also=self.flush_also)
             resigned = [*report.added, *report.removed]
             changed, writing = len(resigned), report.writing
             with self._view:

@@ -320,7 +320,9 @@ class Gateway:
         records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
         if self.ledger.index_of(listing.project) is None:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
-        self.ledger.append(records)
+        # Made durable by the signing batch that publishes the page, before its commit point: a page never names
+        # a pin a power loss could take back, and a miss does not wait for an fsync of its own on the loop.
+        self.ledger.append(records, durable=False)
         for changed in rendered.changed:
             self.metrics.pins_refused.inc()
             fault = self.metrics.refused("upstream-changed-file")

@@ -226,9 +226,8 @@ class MirrorTree:
             if Metadata.from_bytes(data).signed.version == meta.version:
                 self._put(batch, f"{meta.version}.{quote(role, safe='')}.json", data)
         self._put(batch, f"{snap.version}.snapshot.json", snapshot)
-        batch.flush()  # what the new timestamp reaches, on disk before it is
-        # The commit point: from here on the tree serves the new snapshot.
-        atomic_write(self.metadata_dir / "timestamp.json", timestamp)
+        # The commit point: from here on the tree serves the new snapshot; what it reaches is on disk before it is.
+        batch.commit(self.metadata_dir / "timestamp.json", timestamp)
         atomic_write(self.metadata_dir / "root.json", chain[-1])
         return Metadata[Timestamp].from_bytes(timestamp).signed.snapshot_meta.version
 

@@ -255,8 +255,8 @@ class _Change:
             self._keys[name] = self.repo.keys.load(name)
         return self._keys[name]
 
-    def commit(self) -> ChangeReport:
-        """Sign everything that changed and publish it, timestamp last."""
+    def commit(self, flush_also: Iterable[Path] = ()) -> ChangeReport:
+        """Sign everything that changed and publish it, timestamp last (``flush_also``: see publish_pages)."""
         repo = self.repo
         staged: list[tuple[Path, bytes]] = []
         if self.root_dirty:
@@ -308,12 +308,13 @@ class _Change:
             for _, plain_name in plain_links:
                 batch.add(plain_name)
             written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
-            # Everything the new timestamp reaches must be on disk before it is: these files, not the machine's.
-            batch.flush()
-            # Told before the commit point: a copier that reads the timestamp and then the journal has its files.
-            repo.wrote(written)
-            # The commit point: from here on clients see the new state.
-            atomic_write(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER))
+            for path in flush_also:  # durable with the tree's files; not the tree's, so not in the journal
+                batch.add(path)
+            # The commit point: from here on clients see the new state.  Everything the new timestamp reaches is
+            # on disk before it is (these files, not the machine's), and the journal is told before it is: a
+            # copier that reads the timestamp and then the journal has its files.
+            batch.commit(repo.metadata_dir / metadata_filename("timestamp", None), self.timestamp.to_bytes(_SERIALIZER),
+                         before=lambda: repo.wrote(written))
         except BaseException:
             _unlink_plain(before, restore=True)
             raise
@@ -818,14 +819,17 @@ class Repository:
 
     def publish_pages(self, pages: Mapping[str, index.ProjectPage | None], now: datetime | None = None,
                       private: Callable[[str], bool] | None = None,
-                      targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None) -> ChangeReport:
+                      targets: Mapping[str, tuple[bytes, dict[str, Any]]] | None = None,
+                      flush_also: Iterable[Path] = ()) -> ChangeReport:
         """Set (a page) or remove (None) whole project pages in one transaction: one snapshot, one timestamp.
 
         For a layout whose files are not targets (the gateway's): the page's
         hashes are what vouch for its files, and the caller stores the files.
         Keys are normalised project names; the root list follows.  ``targets``
         are other targets signed in the same transaction, each with its
-        ``custom`` field (a file's PEP 740 provenance object).
+        ``custom`` field (a file's PEP 740 provenance object).  ``flush_also``:
+        files outside the tree made durable with the transaction's, before its
+        commit point (the gateway's ledger, whose pins the pages rely on).
         """
         if self.profile.files_are_targets:
             raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
@@ -869,7 +873,7 @@ class Repository:
                 change.keep()  # nothing edited
                 self._root_list_dropped |= drop
                 return change.report
-            report = change.commit()
+            report = change.commit(flush_also)
             # Plain names follow the signed state (pip straight at the tree); a dropped root list's go too.
             gone = [self.public_dir / self.plain_name(self.profile.page_target(project, fmt))
                     for project in report.removed for fmt in self.profile.signed_formats]
