@@ -90,3 +90,70 @@ def test_a_commit_whose_batch_does_not_flush_leaves_the_old_file(tmp_path: Path)
         batch.commit(commit, b"new", before=lambda: pytest.fail("told before the files were durable"))
     assert commit.read_bytes() == b"old" and not list(commit.parent.glob(".*.tmp"))
     assert batch.paths == paths  # the files stay to flush; the commit's own is gone
+
+
+def test_in_order_renames_each_file_once_on_disk_and_after_the_one_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first file's fsync held until the second's is done: the second still waits to be renamed after it."""
+    import asyncio
+    import threading
+
+    from proxy.util.atomic import InOrder
+
+    events: list[str] = []
+    second_synced = threading.Event()
+    real_fsync, real_replace = atomic._fsync, atomic.os.replace
+
+    def fsync(path: Path, *args: int) -> None:
+        name = Path(path).name
+        if name.startswith(".a."):
+            assert second_synced.wait(10)
+        real_fsync(path, *args)
+        events.append("dir" if Path(path).is_dir() else f"fsync {name.split('.')[1]}")
+        if name.startswith(".b."):
+            second_synced.set()
+
+    monkeypatch.setattr(atomic, "_fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", lambda a, b: (events.append(f"rename {Path(b).name}"),
+                                                            real_replace(a, b))[1])
+    (tmp_path / "a").write_bytes(b"old a")
+
+    async def run() -> None:
+        order = InOrder()
+        await order.replace(tmp_path / "a", b"new a")
+        await order.replace(tmp_path / "b", b"new b")
+        assert (tmp_path / "a").read_bytes() == b"old a"  # written beside it, not renamed yet
+        await order.settle()
+
+    asyncio.run(run())
+    assert events == ["fsync b", "fsync a", "rename a", "rename b", "dir"]
+    assert (tmp_path / "a").read_bytes() == b"new a" and (tmp_path / "b").read_bytes() == b"new b"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_in_order_renames_nothing_after_a_file_that_did_not_reach_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from proxy.util.atomic import InOrder
+
+    real_fsync = atomic._fsync
+
+    def fsync(path: Path, *args: int) -> None:
+        if Path(path).name.startswith(".a."):
+            raise OSError(5, "Input/output error")
+        real_fsync(path, *args)
+
+    monkeypatch.setattr(atomic, "_fsync", fsync)
+    (tmp_path / "a").write_bytes(b"old a")
+
+    async def run() -> None:
+        order = InOrder()
+        await order.replace(tmp_path / "a", b"new a")
+        await order.replace(tmp_path / "b", b"new b")
+        with pytest.raises(OSError, match="Input/output"):
+            await order.settle()
+
+    asyncio.run(run())
+    assert (tmp_path / "a").read_bytes() == b"old a" and not (tmp_path / "b").exists()
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -440,6 +440,16 @@ def test_an_edge_takes_the_answers_bodies_without_a_round_trip_and_refuses_any_t
                 with urllib.request.urlopen(ask, timeout=30) as r:
                     said = json.loads(r.read())
                 assert ("expect" in said, "given" in said) == (names, names), (have, said)
+            # lib was signed several batches ago: the answer names the timestamp the gateway serves now, and the
+            # snapshot that one names, and carries both (not the older ones of the batch that signed lib).
+            now = Metadata.from_bytes((tmp_path / "gw" / "public" / "metadata" / "timestamp.json").read_bytes()).signed
+            ask = urllib.request.Request(f"{gw.base}_tufproxy/publish/lib?given=1&have=0", method="POST")
+            with urllib.request.urlopen(ask, timeout=30) as r:
+                said = json.loads(r.read())
+            snapshot = now.snapshot_meta.version
+            assert (said["timestamp_version"], said["expect"]["roles"]["snapshot"]) == (now.version, snapshot)
+            assert f"metadata/{snapshot}.snapshot.json" in said["given"]
+            assert Metadata.from_bytes(base64.b64decode(said["given"]["metadata/timestamp.json"])).signed == now
 
             # A root version that is not a plain number is ignored, never an error.
             odd = urllib.request.Request(f"{gw.base}_tufproxy/publish/lib?root=%C2%B2", method="POST")

@@ -278,7 +278,7 @@ def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(
     ledger = Ledger(tmp_path / "ledger")
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
-    ledger_file = lambda: os.stat(ledger.path).st_ino  # noqa: E731 - read when called: the file is made below
+    ledger_file = lambda: ledger.path.exists() and os.stat(ledger.path).st_ino  # noqa: E731 - made below
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append(
         "ledger fsync" if os.fstat(fd).st_ino == ledger_file() else "fsync"), real_fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b))[1])
@@ -288,16 +288,26 @@ def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(
     assert "ledger fsync" not in events
     publisher = Publisher(repo, window=0.01, flush_also=(ledger.path,))
 
-    async def publish() -> None:
+    async def publish(project: str = "p") -> None:
         publisher.start()
         try:
-            await publisher.publish({"p": index.ProjectPage(name="p", files=())})
+            await publisher.publish({project: index.ProjectPage(name=project, files=())})
         finally:
             await publisher.stop()
     asyncio.run(publish())
     assert events.index("ledger fsync") < events.index("replace timestamp.json")
     pin = ledger.pins.get(("p", "p-1.0-py3-none-any.whl"))
     assert pin is not None and pin.hashes == {"sha256": "a" * 64}
+    # A batch that signs nothing (the page unchanged) still makes what was appended for it durable.
+    events.clear()
+    asyncio.run(publish())
+    assert "ledger fsync" in events and "replace timestamp.json" not in events
+    # A ledger that is not there (nothing appended yet, or removed) fails no batch.
+    ledger.path.unlink()
+    publisher = Publisher(repo, window=0.01, flush_also=(ledger.path,))
+    events.clear()
+    asyncio.run(publish("q"))
+    assert "replace timestamp.json" in events
 
 
 # -- item 4: a restore from an older backup under running edges ------------------------------

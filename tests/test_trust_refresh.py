@@ -161,36 +161,84 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
         await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
 
 
-async def test_a_cycles_roles_are_fsynced_together_before_its_state_is_served_and_before_a_refusal(
+async def test_a_cycle_renames_each_role_once_on_disk_in_order_and_before_its_state_is_served_or_a_refusal(
         env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each role is renamed into place as it verifies (spec 5.4.5, 5.5.7) and the cycle's writes are fsynced in one
-    flush: before the new state answers lookups, and before a refusal of a later role is raised (the timestamp
-    that verified keeps guarding against rollback after a restart)."""
-    from proxy.util.atomic import Batch
+    """Each role is persisted as it verifies (spec 5.4.5, 5.5.7): written beside its name, fsynced while the cycle
+    goes on, renamed only once on disk and after the role before it; the directory is fsynced once, before the new
+    state answers lookups, and before a refusal of a later role is raised (the timestamp that verified keeps
+    guarding against rollback after a restart)."""
+    from proxy.util import atomic
 
     client = env.client()
     await client.refresh(force=True)
-    flushed: list[tuple[list[str], int | None]] = []
-    real = Batch.flush
+    events: list[str] = []
+    real_fsync, real_dir, real_replace = atomic._fsync, atomic.fsync_dir, atomic.os.replace
 
-    def flush(batch: Batch) -> None:
-        if any(p.parent == env.dir for p in batch.paths):  # the client's, not the repository's signing
-            flushed.append((sorted(p.name for p in batch.paths), client.timestamp_version))
-        real(batch)
+    def ours(path: object) -> bool:
+        return Path(str(path)).parent == env.dir or Path(str(path)) == env.dir
 
-    monkeypatch.setattr(Batch, "flush", flush)
+    def fsync(path: Path, *args: int) -> None:
+        if ours(path):
+            events.append(f"fsync {Path(path).name.split('.')[1]}")
+        real_fsync(path, *args)
+
+    def fsync_dir(directory: Path) -> None:
+        if ours(directory):
+            events.append(f"fsync dir, serving {client.timestamp_version}")
+        real_dir(directory)
+
+    def replace(tmp: object, path: object) -> None:
+        if ours(path):
+            events.append(f"rename {Path(str(path)).name}")
+        real_replace(tmp, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomic, "_fsync", fsync)
+    monkeypatch.setattr(atomic, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(atomic.os, "replace", replace)
     before = client.timestamp_version
     env.publish(tmp_path)
     await client.refresh_until(env.version("timestamp"), timeout=10)
-    assert flushed == [(["snapshot.json", "timestamp.json"], before)]  # one flush, the old state still served
+    assert events.index("fsync timestamp") < events.index("rename timestamp.json")
+    assert events.index("fsync snapshot") < events.index("rename snapshot.json")
+    assert events.index("rename timestamp.json") < events.index("rename snapshot.json")
+    assert events[-1] == f"fsync dir, serving {before}"  # once, the old state still served
     assert client.timestamp_version == env.version("timestamp") != before
 
-    flushed.clear()
+    events.clear()
     env.publish(tmp_path, "another")
     snapshot = env.version("snapshot")
     env.up.replace(rf"/metadata/{snapshot}\.snapshot\.json",
                    tampered(env.meta(f"{snapshot}.snapshot.json"), lambda s: s.update(expires="2099-01-01T00:00:00Z")))
     with pytest.raises(BadSignature):
         await client.refresh_until(env.version("timestamp"), timeout=10)
-    assert flushed == [(["timestamp.json"], client.timestamp_version)]
+    assert events == ["fsync timestamp", "rename timestamp.json", f"fsync dir, serving {client.timestamp_version}"]
     assert Metadata.from_bytes((env.dir / "timestamp.json").read_bytes()).signed.version == env.version("timestamp")
+
+
+async def test_a_role_whose_fsync_fails_is_not_renamed_and_the_cycle_fails(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that fails the timestamp's fsync: no torn or unsynced file takes the trusted name, no state is served
+    from it, and the next cycle (the disk well again) persists it."""
+    from proxy.protocol.errors import RefreshFailed
+    from proxy.util import atomic
+
+    client = env.client()
+    await client.refresh(force=True)
+    before, kept = client.timestamp_version, (env.dir / "timestamp.json").read_bytes()
+    real = atomic._fsync
+
+    def failing(path: Path, *args: int) -> None:
+        if Path(path).parent == env.dir:
+            raise OSError(5, "Input/output error")
+        real(path, *args)
+
+    monkeypatch.setattr(atomic, "_fsync", failing)
+    env.publish(tmp_path)
+    with pytest.raises(RefreshFailed):
+        await client.refresh(force=True)
+    assert client.timestamp_version == before and (env.dir / "timestamp.json").read_bytes() == kept
+    assert not list(env.dir.glob(".*.tmp"))
+    monkeypatch.setattr(atomic, "_fsync", real)
+    await client.refresh(force=True)
+    assert client.timestamp_version == env.version("timestamp")
+    assert (env.dir / "timestamp.json").read_bytes() == env.meta("timestamp.json")

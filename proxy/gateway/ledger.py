@@ -186,7 +186,9 @@ class Ledger:
             db = sqlite3.connect(self.index_path, isolation_level=None, check_same_thread=False, timeout=60)
             try:
                 db.execute("PRAGMA journal_mode=WAL")
-                # The file is the durable record (fsynced); the index can lose its last transactions and catch up.
+                # The file is the durable record (fsynced before anything relies on its lines); the index can lose
+                # its last transactions and catch up, or outlive lines a power loss took from the file, which the
+                # next start finds (the file is not the one it read) and indexes again from the first line.
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(_SCHEMA)
                 return db

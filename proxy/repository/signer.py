@@ -309,7 +309,8 @@ class _Change:
                 batch.add(plain_name)
             written = [*batch.paths, repo.metadata_dir / metadata_filename("timestamp", None)]
             for path in flush_also:  # durable with the tree's files; not the tree's, so not in the journal
-                batch.add(path)
+                if path.exists():
+                    batch.add(path)
             # The commit point: from here on clients see the new state.  Everything the new timestamp reaches is
             # on disk before it is (these files, not the machine's), and the journal is told before it is: a
             # copier that reads the timestamp and then the journal has its files.
@@ -382,6 +383,14 @@ def _unlink_plain(kept: list[tuple[Path, Path | None]], restore: bool) -> None:
                     os.unlink(before)
             elif restore:
                 os.unlink(plain)
+
+
+def _flush_existing(paths: Iterable[Path]) -> None:
+    batch = Batch()
+    for path in paths:
+        if path.exists():
+            batch.add(path)
+    batch.flush()
 
 
 def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:
@@ -829,7 +838,8 @@ class Repository:
         are other targets signed in the same transaction, each with its
         ``custom`` field (a file's PEP 740 provenance object).  ``flush_also``:
         files outside the tree made durable with the transaction's, before its
-        commit point (the gateway's ledger, whose pins the pages rely on).
+        commit point (the gateway's ledger, whose pins the pages rely on), and
+        fsynced before it returns when it signs nothing.
         """
         if self.profile.files_are_targets:
             raise RepositoryError(f"the {self.profile.name} layout signs files as targets: publish them with add()")
@@ -872,6 +882,7 @@ class Repository:
             if not change.dirty:
                 change.keep()  # nothing edited
                 self._root_list_dropped |= drop
+                _flush_existing(flush_also)  # durable when this returns, whether it signed or not
                 return change.report
             report = change.commit(flush_also)
             # Plain names follow the signed state (pip straight at the tree); a dropped root list's go too.

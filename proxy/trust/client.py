@@ -75,7 +75,7 @@ from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
 from proxy.transport.foreseen import Foreseen
 from proxy.transport.upstream import DownloadLengthError, Fetcher
 from proxy.trust.metadir import MetadataStore
-from proxy.util.atomic import Batch
+from proxy.util.atomic import InOrder
 
 logger = logging.getLogger(__name__)
 
@@ -338,19 +338,25 @@ class TrustedClient:
         self._last_success = time.time()
         self._last_error = None
 
-    async def _trust(self, role: str, data: bytes, top: TopLevelSet, batch: Batch | None = None) -> None:
+    async def _trust(self, role: str, data: bytes, top: TopLevelSet, order: InOrder | None = None) -> None:
         """Persist a role the moment it verified (spec 5.3.8, 5.4.5, 5.5.7, 5.6.6).
 
         A later step of the same cycle failing does not undo it: a new root or
         timestamp keeps protecting against rollback after a restart.  The live
         state is still swapped only when the whole cycle verified.  The write
         runs off the loop: a large snapshot's fsync on a busy disk stalled
-        every request for over 100 ms.  With ``batch`` (the cycle's timestamp,
-        snapshot and targets), the file is renamed into place now and fsynced
-        with the others when the cycle ends (:meth:`_cycle`): one wait for the
-        disk a cycle, where one a role cost a cold miss's refresh 2-30 ms each.
+        every request for over 100 ms.  With ``order`` (the cycle's timestamp,
+        snapshot and targets), its fsync runs while the cycle goes on, and the
+        rename follows it and the role persisted before (:class:`InOrder`); the
+        cycle waits for them all before it ends (:meth:`_cycle`).  A role is
+        taken for the next cycle's local copy only once renamed.
         """
-        await asyncio.to_thread(self._store.write, role, data, batch)
+        if order is None:
+            await asyncio.to_thread(self._store.write, role, data)
+        else:
+            renamed = await self._store.replace(role, data, order)
+            renamed.add_done_callback(lambda t: t.cancelled() or t.exception() or self._local.update({role: data}))
+            return
         if role == "root":
             await asyncio.to_thread(self._store.keep_root, top.root.version, data)
             self._root_bytes = data
@@ -358,22 +364,20 @@ class TrustedClient:
             self._local[role] = data
 
     async def _cycle(self, recheck_root: bool = True) -> _State:
-        """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies.  The roles persisted are fsynced
-        together before it returns (a state is served only once what it rests on is durable), and before a
-        refusal is raised (a write that fails then is left for the next cycle to report: the refusal is the news)."""
-        batch = Batch()
+        """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies.  Every role persisted is renamed into
+        place, and the renames made durable, before it returns (a state is served only once what it rests on is
+        on disk) or raises (a refusal of a later role leaves the earlier ones persisted)."""
+        order = InOrder()
         try:
-            state = await self._cycle_in(batch, recheck_root)
+            state = await self._cycle_in(order, recheck_root)
         except BaseException:
-            if batch.paths:
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(batch.flush)
+            with contextlib.suppress(OSError):  # the refusal is the news; a disk failing fails the next cycle too
+                await order.settle()
             raise
-        if batch.paths:
-            await asyncio.to_thread(batch.flush)
+        await order.settle()
         return state
 
-    async def _cycle_in(self, batch: Batch, recheck_root: bool) -> _State:
+    async def _cycle_in(self, order: InOrder, recheck_root: bool) -> _State:
         top = TopLevelSet(self._root_bytes, self._expiry_clock(), self._verified)
         rotated = await self._update_root(top)
         if rotated and self._state is not None and _keys_rotated(self._state.root, top.root):
@@ -399,7 +403,7 @@ class TrustedClient:
                 return await self._cycle(recheck_root=False)
             raise
         if new_ts is not None:
-            await self._trust("timestamp", data, top, batch)
+            await self._trust("timestamp", data, top, order)
         elif not rotated and self._state is not None and self._state.timestamp.version == top.timestamp.version:
             # Nothing changed upstream: the live snapshot stays, if still valid.
             self._state.check_expiry(self._expiry_clock())
@@ -414,7 +418,7 @@ class TrustedClient:
                 meta.length or self.config.snapshot_max_length,
                 top.update_snapshot,
             )
-            await self._trust("snapshot", data, top, batch)
+            await self._trust("snapshot", data, top, order)
 
         targets_bytes = self._local.get("targets")
         if targets_bytes is None or not await asyncio.to_thread(top.load_local_targets, targets_bytes):
@@ -425,7 +429,7 @@ class TrustedClient:
                 meta.length or self.config.targets_max_length,
                 top.update_targets,
             )
-            await self._trust("targets", targets_bytes, top, batch)
+            await self._trust("targets", targets_bytes, top, order)
         return _state_of(top, targets_bytes)
 
     def _given_timestamp_verified(self, top: TopLevelSet) -> tuple[bytes, Timestamp | None] | None:

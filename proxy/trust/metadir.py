@@ -4,9 +4,8 @@ Files are named ``ROLE.json`` (role names URL-quoted, so a delegated role
 can never name a path outside the directory).  Writes go through
 :func:`proxy.util.atomic.atomic_write` (temp file, fsync, rename), so a crash
 leaves either the old or the new trusted bytes, never a mix; a refresh
-cycle's writes go into one :class:`~proxy.util.atomic.Batch`, each renamed
-into place at its step and all fsynced together before the cycle's state
-is served.  An exclusive
+cycle's go through one :class:`~proxy.util.atomic.InOrder`, each renamed
+once its bytes are on disk, in order, while the cycle goes on.  An exclusive
 ``flock`` on ``.lock``, held for the store's lifetime, keeps two processes
 from ever writing the same directory.
 
@@ -18,13 +17,14 @@ nothing in this directory.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 from pathlib import Path
 from urllib.parse import quote
 
 from proxy.protocol.errors import Fault, TrustError
-from proxy.util.atomic import Batch, atomic_write
+from proxy.util.atomic import InOrder, atomic_write
 
 
 class MetadataDirLocked(TrustError):
@@ -74,13 +74,14 @@ class MetadataStore:
         except FileNotFoundError:
             return None
 
-    def write(self, role: str, data: bytes, batch: Batch | None = None) -> None:
-        """Replace ``role``'s bytes; with ``batch``, durable once the batch is flushed."""
+    def write(self, role: str, data: bytes) -> None:
         self.lock()
-        if batch is None:
-            atomic_write(self.path(role), data)
-        else:
-            batch.write(self.path(role), data)
+        atomic_write(self.path(role), data)
+
+    async def replace(self, role: str, data: bytes, order: InOrder) -> asyncio.Task[None]:
+        """Replace ``role``'s bytes in ``order`` (see :class:`~proxy.util.atomic.InOrder`): the task renaming them."""
+        self.lock()
+        return await order.replace(self.path(role), data)
 
     def keep_root(self, version: int, data: bytes) -> None:
         """Keep a trusted root under its version as well."""

@@ -11,6 +11,7 @@ high-water mark).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import tempfile
@@ -56,9 +57,8 @@ def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically (and durably, unless the caller
-    batches many files in a :class:`Batch` and flushes it once before its commit point)."""
+def _temp_beside(path: Path, data: bytes, mode: int, durable: bool) -> Path:
+    """A temp file in ``path``'s directory holding ``data`` (fsynced if ``durable``), to be renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -68,11 +68,27 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
             os.fchmod(f.fileno(), mode)
             if durable:
                 os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` over ``path``; ``tmp`` is gone either way."""
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (and durably, unless the caller
+    batches many files in a :class:`Batch` and flushes it once before its commit point)."""
+    _replace(_temp_beside(path, data, mode, durable), path)
     if durable:
         fsync_dir(path.parent)
 
@@ -141,23 +157,73 @@ class Batch:
         one after the other took three, each of which a busy disk (edges and
         a gateway writing wheels beside it) stretched to tens of
         milliseconds on a signer's every batch."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = _temp_beside(path, data, mode, durable=False)
+        self._paths.append(tmp)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), mode)
-            self._paths.append(Path(tmp))
             self.flush()
             before()
-            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(ValueError):
-                self._paths.remove(Path(tmp))
+                self._paths.remove(tmp)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        _replace(tmp, path)
         fsync_dir(path.parent)
+
+
+class InOrder:
+    """Files replaced atomically one after another, each renamed over its name only once its own bytes are on
+    disk, so that a crash leaves the old bytes or the new under each name, never a torn file, and the renames
+    happen in the order asked; a replace returns once its temp file is written, and its fsync runs beside
+    whatever the caller does next (the next file's fsync too).  :meth:`settle` waits for them all and makes the
+    renames durable with one fsync of each directory.
+
+    The edge's trust core persists a refresh cycle's timestamp, snapshot
+    and targets so, each the moment it verifies (TUF spec 5.4.5, 5.5.7,
+    5.6.6): the timestamp's fsync ran while the cycle verified the snapshot,
+    instead of before it, and a cycle waits for one directory fsync where it
+    waited for one a role."""
+
+    def __init__(self) -> None:
+        self._last: asyncio.Task[None] | None = None
+        self._replaces: list[asyncio.Task[None]] = []
+        self._dirs: dict[Path, None] = {}
+
+    async def replace(self, path: Path, data: bytes, mode: int = 0o644) -> asyncio.Task[None]:
+        """Write ``data`` beside ``path`` now; the task that renames it over ``path``, once it is on disk and the
+        replace asked before this one has renamed its own (a failed one fails every later one: none is renamed
+        out of order)."""
+        tmp = await asyncio.to_thread(_temp_beside, path, data, mode, False)
+        task = asyncio.ensure_future(self._rename_when_durable(tmp, path, self._last))
+        self._last = task
+        self._replaces.append(task)
+        self._dirs[path.parent] = None
+        return task
+
+    @staticmethod
+    async def _rename_when_durable(tmp: Path, path: Path, before: asyncio.Task[None] | None) -> None:
+        try:
+            await asyncio.to_thread(_fsync, tmp)
+            if before is not None:
+                await asyncio.shield(before)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        await asyncio.to_thread(_replace, tmp, path)
+
+    async def settle(self) -> None:
+        """Wait for every replace, then fsync each directory a rename went into; the first failure raises once
+        all are done."""
+        ended = await asyncio.gather(*self._replaces, return_exceptions=True)
+        failed = next((e for e in ended if isinstance(e, BaseException)), None)
+        if self._replaces:
+            for directory in self._dirs:
+                await asyncio.to_thread(fsync_dir, directory)
+        self._replaces.clear()
+        if failed is not None:
+            raise failed
 
 
 def _flush_pool() -> ThreadPoolExecutor:
