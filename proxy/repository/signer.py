@@ -77,7 +77,7 @@ from proxy.protocol.profiles import Profile, get_profile
 from proxy.repository.distributions import Distribution, NotADistribution, inspect_distribution
 from proxy.repository.keys import BINS, ONLINE, ROOT, TARGETS, KeyStore, KeyURIs, MissingKey
 from proxy.repository.keysource import KeyUnavailable
-from proxy.util.atomic import Batch, atomic_link, atomic_write, file_stamp
+from proxy.util.atomic import Batch, atomic_link, atomic_write, file_stamp, fsync_file
 from proxy.util.journal import Journal
 from proxy.util.progress import Meter
 
@@ -386,11 +386,9 @@ def _unlink_plain(kept: list[tuple[Path, Path | None]], restore: bool) -> None:
 
 
 def _flush_existing(paths: Iterable[Path]) -> None:
-    batch = Batch()
     for path in paths:
-        if path.exists():
-            batch.add(path)
-    batch.flush()
+        with contextlib.suppress(FileNotFoundError):
+            fsync_file(path)
 
 
 def _write(batch: Batch, dest: Path, data: bytes | Path) -> None:

@@ -44,6 +44,11 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
+def fsync_file(path: Path) -> None:
+    """Make ``path``'s bytes durable (its name is the directory's business: :func:`fsync_dir`)."""
+    _fsync(path)
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename in ``directory`` durable."""
     _fsync(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -216,12 +221,13 @@ class InOrder:
     async def settle(self) -> None:
         """Wait for every replace, then fsync each directory a rename went into; the first failure raises once
         all are done."""
-        ended = await asyncio.gather(*self._replaces, return_exceptions=True)
-        failed = next((e for e in ended if isinstance(e, BaseException)), None)
-        if self._replaces:
+        replaces, self._replaces = self._replaces, []
+        ended = await asyncio.gather(*replaces, return_exceptions=True)
+        # A replace cancelled (a shutdown) is no failure of the disk's: a refusal being raised stays the news.
+        failed = next((e for e in ended if isinstance(e, Exception)), None)
+        if replaces:
             for directory in self._dirs:
                 await asyncio.to_thread(fsync_dir, directory)
-        self._replaces.clear()
         if failed is not None:
             raise failed
 
