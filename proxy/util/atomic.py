@@ -4,9 +4,10 @@ Every write of trusted or signed state in tufproxy goes through here:
 write a temp file in the same directory, fsync it, ``os.replace`` it over
 the target, fsync the directory so the rename itself survives power loss.
 ``durable=False`` leaves out the fsyncs: for the files of a :class:`Batch`,
-flushed together before their commit point, and for the few records a
-crash may take back to an older copy (the gateway's catalog, its
-high-water mark).
+flushed together before their commit point (:meth:`Batch.commit`), and for
+the few records a crash may take back to an older copy (the gateway's
+catalog, its high-water mark).  :class:`InOrder` replaces files one after
+another, each renamed once its own fsync is done, while its caller goes on.
 """
 
 from __future__ import annotations
@@ -151,7 +152,6 @@ class Batch:
         for future in done:
             future.result()
         self._paths.clear()
-
 
     def commit(self, path: Path, data: bytes, before: Callable[[], object] = lambda: None, mode: int = 0o644) -> None:
         """The commit point: flush the batch, call ``before``, then replace ``path`` with ``data`` durably.
