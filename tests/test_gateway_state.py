@@ -23,8 +23,10 @@ import pytest
 
 from proxy.gateway.files import FileSource
 from proxy.gateway.ledger import Ledger, Pin
+from proxy.gateway.listing import IndexClient
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.publisher import Publisher
+from proxy.gateway.service import Gateway
 from proxy.protocol import index
 from proxy.protocol.model import digest
 from proxy.repository import Repository
@@ -308,6 +310,18 @@ def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(
     events.clear()
     asyncio.run(publish("q"))
     assert "replace timestamp.json" in events
+
+
+def test_a_gateway_has_its_publisher_flush_the_ledger_it_appends_pins_to_unsynced(tmp_path: Path) -> None:
+    """The wiring of the test above: whoever builds a Gateway, its publisher's batches flush its ledger."""
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    ledger = Ledger(tmp_path / "ledger")
+    publisher = Publisher(repo, window=0.01)
+    log = AuditLog(tmp_path / "audit.jsonl")
+    Gateway(IndexClient(None), ledger, publisher, log, GatewayMetrics())  # type: ignore[arg-type]
+    Gateway(IndexClient(None), ledger, publisher, log, GatewayMetrics())  # type: ignore[arg-type]
+    log.close()
+    assert publisher.flush_also == (ledger.path,)
 
 
 # -- item 4: a restore from an older backup under running edges ------------------------------

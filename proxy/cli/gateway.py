@@ -373,8 +373,7 @@ async def _start(directory: Path, values: dict, policy: Policy, sock: socket.soc
     publisher = Publisher(repo, window=values["batch_window"], observe=metrics.batch,
                           after=pusher.push if pusher is not None else None, key_failed=key_failed, private=private,
                           high_water=high_water_file(directory, values["cache_dir"]),
-                          catalog=state_dir(directory, values["cache_dir"]) / "run" / "catalog.json",
-                          flush_also=(ledger.path,))
+                          catalog=state_dir(directory, values["cache_dir"]) / "run" / "catalog.json")
     try:
         locks = FetchLocks(shared / "locks") if shared is not None else None
         files_dir = values["cache_dir"] or repo.public_dir

@@ -109,6 +109,9 @@ class Gateway:
         self.locks = locks
         self.ledger = ledger
         self.publisher = publisher
+        # accept() appends a page's pins unsynced: the batch that signs the page makes them durable first.
+        if ledger.path not in publisher.flush_also:
+            publisher.flush_also += (ledger.path,)
         self.audit = audit
         self.metrics = metrics
         self.policy = policy
@@ -320,8 +323,9 @@ class Gateway:
         records = self.ledger.seen_records(listing.project, rendered.new_seen) + self.ledger.pin_records(rendered.new_pins)
         if self.ledger.index_of(listing.project) is None:
             records.insert(0, {"kind": "project", "project": listing.project, "index": listing.index_url})
-        # Made durable by the signing batch that publishes the page, before its commit point: a page never names
-        # a pin a power loss could take back, and a miss does not wait for an fsync of its own on the loop.
+        # Made durable by the signing batch that publishes the page, before its commit point (the publisher's
+        # flush_also, set in __init__): a page never names a pin a power loss could take back, and a miss does not
+        # wait for an fsync of its own on the loop.
         self.ledger.append(records, durable=False)
         for changed in rendered.changed:
             self.metrics.pins_refused.inc()
