@@ -372,17 +372,24 @@ class Publisher:
         before it could answer.  Without a timestamp, the batch's own files (immutable) are carried."""
         repo = self.repo
         meta = repo.profile.metadata_path
+        read: dict[str, bytes | None] = {}
+
+        def small(name: str) -> bytes | None:  # a file of the tree, read once (the snapshot: by _named_by, then here)
+            if name not in read:
+                read[name] = _small(repo.public_dir / name)
+            return read[name]
+
         roles, version = foresight.roles, None
         found: dict[str, bytes | None] = {}
         if self._after is None:
-            stamp = _small(repo.public_dir / f"{meta}{metadata_filename('timestamp', None)}")
+            stamp = small(f"{meta}{metadata_filename('timestamp', None)}")
             if stamp is not None:
                 found[f"{meta}{metadata_filename('timestamp', None)}"] = stamp
-                version, roles = _named_by(stamp, foresight.roles, lambda name: _small(repo.metadata_dir / name))
+                version, roles = _named_by(stamp, foresight.roles, lambda name: small(f"{meta}{name}"))
         names = [*(f"{meta}{metadata_filename(role, role_version)}" for role, role_version in roles.items()),
                  *(repo.profile.served_name(path, digest) for path, digest in foresight.targets.items())]
         for name in names:
-            if (body := _small(repo.public_dir / name)) is not None:
+            if (body := small(name)) is not None:
                 found[name] = body
         if root_version is not None:
             probe = f"{meta}{metadata_filename('root', root_version + 1)}"

@@ -351,12 +351,11 @@ class TrustedClient:
         cycle waits for them all before it ends (:meth:`_cycle`).  A role is
         taken for the next cycle's local copy only once renamed.
         """
-        if order is None:
-            await asyncio.to_thread(self._store.write, role, data)
-        else:
+        if order is not None:
             renamed = await self._store.replace(role, data, order)
             renamed.add_done_callback(lambda t: t.cancelled() or t.exception() or self._local.update({role: data}))
             return
+        await asyncio.to_thread(self._store.write, role, data)
         if role == "root":
             await asyncio.to_thread(self._store.keep_root, top.root.version, data)
             self._root_bytes = data

@@ -75,10 +75,14 @@ def _temp_beside(path: Path, data: bytes, mode: int, durable: bool) -> Path:
             if durable:
                 os.fsync(f.fileno())
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _discard(Path(tmp))
         raise
     return Path(tmp)
+
+
+def _discard(tmp: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
 
 
 def _replace(tmp: Path, path: Path) -> None:
@@ -86,8 +90,7 @@ def _replace(tmp: Path, path: Path) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
 
 
@@ -106,8 +109,7 @@ def atomic_link(source: Path, path: Path) -> None:
         if os.path.samefile(source, path):
             return  # rename(2) of a link onto the same file does nothing and would leave tmp behind
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    _discard(tmp)  # left by a process that died between its link and its rename
     os.link(source, tmp)
     os.replace(tmp, path)
 
@@ -170,8 +172,7 @@ class Batch:
         except BaseException:
             with contextlib.suppress(ValueError):
                 self._paths.remove(tmp)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            _discard(tmp)
             raise
         _replace(tmp, path)
         fsync_dir(path.parent)
@@ -213,8 +214,7 @@ class InOrder:
             if before is not None:
                 await asyncio.shield(before)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            _discard(tmp)
             raise
         await asyncio.to_thread(_replace, tmp, path)
 
