@@ -124,7 +124,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", "address to listen on", "127.0.0.1:8081", parse_listen, metavar="HOST:PORT"),
     Option("page_ttl", "seconds before a published project's page is fetched again", 600.0, _positive_float, metavar="SECONDS"),
     Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
-    Option("batch_window", "seconds a publish waits for more projects to sign in the same batch", 0.2, _positive_float,
+    Option("batch_window", "at most this many seconds a batch waits for pages still being fetched, to sign them with it "
+           "(a lone miss is signed at once)", 0.2, _positive_float,
            metavar="SECONDS"),
     Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
            "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),

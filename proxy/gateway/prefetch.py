@@ -26,8 +26,9 @@ match the pin (:class:`proxy.gateway.files.ReadAhead`).
 Bounded: ``depth`` levels below the requested project, at most ``budget``
 projects per miss (a hostile index whose metadata names 10,000 projects
 costs at most that many pages), metadata and wheels of bounded size, a few
-at a time.  Prefetches are signed in the batch after the request's own,
-never holding the request back.
+at a time.  A prefetch never holds a client's batch back; the pages of one
+wave are signed together while no client waits, and a client asking for
+one makes it a client's page (:class:`~proxy.gateway.publisher.Publisher`).
 """
 
 from __future__ import annotations

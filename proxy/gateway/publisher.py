@@ -8,7 +8,14 @@ everything queued in one transaction of the signer
 one snapshot and one timestamp signature, however many bins they touch.
 The window adapts: a lone miss is signed at once; only while other pages
 are still being fetched for a publish (:meth:`Publisher.preparing`) does a
-batch wait for them, at most ``window`` seconds.  The signer runs in a thread and keeps its
+batch wait for them, at most ``window`` seconds.  Which ones depends on who
+waits: a batch a client waits for waits only for the pages other clients
+wait for, never for a guess (a dependency prefetch no one asked for yet);
+a batch of guesses alone waits for every page still being fetched, so that
+a wave of prefetched pages arriving within milliseconds of each other is
+signed in one batch rather than one behind the other, while no one waits.
+A client asking for a guess (:meth:`Publisher.urge`) makes it a client's
+page from then on.  The signer runs in a thread and keeps its
 own write order (bin-n, snapshot, then timestamp, each atomic), so a
 crash mid-publish leaves the previous timestamp in force.
 
@@ -172,7 +179,10 @@ class Publisher:
         self._resign = False
         self._waiters: list[tuple[asyncio.Future[Signed], float]] = []  # and when each was queued (monotonic)
         self._wake = asyncio.Event()
-        self._preparing = 0  # pages being fetched that a publish will follow
+        # Pages being fetched that a publish will follow (one fetch per project at a time: the gateway's single
+        # flight), and whether a client waits for each; whether a client waits for the pages queued now.
+        self._fetching: dict[str, bool] = {}
+        self._urgent = False
         self._task: asyncio.Task[None] | None = None
         self._view = threading.Lock()  # _sign (in a thread) and reload (on the loop) both update the view
         self._seen: object = None
@@ -268,19 +278,34 @@ class Publisher:
             self.signing_error, self._backoff = None, 0.0
 
     @contextlib.contextmanager
-    def preparing(self) -> Iterator[None]:
-        """While this is held, a batch about to be signed waits (at most ``window``) for its publish."""
-        self._preparing += 1
+    def preparing(self, project: str, urgent: bool = True) -> Iterator[None]:
+        """While this is held, ``project``'s page is being fetched for a publish: a batch about to be signed may
+        wait for it (at most ``window``; see the module docstring).  ``urgent``: a client waits for it."""
+        self._fetching[project] = urgent
         try:
             yield
         finally:
-            self._preparing -= 1
+            del self._fetching[project]
             self._wake.set()  # a batch waiting for it looks again
 
-    async def publish(self, pages: Pages) -> Signed:
-        """Queue ``pages``; the timestamp version that first carries them all, and the batch's times."""
+    def urge(self, project: str) -> None:
+        """A client now waits for ``project``, a guess being fetched or queued: no batch waits for guesses on its
+        account any more, and one waits for its page as for any client's."""
+        if project in self._fetching:
+            self._fetching[project] = True
+        elif project in self._pending:
+            self._urgent = True
+        self._wake.set()
+
+    def _holding(self) -> bool:
+        """Whether the batch about to be signed waits for pages still being fetched (the module docstring)."""
+        return any(self._fetching.values()) or (bool(self._fetching) and not self._urgent)
+
+    async def publish(self, pages: Pages, urgent: bool = True) -> Signed:
+        """Queue ``pages``; the timestamp version that first carries them all, and the batch's times.
+        ``urgent=False``: a guess no client waits for yet (a prefetch)."""
         self._pending.update(pages)
-        return await self._enqueue()
+        return await self._enqueue(urgent)
 
     def add_targets(self, targets: Targets) -> None:
         """Sign ``targets`` with the next batch that signs (queued before the page that refers to them, never after)."""
@@ -291,7 +316,8 @@ class Publisher:
         self._resign = True
         return (await self._enqueue()).version
 
-    async def _enqueue(self) -> Signed:
+    async def _enqueue(self, urgent: bool = True) -> Signed:
+        self._urgent |= urgent
         future: asyncio.Future[Signed] = asyncio.get_running_loop().create_future()
         self._waiters.append((future, time.monotonic()))
         self._wake.set()
@@ -304,14 +330,14 @@ class Publisher:
             await self._wake.wait()
             # The batch window: only pages still being fetched for a publish are waited for.
             deadline = loop.time() + self.window
-            while self._preparing and (left := deadline - loop.time()) > 0:
+            while self._holding() and (left := deadline - loop.time()) > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), left)
             self._wake.clear()
             if not self._waiters:
                 continue  # woken by a fetch that ended without a publish
-            pages, self._pending = self._pending, {}
+            pages, self._pending, self._urgent = self._pending, {}, False
             resign, self._resign = self._resign, False
             waiters, self._waiters = self._waiters, []
             start = time.monotonic()

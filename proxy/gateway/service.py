@@ -117,6 +117,7 @@ class Gateway:
         self.policy = policy
         self.provenance = provenance
         self._inflight: dict[str, asyncio.Future[Published]] = {}
+        self._asked: set[str] = set()  # of those in flight, the ones a client waits for (the others: prefetches)
         # Published projects by last use, and when each page was last fetched (monotonic).
         self.used = Recent(MAX_TRACKED)
         self.fetched = FetchTimes(MAX_TRACKED, fetch_times)  # kept across restarts when given a path
@@ -164,9 +165,16 @@ class Gateway:
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project, prefetch))
             self._inflight[project] = future
-            future.add_done_callback(lambda f: self._inflight.pop(project, None))
+            future.add_done_callback(lambda f: self._settled(project))
+        if prefetch is None and project not in self._asked:  # a client waits for it, perhaps for a guess under way
+            self._asked.add(project)
+            self.publisher.urge(project)
         # shield: a caller that gives up does not cancel the publish others wait for.
         return await asyncio.shield(future)
+
+    def _settled(self, project: str) -> None:
+        self._inflight.pop(project, None)
+        self._asked.discard(project)
 
     def _published(self, project: str, version: int) -> Published:
         """The answer to a publish of ``project``: the version carrying it, and what an edge reads next."""
@@ -183,12 +191,9 @@ class Gateway:
             return await self._fetch_and_publish(project, prefetch)
 
     async def _fetch_and_publish(self, project: str, prefetch: Wave | None) -> Published:
-        with timing.phase("index"):
-            if prefetch is None:  # a client waits: the batch being signed waits for this page (adaptive window)
-                with self.publisher.preparing():
-                    listing = await self.fetch(project)
-            else:  # a guess: signed in whichever batch comes next, holding no client's batch back
-                listing = await self.fetch(project)
+        # A guess (prefetch) holds no client's batch back, until a client asks for it (ensure: urge).
+        with timing.phase("index"), self.publisher.preparing(project, urgent=project in self._asked):
+            listing = await self.fetch(project)
         accepting = time.monotonic()
         if isinstance(listing, Listing) and (refusal := quarantined(listing)) is not None:
             self._refused_by_policy(project, refusal)
@@ -205,7 +210,7 @@ class Gateway:
         self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
             f for f in listing.page.files if f.filename in kept)), prefetch or self.prefetcher.first_wave())
         timing.record("accept", time.monotonic() - accepting)
-        signed = await self.publisher.publish({project: rendered.page})
+        signed = await self.publisher.publish({project: rendered.page}, urgent=project in self._asked)
         for name, seconds in (("batch-wait", signed.waited), ("sign", signed.signing), ("write", signed.writing)):
             timing.record(name, seconds)
         self.touch(project)
