@@ -8,12 +8,14 @@ processes.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -270,6 +272,64 @@ def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: 
     log.close()
     assert path.read_bytes() == data and os.stat(path).st_ino in synced
     assert not [p for p in path.parent.iterdir() if p != path]  # no temp file left
+
+
+@pytest.mark.parametrize("fsync", ["slow", "failing"])
+def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             fsync: str) -> None:
+    """The last bytes go out once the body verified; the fsync and rename that keep it follow. Kept, the file
+    is taken for checked (it holds what was just verified); not kept (the fsync failed), the answer stands and
+    the next request fetches again."""
+    data = b"a big wheel's bytes " * 50_000
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "p-1.0-py3-none-any.whl").write_bytes(data)
+    fetcher = LocalFetcher(index)
+    target = "packages/p/p-1.0-py3-none-any.whl"
+    path = tmp_path / "public" / target
+    pin = Pin("p", "p-1.0-py3-none-any.whl", {"sha256": digest("sha256", data)}, len(data),
+              "https://index.example/simple/", "https://files.index.example/p-1.0-py3-none-any.whl")
+    gate = threading.Event()
+    real = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        if not gate.wait(20):
+            raise AssertionError("the test never released the fsync")
+        if fsync == "failing":
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    log = AuditLog(tmp_path / "audit.jsonl")
+    files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        download = Download(target, Want(target, dict(pin.hashes), len(data), True, "pin"))
+        task = asyncio.ensure_future(files._fetch(download, fetcher, [f"{fetcher.base_url()}p-1.0-py3-none-any.whl"],
+                                                  path, None, "test"))
+        files._inflight.add(download, task)
+        blob = await asyncio.wait_for(asyncio.shield(download.result), 20)
+        assert (blob.size, blob.path) == (len(data), path)
+        assert not task.done() and not path.exists()  # answered while the fsync is still held
+        fd = download.open()
+        assert fd is not None
+        try:
+            assert os.pread(fd, len(data) + 1, 0) == data  # what a reader sends: every byte, verified
+        finally:
+            os.close(fd)
+        gate.set()
+        await asyncio.gather(task, return_exceptions=True)
+        assert download.result.result() is blob  # a failure after it does not take the answer back
+
+    asyncio.run(scenario())
+    log.close()
+    assert not [p for p in path.parent.iterdir() if p != path]  # no temp file left
+    if fsync == "slow":
+        assert path.read_bytes() == data
+        monkeypatch.setattr("proxy.gateway.files.file_digest", lambda *a: pytest.fail("hashed again"))
+        assert asyncio.run(files._kept(path, target, pin, core=False))
+    else:
+        assert not path.exists()
 
 
 def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(

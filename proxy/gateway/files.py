@@ -27,7 +27,10 @@ volume, a file kept before its pin was lost and rebuilt) is audited
 (``kept-file-changed``: it matched when kept, so the fault is our
 storage's), removed and fetched again.  A kept file is fsynced before its
 rename all the same: the bucket copy (``--store``) uploads what is on
-disk without checking it against pins.  The descriptor is closed before
+disk without checking it against pins.  Its readers do not wait for that
+fsync: the last bytes go out once the body verified
+(:meth:`~proxy.storage.downloads.Download.verified`), and the file is
+taken for checked once renamed, since it holds the bytes just verified.  The descriptor is closed before
 the rename, so a host sharing the directory over NFS (close-to-open) sees
 the whole file once it sees the name.
 
@@ -357,10 +360,22 @@ class FileSource:
                     detail=str(e),
                 )
                 raise
-            await asyncio.to_thread(os.fsync, fd)
-            closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
-            os.close(closing)
-            os.replace(tmp, path)
+            blob = Blob(digests["sha256"], path, download.available)
+            # Verified: its readers send the last bytes now, not after the fsync of a whole file (seconds for a
+            # big one on a busy disk); joiners meanwhile read the temp file's inode, later ones the kept file.
+            download.verified(blob)
+            self.metrics.files.labels("ok").inc()
+            self.metrics.file_bytes.inc(download.available)
+            try:
+                await asyncio.to_thread(os.fsync, fd)
+                closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
+                os.close(closing)
+                os.replace(tmp, path)
+                st = os.stat(path)
+            except OSError as e:  # served already: only the kept copy is lost, and the next request fetches again
+                log.warning("could not keep %s: %s", download.key, e)
+                raise
+            self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))  # it is what was verified
             if self.journal is not None:
                 self.journal.wrote([download.key])
         finally:
@@ -368,6 +383,4 @@ class FileSource:
                 os.close(fd)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        self.metrics.files.labels("ok").inc()
-        self.metrics.file_bytes.inc(download.available)
-        return Blob(digests["sha256"], path, download.available)
+        return blob

@@ -88,13 +88,23 @@ class Download:
         """The body goes to the temp file ``path`` from now on (from byte 0)."""
         self._source(os.open(path, os.O_RDONLY))
 
+    def verified(self, blob: Blob) -> None:
+        """Every byte is in and verified: ``blob`` becomes ``result`` before the fetch's task ends, which still
+        makes the file durable under its name (the gateway's kept files); readers send the last bytes now."""
+        if not self.result.done():
+            self.result.set_result(blob)
+            self._notify()
+
     def finish(self, task: asyncio.Task[Blob]) -> None:
-        """The fetch ``task`` is done: its blob or refusal becomes ``result``.
+        """The fetch ``task`` is done: its blob or refusal becomes ``result`` (unless :meth:`verified` said so).
 
         A blob's file stays open until the download is dropped: it is the published blob's inode, so a
         request that has not opened it yet still reads the verified bytes when the store (this process's
         or another's on the same cache) evicts the blob a moment after its publish."""
-        if task.cancelled():
+        if self.result.done():  # verified earlier: what follows failing loses the kept copy, not the answer
+            if not task.cancelled():
+                task.exception()  # retrieved: its task logged it
+        elif task.cancelled():
             self._close()
             self.result.cancel()
         elif task.exception() is not None:
