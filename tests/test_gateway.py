@@ -440,7 +440,8 @@ def test_cold_file_streams_before_the_index_finishes(
             assert asked() == before + fetched and (fetched or answer.status == 502)
     else:
         assert first + response.read() == big.read_bytes()
-        assert (gateway.directory / "public" / "packages" / "bigpkg" / big.name).read_bytes() == big.read_bytes()
+        kept = gateway.directory / "public" / "packages" / "bigpkg" / big.name  # kept behind the answer
+        wait_for(lambda: kept.exists() and kept.read_bytes() == big.read_bytes(), what="the kept file")
     conn.close()
 
 

@@ -318,7 +318,10 @@ def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monk
         finally:
             os.close(fd)
         gate.set()
-        await asyncio.gather(task, return_exceptions=True)
+        await files.close()  # what a stopping gateway waits for: the keep of what it answered
+        assert path.exists() is (fsync == "slow")
+        failed = (await asyncio.gather(task, return_exceptions=True))[0]
+        assert isinstance(failed, OSError) is (fsync == "failing")
         assert download.result.result() is blob  # a failure after it does not take the answer back
 
     asyncio.run(scenario())

@@ -300,7 +300,7 @@ class FileSource:
             self._keeping.pop(target, None)
 
     async def close(self) -> None:
-        """Finish the writes of read-ahead bytes answered already (each a moment's work)."""
+        """Finish keeping what was answered already: read-ahead bytes, verified fetches (an fsync and a rename each)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _read_ahead(self, project: str, filename: str, pin: Pin) -> None:
@@ -366,21 +366,33 @@ class FileSource:
             download.verified(blob)
             self.metrics.files.labels("ok").inc()
             self.metrics.file_bytes.inc(download.available)
-            try:
-                await asyncio.to_thread(os.fsync, fd)
-                closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
-                os.close(closing)
-                os.replace(tmp, path)
-                st = os.stat(path)
-            except OSError as e:  # served already: only the kept copy is lost, and the next request fetches again
-                log.warning("could not keep %s: %s", download.key, e)
-                raise
-            self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))  # it is what was verified
-            if self.journal is not None:
-                self.journal.wrote([download.key])
+            # Kept in a task of its own, which close() waits for: a gateway stopping after the answer still keeps it.
+            closing, fd = fd, -1
+            keeping = asyncio.ensure_future(self._keep_fetched(closing, tmp, path, download.key))
+            self._tasks.add(keeping)
+            keeping.add_done_callback(self._tasks.discard)
+            await asyncio.shield(keeping)
         finally:
             if fd >= 0:
                 os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        return blob
+
+    async def _keep_fetched(self, fd: int, tmp: Path, path: Path, target: str) -> None:
+        """Make a verified fetch's temp file (``fd``, closed here) durable and name it ``path``; checked from then on."""
+        try:
+            try:
+                await asyncio.to_thread(os.fsync, fd)
+            finally:
+                os.close(fd)  # before the rename: a host sharing the directory over NFS sees the whole file
+            os.replace(tmp, path)
+            st = os.stat(path)
+        except OSError as e:  # answered already: only the kept copy is lost, and the next request fetches again
+            log.warning("could not keep %s: %s", target, e)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        return blob
+            raise
+        self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))  # it holds what was just verified
+        if self.journal is not None:
+            self.journal.wrote([target])
