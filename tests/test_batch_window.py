@@ -23,6 +23,7 @@ from proxy.gateway.service import Gateway
 from proxy.protocol import index
 from proxy.repository import Repository
 from proxy.storage.audit import AuditLog
+from proxy.util.locks import FetchLocks
 
 # Far longer than any test runs: a batch that waited its whole window would time the test out instead.
 WINDOW = 60.0
@@ -137,6 +138,38 @@ def test_a_client_joining_a_prefetch_under_way_makes_its_batch_wait_for_it(tmp_p
         assert not top.done()  # its batch waits for dep, which a client now waits for too
         stub._event(stub.release, "dep").set()
         assert (await top).timestamp_version == (await joined).timestamp_version == (await guess).timestamp_version
+
+    async def main() -> None:
+        publisher.start()
+        try:
+            await asyncio.wait_for(scenario(), DONE_WITHIN)
+        finally:
+            await publisher.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        audit.close()
+
+
+def test_under_workers_a_guess_is_signed_without_waiting_for_other_guesses(tmp_path: Path) -> None:
+    """Under --workers a guess's batch holds the cross-process lock on its project, which a client on another
+    worker waits for and cannot urge: so it waits for no other guess."""
+    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW)
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    stub = _Index()
+    gateway = Gateway(stub, Ledger(tmp_path / "ledger"), publisher, audit, GatewayMetrics(),
+                      locks=FetchLocks(tmp_path / "locks"))
+
+    async def scenario() -> None:
+        fast = asyncio.create_task(gateway.ensure("fast", gateway.prefetcher.first_wave()))
+        slow = asyncio.create_task(gateway.ensure("slow", gateway.prefetcher.first_wave()))
+        await stub._event(stub.asked, "slow").wait()
+        stub._event(stub.release, "fast").set()
+        await fast  # signed while slow is still being fetched
+        assert not slow.done()
+        stub._event(stub.release, "slow").set()
+        await slow
 
     async def main() -> None:
         publisher.start()

@@ -30,6 +30,7 @@ from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.publisher import Publisher
 from proxy.gateway.service import Gateway
 from proxy.protocol import index
+from proxy.protocol.errors import TrustError
 from proxy.protocol.model import digest
 from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
@@ -333,6 +334,48 @@ def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monk
         assert asyncio.run(files._kept(path, target, pin, core=False))
     else:
         assert not path.exists()
+
+
+def test_a_fetch_started_while_a_keep_runs_never_writes_into_its_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified file still being kept (its fsync slow) and a new fetch of the same file whose index now lies:
+    each writes a temp file of its own, so the first one's readers still send the verified bytes, the lie is
+    refused, and what is kept is the verified file."""
+    data = b"a kept wheel's bytes " * 20_000
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "p-1.0-py3-none-any.whl").write_bytes(data)
+    fetcher = LocalFetcher(index)
+    url = f"{fetcher.base_url()}p-1.0-py3-none-any.whl"
+    target = "packages/p/p-1.0-py3-none-any.whl"
+    path = tmp_path / "public" / target
+    gate = threading.Event()
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (gate.wait(20), real(fd))[1])
+    log = AuditLog(tmp_path / "audit.jsonl")
+    files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+    want = Want(target, {"sha256": digest("sha256", data)}, len(data), True, "pin")
+
+    async def scenario() -> None:
+        first = Download(target, want)
+        task = asyncio.ensure_future(files._fetch(first, fetcher, [url], path, None, "test"))
+        await asyncio.wait_for(asyncio.shield(first.result), 20)
+        (index / "p-1.0-py3-none-any.whl").write_bytes(b"X" * len(data))  # the index lies from now on
+        with pytest.raises(TrustError):
+            await files._fetch(Download(target, want), fetcher, [url], path, None, "test")
+        fd = first.open()
+        assert fd is not None
+        try:
+            assert os.pread(fd, len(data) + 1, 0) == data
+        finally:
+            os.close(fd)
+        gate.set()
+        await task
+
+    asyncio.run(scenario())
+    log.close()
+    assert path.read_bytes() == data
+    assert not [p for p in path.parent.iterdir() if p != path]  # no temp file left
 
 
 def test_a_pages_pins_are_on_disk_before_the_timestamp_that_publishes_it(

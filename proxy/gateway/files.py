@@ -67,6 +67,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import tempfile
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -96,6 +97,8 @@ MAX_CORE_METADATA = 16 * 2**20
 MAX_CHECKED = 100_000
 # Seconds a .metadata request waits for the prefetch's read of it before asking the index itself.
 READ_AHEAD_WAIT = 10.0
+# How long a stopping gateway waits to keep the files it answered (an fsync and a rename each).
+CLOSE_WAIT = 30.0
 _HEADERS = {"Content-Type": "application/octet-stream"}
 
 
@@ -211,7 +214,7 @@ class FileSource:
             if not pin.url:
                 raise web.HTTPServiceUnavailable(reason="pin rebuilt from the signed page; its index URL is learnt at "
                                                  "the project's next refresh", headers={"Retry-After": "5"})
-            download = self._start(pin, target, path, core, request.remote, request.path)
+            download, _ = self._start(pin, target, path, core, request.remote, request.path)
         refusal = await first_bytes(download, joined)
         if refusal is not None:
             raise refusal  # the app's one table answers it, before any byte went out
@@ -300,8 +303,12 @@ class FileSource:
             self._keeping.pop(target, None)
 
     async def close(self) -> None:
-        """Finish keeping what was answered already: read-ahead bytes, verified fetches (an fsync and a rename each)."""
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Finish keeping what was answered already: read-ahead bytes, verified fetches (an fsync and a rename each),
+        those that began while it waited too; at most ``CLOSE_WAIT`` seconds (a disk that hangs cannot hold a stop)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WAIT):
+                while self._tasks:
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _read_ahead(self, project: str, filename: str, pin: Pin) -> None:
         """Start fetching the file whose ``.metadata`` was just asked for, within the bounds (module docstring)."""
@@ -310,11 +317,12 @@ class FileSource:
         if (self._inflight.get(target) is not None or not self._reading_ahead.admits(target, pin.size) or not pin.url
                 or path.exists()):
             return
-        download = self._start(pin, target, path, False, None, f"(read ahead of {core_metadata_target(project, filename)})")
-        self._reading_ahead.started(target, download)
+        _, task = self._start(pin, target, path, False, None, f"(read ahead of {core_metadata_target(project, filename)})")
+        self._reading_ahead.started(target, task)  # its slot held until kept, fsync included, not just answered
         self.metrics.files_read_ahead.inc()
 
-    def _start(self, pin: Pin, target: str, path: Path, core: bool, client: str | None, request_path: str) -> Download:
+    def _start(self, pin: Pin, target: str, path: Path, core: bool, client: str | None,
+               request_path: str) -> tuple[Download, asyncio.Task[Blob]]:
         if core:
             if not pin.core_metadata:
                 raise web.HTTPNotFound(reason="no core metadata published for this file")
@@ -330,15 +338,19 @@ class FileSource:
         # The bucket's copy first, checked against the same pin; the index if it has none (or it does not match).
         fetcher, urls = (BucketFetcher(bucket, self.http), [bucket.key_url(target), url]) if bucket is not None \
             else (self.http, [url])
-        self._inflight.add(download, asyncio.ensure_future(self._fetch(download, fetcher, urls, path, client, request_path)))
-        return download
+        task = asyncio.ensure_future(self._fetch(download, fetcher, urls, path, client, request_path))
+        self._inflight.add(download, task)
+        return download, task
 
     async def _fetch(self, download: Download, fetcher: Fetcher, urls: list[str], path: Path, client: str | None,
                      request_path: str) -> Blob:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # A temp file of its own: a keep still running behind an answer (or another host's fetch into a shared
+        # directory) never shares it with a fetch started since.
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(name)
         try:
+            os.fchmod(fd, 0o644)
             download.writing(tmp)
             try:
                 digests = await fetch_verified(
@@ -388,8 +400,9 @@ class FileSource:
                 os.close(fd)  # before the rename: a host sharing the directory over NFS sees the whole file
             os.replace(tmp, path)
             st = os.stat(path)
-        except OSError as e:  # answered already: only the kept copy is lost, and the next request fetches again
-            log.warning("could not keep %s: %s", target, e)
+        except BaseException as e:  # answered already: only the kept copy is lost; the next request fetches again
+            if isinstance(e, OSError):
+                log.warning("could not keep %s: %s", target, e)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise

@@ -285,7 +285,7 @@ class Publisher:
         try:
             yield
         finally:
-            del self._fetching[project]
+            self._fetching.pop(project, None)
             self._wake.set()  # a batch waiting for it looks again
 
     def urge(self, project: str) -> None:

@@ -162,13 +162,15 @@ class Gateway:
         if time.monotonic() - self._absent.get(project, -ABSENT_TTL) < ABSENT_TTL:
             raise NotListed(not_listed(project))
         future = self._inflight.get(project)
+        joining = future is not None
         if future is None:
             future = asyncio.ensure_future(self._publish_new(project, prefetch))
             self._inflight[project] = future
             future.add_done_callback(lambda f: self._settled(project))
-        if prefetch is None and project not in self._asked:  # a client waits for it, perhaps for a guess under way
+        if prefetch is None and project not in self._asked:  # a client waits for it
             self._asked.add(project)
-            self.publisher.urge(project)
+            if joining:  # a guess under way: its batch waits for no other guess now, a client's waits for it
+                self.publisher.urge(project)
         # shield: a caller that gives up does not cancel the publish others wait for.
         return await asyncio.shield(future)
 
@@ -210,7 +212,10 @@ class Gateway:
         self.prefetcher.schedule(dataclasses.replace(listing.page, files=tuple(
             f for f in listing.page.files if f.filename in kept)), prefetch or self.prefetcher.first_wave())
         timing.record("accept", time.monotonic() - accepting)
-        signed = await self.publisher.publish({project: rendered.page}, urgent=project in self._asked)
+        # Under --workers a guess's batch waits for no other guess: it holds the cross-process lock on the project
+        # (_publish_new), which a client on another worker waits for without any way to urge it.
+        signed = await self.publisher.publish({project: rendered.page},
+                                              urgent=project in self._asked or self.locks is not None)
         for name, seconds in (("batch-wait", signed.waited), ("sign", signed.signing), ("write", signed.writing)):
             timing.record(name, seconds)
         self.touch(project)

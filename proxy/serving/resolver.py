@@ -690,7 +690,7 @@ class Resolver:
                 or self.store.get(want.hashes["sha256"], want.length)):
             return
         download, _ = self._start(ask, source)
-        self._ahead.started(key, download)
+        self._ahead.started(key, download.result)
         self.metrics.read_ahead.inc()
 
     async def close(self) -> None:

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.protocol.errors import Busy, RepositoryError
 from proxy.protocol.hashing import StreamingVerifier
@@ -342,9 +342,10 @@ class ReadAheads:
         """Whether a file of ``size`` bytes may be read ahead now."""
         return size is not None and size <= self.max_size and len(self._keys) < self.at_once and key not in self._keys
 
-    def started(self, key: str, download: Download) -> None:
+    def started(self, key: str, ended: asyncio.Future[Any]) -> None:
+        """``key`` is being read ahead until ``ended`` is done (its download's result, or the task that keeps it)."""
         self._keys.add(key)
-        download.result.add_done_callback(lambda _: self._keys.discard(key))
+        ended.add_done_callback(lambda _: self._keys.discard(key))
 
 
 class Downloads:
