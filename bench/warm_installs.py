@@ -9,10 +9,11 @@ each, and the ratio to the first contender.  Warm installs differ by a few
 percent between servers, less than one round's spread: hence many rounds
 in one run rather than ``bench/install.py``'s five.
 
-    python bench/warm_installs.py [NAME=DIR ...] [proxpi] [devpi] [--rounds 12] [--rtt-ms 40]
+    python bench/warm_installs.py [NAME=DIR[:VAR=VALUE...] ...] [proxpi] [devpi] [--rounds 12] [--rtt-ms 40]
 
-``NAME=DIR``: a tufproxy tree put first on ``PYTHONPATH`` for its
-servers (``git archive <commit> proxy | tar -x -C DIR``); default
+``NAME=DIR[:VAR=VALUE...]``: a tufproxy tree put first on ``PYTHONPATH``
+for its servers (``git archive <commit> proxy | tar -x -C DIR``), with
+those environment settings (``TUFPROXY_WORKERS=1``); default
 ``now=<this tree> proxpi devpi``.
 """
 
@@ -49,8 +50,10 @@ def main() -> None:
         try:
             for spec in args.contenders:
                 name, _, tree = spec.partition("=")
-                if tree:  # a tufproxy tree, which its servers import
-                    setup: Setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree})
+                if tree:  # a tufproxy tree, which its servers import, and environment settings for them
+                    tree, *settings = tree.split(":")
+                    setup: Setup = Tufproxy(index, work / name, env={"PYTHONPATH": tree,
+                                                                     **dict(v.split("=", 1) for v in settings)})
                 elif name in PEERS:
                     setup = PEERS[name](index, work / name)
                 else:
