@@ -120,15 +120,32 @@ class _Index(IndexClient):
         return Listing(project, "http://127.0.0.1:9/simple/", _page(project))
 
 
-def test_a_client_joining_a_prefetch_under_way_makes_its_batch_wait_for_it(tmp_path: Path) -> None:
-    """Gateway.ensure's side: a client's publish of a project a prefetch is fetching urges it, so the client
-    batch signed meanwhile waits for it and both are carried by one timestamp."""
+def _run_gateway(tmp_path: Path, scenario: Callable[[Gateway, _Index], Awaitable[None]],
+                 locks: FetchLocks | None = None) -> None:
+    """``scenario`` against a Gateway (real publisher, repository and ledger) whose index is an :class:`_Index`."""
     publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW)
     audit = AuditLog(tmp_path / "audit.jsonl")
     stub = _Index()
-    gateway = Gateway(stub, Ledger(tmp_path / "ledger"), publisher, audit, GatewayMetrics())
+    gateway = Gateway(stub, Ledger(tmp_path / "ledger"), publisher, audit, GatewayMetrics(), locks=locks)
 
-    async def scenario() -> None:
+    async def main() -> None:
+        publisher.start()
+        try:
+            await asyncio.wait_for(scenario(gateway, stub), DONE_WITHIN)
+        finally:
+            await publisher.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        audit.close()
+
+
+def test_a_client_joining_a_prefetch_under_way_makes_its_batch_wait_for_it(tmp_path: Path) -> None:
+    """Gateway.ensure's side: a client's publish of a project a prefetch is fetching urges it, so the client
+    batch signed meanwhile waits for it and both are carried by one timestamp."""
+
+    async def scenario(gateway: Gateway, stub: _Index) -> None:
         guess = asyncio.create_task(gateway.ensure("dep", gateway.prefetcher.first_wave()))
         await stub._event(stub.asked, "dep").wait()
         joined = asyncio.create_task(gateway.ensure("dep"))  # a client asks for the page being prefetched
@@ -139,29 +156,14 @@ def test_a_client_joining_a_prefetch_under_way_makes_its_batch_wait_for_it(tmp_p
         stub._event(stub.release, "dep").set()
         assert (await top).timestamp_version == (await joined).timestamp_version == (await guess).timestamp_version
 
-    async def main() -> None:
-        publisher.start()
-        try:
-            await asyncio.wait_for(scenario(), DONE_WITHIN)
-        finally:
-            await publisher.stop()
-
-    try:
-        asyncio.run(main())
-    finally:
-        audit.close()
+    _run_gateway(tmp_path, scenario)
 
 
 def test_under_workers_a_guess_is_signed_without_waiting_for_other_guesses(tmp_path: Path) -> None:
     """Under --workers a guess's batch holds the cross-process lock on its project, which a client on another
     worker waits for and cannot urge: so it waits for no other guess."""
-    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW)
-    audit = AuditLog(tmp_path / "audit.jsonl")
-    stub = _Index()
-    gateway = Gateway(stub, Ledger(tmp_path / "ledger"), publisher, audit, GatewayMetrics(),
-                      locks=FetchLocks(tmp_path / "locks"))
 
-    async def scenario() -> None:
+    async def scenario(gateway: Gateway, stub: _Index) -> None:
         fast = asyncio.create_task(gateway.ensure("fast", gateway.prefetcher.first_wave()))
         slow = asyncio.create_task(gateway.ensure("slow", gateway.prefetcher.first_wave()))
         await stub._event(stub.asked, "slow").wait()
@@ -171,14 +173,4 @@ def test_under_workers_a_guess_is_signed_without_waiting_for_other_guesses(tmp_p
         stub._event(stub.release, "slow").set()
         await slow
 
-    async def main() -> None:
-        publisher.start()
-        try:
-            await asyncio.wait_for(scenario(), DONE_WITHIN)
-        finally:
-            await publisher.stop()
-
-    try:
-        asyncio.run(main())
-    finally:
-        audit.close()
+    _run_gateway(tmp_path, scenario, FetchLocks(tmp_path / "locks"))

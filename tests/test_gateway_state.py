@@ -249,16 +249,24 @@ def test_a_kept_file_is_checked_whatever_hash_its_pin_names(tmp_path: Path, algo
     assert [(r["reason"], r["fault"], r["target"]) for r in records] == [("kept-file-changed", "ours", target)] * 2
 
 
-def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gateway's bucket copy (``--store``) uploads kept files from disk without checking them against their
-    pins, so each is fsynced before the rename that names it (files.py); the edge's blobs need not be."""
-    data = b"a kept wheel's bytes " * 4000
+KEPT_TARGET = "packages/p/p-1.0-py3-none-any.whl"
+
+
+def _index_of_one(tmp_path: Path, data: bytes) -> tuple[LocalFetcher, str, Path]:
+    """A local index serving ``data`` as p-1.0's wheel: its fetcher, the file's URL, and where the gateway keeps it."""
     index = tmp_path / "index"
     index.mkdir()
     (index / "p-1.0-py3-none-any.whl").write_bytes(data)
     fetcher = LocalFetcher(index)
-    target = "packages/p/p-1.0-py3-none-any.whl"
-    path = tmp_path / "public" / target
+    return fetcher, f"{fetcher.base_url()}p-1.0-py3-none-any.whl", tmp_path / "public" / KEPT_TARGET
+
+
+def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's bucket copy (``--store``) uploads kept files from disk without checking them against their
+    pins, so each is fsynced before the rename that names it (files.py); the edge's blobs need not be."""
+    data = b"a kept wheel's bytes " * 4000
+    fetcher, url, path = _index_of_one(tmp_path, data)
+    target = KEPT_TARGET
     synced: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real(fd))[1])
@@ -267,7 +275,7 @@ def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: 
 
     async def keep() -> None:
         want = Want(target, {"sha256": digest("sha256", data)}, len(data), True, "pin")
-        await files._fetch(Download(target, want), fetcher, [f"{fetcher.base_url()}p-1.0-py3-none-any.whl"], path,
+        await files._fetch(Download(target, want), fetcher, [url], path,
                            None, "test")
     asyncio.run(keep())
     log.close()
@@ -282,12 +290,8 @@ def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monk
     is taken for checked (it holds what was just verified); not kept (the fsync failed), the answer stands and
     the next request fetches again."""
     data = b"a big wheel's bytes " * 50_000
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "p-1.0-py3-none-any.whl").write_bytes(data)
-    fetcher = LocalFetcher(index)
-    target = "packages/p/p-1.0-py3-none-any.whl"
-    path = tmp_path / "public" / target
+    fetcher, url, path = _index_of_one(tmp_path, data)
+    target = KEPT_TARGET
     pin = Pin("p", "p-1.0-py3-none-any.whl", {"sha256": digest("sha256", data)}, len(data),
               "https://index.example/simple/", "https://files.index.example/p-1.0-py3-none-any.whl")
     gate = threading.Event()
@@ -306,7 +310,7 @@ def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monk
 
     async def scenario() -> None:
         download = Download(target, Want(target, dict(pin.hashes), len(data), True, "pin"))
-        task = asyncio.ensure_future(files._fetch(download, fetcher, [f"{fetcher.base_url()}p-1.0-py3-none-any.whl"],
+        task = asyncio.ensure_future(files._fetch(download, fetcher, [url],
                                                   path, None, "test"))
         files._inflight.add(download, task)
         blob = await asyncio.wait_for(asyncio.shield(download.result), 20)
@@ -342,13 +346,8 @@ def test_a_fetch_started_while_a_keep_runs_never_writes_into_its_file(tmp_path: 
     each writes a temp file of its own, so the first one's readers still send the verified bytes, the lie is
     refused, and what is kept is the verified file."""
     data = b"a kept wheel's bytes " * 20_000
-    index = tmp_path / "index"
-    index.mkdir()
-    (index / "p-1.0-py3-none-any.whl").write_bytes(data)
-    fetcher = LocalFetcher(index)
-    url = f"{fetcher.base_url()}p-1.0-py3-none-any.whl"
-    target = "packages/p/p-1.0-py3-none-any.whl"
-    path = tmp_path / "public" / target
+    fetcher, url, path = _index_of_one(tmp_path, data)
+    target = KEPT_TARGET
     gate = threading.Event()
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (gate.wait(20), real(fd))[1])
@@ -360,7 +359,7 @@ def test_a_fetch_started_while_a_keep_runs_never_writes_into_its_file(tmp_path: 
         first = Download(target, want)
         task = asyncio.ensure_future(files._fetch(first, fetcher, [url], path, None, "test"))
         await asyncio.wait_for(asyncio.shield(first.result), 20)
-        (index / "p-1.0-py3-none-any.whl").write_bytes(b"X" * len(data))  # the index lies from now on
+        (tmp_path / "index" / "p-1.0-py3-none-any.whl").write_bytes(b"X" * len(data))  # the index lies from now on
         with pytest.raises(TrustError):
             await files._fetch(Download(target, want), fetcher, [url], path, None, "test")
         fd = first.open()
