@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,16 +313,17 @@ class Devpi(Setup):
         self.url = f"{base}root/up/+simple/"
 
 
-def install(client: str, url: str, target: Path, tmp: Path | None = None) -> tuple[float, dict[str, float]]:
-    """Seconds for ``client`` to install :data:`REQUIREMENTS` from ``url`` into an empty ``target``, no cache,
+def install(client: str, url: str, target: Path, tmp: Path | None = None,
+            requirements: Sequence[str] = REQUIREMENTS) -> tuple[float, dict[str, float]]:
+    """Seconds for ``client`` to install ``requirements`` from ``url`` into an empty ``target``, no cache,
     with ``TMPDIR`` at ``tmp``; and uv's phases (:func:`uv_phases`; none for pip)."""
     shutil.rmtree(target, ignore_errors=True)
     if client == "pip":
         argv = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "-q",
-                "--no-cache-dir", "--no-compile", "--index-url", url, "--target", str(target), *REQUIREMENTS]
+                "--no-cache-dir", "--no-compile", "--index-url", url, "--target", str(target), *requirements]
     else:  # not -q: uv's summary lines time its phases
         argv = [str(Path(sys.executable).parent / "uv"), "pip", "install", "--no-cache", "--python",
-                sys.executable, "--index-url", url, "--target", str(target), *REQUIREMENTS]
+                sys.executable, "--index-url", url, "--target", str(target), *requirements]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     if tmp is not None:
         env["TMPDIR"] = str(tmp)

@@ -12,7 +12,7 @@ of its round-by-round difference to the first in both and how many
 rounds it was lower: a change smaller than the spread of the medians
 shows there first.
 
-    python bench/uvab.py [NAME=DIR[:VAR=VALUE],...] [--rounds 10] [--rtt-ms 40]
+    python bench/uvab.py [NAME=DIR[:VAR=VALUE],...] [--rounds 10] [--rtt-ms 40] [--warm-up]
 
 ``DIR``: a tufproxy tree put first on ``PYTHONPATH`` (``git worktree add
 /tmp/base HEAD`` for "before"); ``VAR=VALUE``: an environment setting for
@@ -25,6 +25,10 @@ and fsyncs a file of MIB MiB after another, in the servers' filesystem, for
 the whole run: a disk busy with others' writes (a backup, other services,
 the shared machines these benches run on at busy hours), on which every
 fsync of the gateway and the edge waits for the journal behind them.
+``--warm-up``: each fresh edge and gateway first install two projects
+outside the install's closure (untimed): the cold install then meets
+processes already serving, as a long-running edge and gateway are, with
+every page and file of its own still to fetch and sign.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ sys.path.insert(0, str(HERE))
 from install import Index, Tufproxy, fetch_corpus, install, load  # noqa: E402
 from trace_install import Tap  # noqa: E402
 from warmab import _cpu_seconds  # noqa: E402
+
+# Installed (untimed) through each fresh edge and gateway before the cold install with --warm-up: projects of the
+# corpus outside the install's dependency closure, so the cold install's pages and files are all still to fetch.
+WARM_UP = ("six", "platformdirs")
 
 _WRITER = """
 import os, sys
@@ -81,6 +89,7 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     ap.add_argument("--gateway-rtt-ms", type=float, default=0.0)
     ap.add_argument("--disk-load", type=int, default=0, metavar="MIB")
+    ap.add_argument("--warm-up", action="store_true")
     args = ap.parse_args()
     trees = {}
     for spec in args.trees:
@@ -105,6 +114,8 @@ def main() -> None:
                             setup.gateway_via = lambda gw: f"{Tap(gw.rstrip('/'), 'gw', [], [0.0], args.gateway_rtt_ms / 1000).url}/"  # type: ignore[method-assign]
                         setup.fresh()
                         try:
+                            if args.warm_up:  # processes up and running, these projects never asked for
+                                install("uv", setup.url, clients / "target", clients, WARM_UP)
                             before = sum(_cpu_seconds(server) for server in setup.servers)
                             cold[name].append(install("uv", setup.url, clients / "target", clients)[0])
                             cpu[name].append(sum(_cpu_seconds(server) for server in setup.servers) - before)
@@ -117,6 +128,7 @@ def main() -> None:
     direct = statistics.median(cold["direct"])
     apart = f", the gateway after {args.gateway_rtt_ms:g} ms" if args.gateway_rtt_ms else ""
     apart += f", {args.disk_load} MiB files written and fsynced beside them" if args.disk_load else ""
+    apart += f", each edge and gateway warmed up first by an install of {' '.join(WARM_UP)}" if args.warm_up else ""
     print(f"uv installs, {args.rounds} rounds, index answering after {args.rtt_ms:g} ms{apart}; "
           "median seconds (ratio to direct)")
     for name in cold:

@@ -88,7 +88,7 @@ from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
-from proxy.util.atomic import atomic_write
+from proxy.util.atomic import atomic_write, fsync_file
 from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -379,8 +379,17 @@ class FileSource:
             self.metrics.files.labels("ok").inc()
             self.metrics.file_bytes.inc(download.available)
             # Kept in a task of its own, which close() waits for: a gateway stopping after the answer still keeps it.
-            closing, fd = fd, -1
-            keeping = asyncio.ensure_future(self._keep_fetched(closing, tmp, path, download.key))
+            # Closed now (before the rename: a host sharing the directory over NFS sees the whole file once it
+            # sees the name); the keep fsyncs the file through a descriptor of its own.
+            closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
+            try:
+                os.close(closing)
+            except OSError as e:  # a write the close reports failed (NFS): not kept, the answer stands
+                log.warning("could not keep %s: %s", download.key, e)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            keeping = asyncio.ensure_future(self._keep_fetched(tmp, path, download.key))
             self._tasks.add(keeping)
             keeping.add_done_callback(self._tasks.discard)
             await asyncio.shield(keeping)
@@ -391,13 +400,10 @@ class FileSource:
                     os.unlink(tmp)
         return blob
 
-    async def _keep_fetched(self, fd: int, tmp: Path, path: Path, target: str) -> None:
-        """Make a verified fetch's temp file (``fd``, closed here) durable and name it ``path``; checked from then on."""
+    async def _keep_fetched(self, tmp: Path, path: Path, target: str) -> None:
+        """Make a verified fetch's temp file durable and name it ``path``; taken for checked from then on."""
         try:
-            try:
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)  # before the rename: a host sharing the directory over NFS sees the whole file
+            await asyncio.to_thread(fsync_file, tmp)
             os.replace(tmp, path)
             st = os.stat(path)
         except BaseException as e:  # answered already: only the kept copy is lost; the next request fetches again
