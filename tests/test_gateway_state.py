@@ -340,6 +340,34 @@ def test_a_verified_files_readers_do_not_wait_for_its_fsync(tmp_path: Path, monk
         assert not path.exists()
 
 
+def test_a_write_the_filesystem_reports_failed_is_never_answered(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A network filesystem reports a failed write at a close (and may drop its pages): the gateway asks for that
+    before any reader is told the file verified, so none completes it, and nothing is kept."""
+    data = b"a kept wheel's bytes " * 4000
+    fetcher, url, path = _index_of_one(tmp_path, data)
+
+    def failed(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr("proxy.gateway.files._written", failed)
+    log = AuditLog(tmp_path / "audit.jsonl")
+    files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        download = Download(KEPT_TARGET, Want(KEPT_TARGET, {"sha256": digest("sha256", data)}, len(data), True, "pin"))
+        task = asyncio.ensure_future(files._fetch(download, fetcher, [url], path, None, "test"))
+        files._inflight.add(download, task)
+        with pytest.raises(OSError):
+            await task
+        with pytest.raises(OSError):  # what a reader hears: never the whole file
+            await asyncio.wait_for(asyncio.shield(download.result), 20)
+
+    asyncio.run(scenario())
+    log.close()
+    assert not path.parent.exists() or not list(path.parent.iterdir())  # nothing kept, no temp file left
+
+
 def test_a_fetch_started_while_a_keep_runs_never_writes_into_its_file(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A verified file still being kept (its fsync slow) and a new fetch of the same file whose index now lies:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -88,7 +89,7 @@ from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
-from proxy.util.atomic import atomic_write, fsync_file
+from proxy.util.atomic import atomic_write
 from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,31 @@ class ReadAhead:
     def _drop(self, target: str) -> None:
         del self._held[target]
         self._size -= self._counted.pop(target, 0)
+
+
+def _written(fd: int) -> None:
+    """Raise what the writes to ``fd`` came to, as a close reports it (a network filesystem sends them at each
+    close), closing a duplicate: ``fd`` stays open for its fsync."""
+    os.close(os.dup(fd))
+
+
+def _fsync_and_close(fd: int) -> None:
+    """Make ``fd``'s file durable through the descriptor that wrote it, and close it whatever happens."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _discard(tmp: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+
+
+def _discard_unless_kept(tmp: Path, keeping: asyncio.Future[None]) -> None:
+    """A keep that failed, or was cancelled even before it ran, leaves no temp file behind."""
+    if keeping.cancelled() or keeping.exception() is not None:
+        _discard(tmp)
 
 
 class FileSource:
@@ -372,6 +398,10 @@ class FileSource:
                     detail=str(e),
                 )
                 raise
+            # What the writes came to, before anyone is answered: a network filesystem sends a file's writes at each
+            # close and reports there those that failed, whose pages it may drop (a reader would then get the
+            # server's bytes, not those verified).  Off the loop: on NFS that close is the whole upload.
+            await asyncio.to_thread(_written, fd)
             blob = Blob(digests["sha256"], path, download.available)
             # Verified: its readers send the last bytes now, not after the fsync of a whole file (seconds for a
             # big one on a busy disk); joiners meanwhile read the temp file's inode, later ones the kept file.
@@ -379,39 +409,37 @@ class FileSource:
             self.metrics.files.labels("ok").inc()
             self.metrics.file_bytes.inc(download.available)
             # Kept in a task of its own, which close() waits for: a gateway stopping after the answer still keeps it.
-            # Closed now (before the rename: a host sharing the directory over NFS sees the whole file once it
-            # sees the name); the keep fsyncs the file through a descriptor of its own.
-            closing, fd = fd, -1  # closed once even if close() fails: the number may be reused at once
-            try:
-                os.close(closing)
-            except OSError as e:  # a write the close reports failed (NFS): not kept, the answer stands
-                log.warning("could not keep %s: %s", download.key, e)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            keeping = asyncio.ensure_future(self._keep_fetched(tmp, path, download.key))
+            # The writing descriptor goes to a thread that fsyncs it and always closes it (before the rename: a host
+            # sharing the directory over NFS sees the whole file once it sees the name).
+            handed, fd = fd, -1
+            flushed = asyncio.get_running_loop().run_in_executor(None, _fsync_and_close, handed)
+            flushed.add_done_callback(lambda f: f.cancelled() or f.exception())  # heard by the keep, or by no one
+            keeping = asyncio.ensure_future(self._keep_fetched(flushed, download, tmp, path))
             self._tasks.add(keeping)
             keeping.add_done_callback(self._tasks.discard)
+            keeping.add_done_callback(functools.partial(_discard_unless_kept, tmp))
             await asyncio.shield(keeping)
         finally:
             if fd >= 0:
                 os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                _discard(tmp)
         return blob
 
-    async def _keep_fetched(self, tmp: Path, path: Path, target: str) -> None:
-        """Make a verified fetch's temp file durable and name it ``path``; taken for checked from then on."""
+    async def _keep_fetched(self, flushed: asyncio.Future[None], download: Download, tmp: Path, path: Path) -> None:
+        """Name a verified fetch's temp file ``path`` once ``flushed`` (its fsync) is done; taken for checked then."""
         try:
-            await asyncio.to_thread(fsync_file, tmp)
+            await flushed
             os.replace(tmp, path)
             st = os.stat(path)
-        except BaseException as e:  # answered already: only the kept copy is lost; the next request fetches again
-            if isinstance(e, OSError):
-                log.warning("could not keep %s: %s", target, e)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        except OSError as e:  # answered already: only the kept copy is lost; the next request fetches again
+            log.warning("could not keep %s: %s", download.key, e)
             raise
+        fd = download.open()
+        mine = fd is not None and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (st.st_dev, st.st_ino)
+        if fd is not None:
+            os.close(fd)
+        if not mine:  # another host sharing the directory renamed its own file there meanwhile: checked when served
+            return
         self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))  # it holds what was just verified
         if self.journal is not None:
-            self.journal.wrote([target])
+            self.journal.wrote([download.key])
