@@ -29,7 +29,8 @@ storage's), removed and fetched again.  A kept file is fsynced before its
 rename all the same: the bucket copy (``--store``) uploads what is on
 disk without checking it against pins.  Its readers do not wait for that
 fsync: the last bytes go out once the body verified
-(:meth:`~proxy.storage.downloads.Download.verified`), and the file is
+(:meth:`~proxy.storage.downloads.Download.verified`) and a close reported
+no failed write (a network filesystem reports them there), and the file is
 taken for checked once renamed, since it holds the bytes just verified.  The descriptor is closed before
 the rename, so a host sharing the directory over NFS (close-to-open) sees
 the whole file once it sees the name.
