@@ -36,6 +36,7 @@ from proxy.repository import Repository
 from proxy.repository.sample import build_wheel
 from proxy.storage.audit import AuditLog
 from proxy.storage.downloads import Download
+from proxy.storage.store import Blob
 from proxy.transport.local import LocalFetcher
 from proxy.trust.fetch import Want
 from tests.support.gatewayproc import GatewayProcess, gateway_init
@@ -261,6 +262,15 @@ def _index_of_one(tmp_path: Path, data: bytes) -> tuple[LocalFetcher, str, Path]
     return fetcher, f"{fetcher.base_url()}p-1.0-py3-none-any.whl", tmp_path / "public" / KEPT_TARGET
 
 
+def _fetch_kept(files: FileSource, fetcher: LocalFetcher, url: str, path: Path,
+                data: bytes) -> tuple[Download, asyncio.Future[Blob]]:
+    """The gateway's fetch of :func:`_index_of_one`'s file, in flight as a request would start it."""
+    download = Download(KEPT_TARGET, Want(KEPT_TARGET, {"sha256": digest("sha256", data)}, len(data), True, "pin"))
+    task = asyncio.ensure_future(files._fetch(download, fetcher, [url], path, None, "test"))
+    files._inflight.add(download, task)
+    return download, task
+
+
 def test_a_kept_file_is_on_disk_before_its_name_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gateway's bucket copy (``--store``) uploads kept files from disk without checking them against their
     pins, so each is fsynced before the rename that names it (files.py); the edge's blobs need not be."""
@@ -355,9 +365,7 @@ def test_a_write_the_filesystem_reports_failed_is_never_answered(tmp_path: Path,
     files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
 
     async def scenario() -> None:
-        download = Download(KEPT_TARGET, Want(KEPT_TARGET, {"sha256": digest("sha256", data)}, len(data), True, "pin"))
-        task = asyncio.ensure_future(files._fetch(download, fetcher, [url], path, None, "test"))
-        files._inflight.add(download, task)
+        download, task = _fetch_kept(files, fetcher, url, path, data)
         with pytest.raises(OSError):
             await task
         with pytest.raises(OSError):  # what a reader hears: never the whole file
@@ -366,6 +374,34 @@ def test_a_write_the_filesystem_reports_failed_is_never_answered(tmp_path: Path,
     asyncio.run(scenario())
     log.close()
     assert not path.parent.exists() or not list(path.parent.iterdir())  # nothing kept, no temp file left
+
+
+def test_an_fsync_that_never_returns_holds_a_stop_no_longer_than_its_bound(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that hangs the keep's fsync: close() gives up after CLOSE_WAIT and the event loop's run ends,
+    since the fsync runs in a thread of its own that nothing joins (asyncio's default executor would be)."""
+    data = b"a kept wheel's bytes " * 4000
+    fetcher, url, path = _index_of_one(tmp_path, data)
+    hung = threading.Event()
+    monkeypatch.setattr(os, "fsync", lambda fd: hung.wait())
+    monkeypatch.setattr("proxy.gateway.files.CLOSE_WAIT", 0.2)
+    log = AuditLog(tmp_path / "audit.jsonl")
+    files = FileSource(tmp_path / "public", None, None, log, GatewayMetrics(), 2**30)  # type: ignore[arg-type]
+
+    async def stop_while_hung() -> None:
+        download, _ = _fetch_kept(files, fetcher, url, path, data)
+        await asyncio.wait_for(asyncio.shield(download.result), 20)  # answered: the keep's fsync now hangs
+        await files.close()
+
+    stopped = threading.Thread(target=asyncio.run, args=(stop_while_hung(),))
+    try:
+        stopped.start()
+        stopped.join(20)
+        assert not stopped.is_alive() and not hung.is_set()
+    finally:
+        hung.set()
+        log.close()
+    assert not path.exists()  # never named: its fsync did not return
 
 
 def test_a_fetch_started_while_a_keep_runs_never_writes_into_its_file(tmp_path: Path,

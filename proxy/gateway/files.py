@@ -70,6 +70,7 @@ import functools
 import logging
 import os
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -175,6 +176,37 @@ def _fsync_and_close(fd: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _in_own_thread(fn: Callable[[int], None], fd: int) -> asyncio.Future[None]:
+    """``fn(fd)`` in a daemon thread of its own, as a future of the running loop.
+
+    Not asyncio's default executor, which ``asyncio.run`` joins at exit with no time limit: an fsync that a
+    failing disk never returns from would hold a stopping gateway past :meth:`FileSource.close`'s bound.  A
+    daemon thread is left behind instead, and the temp file with it, as a crash would leave it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():  # the keep was cancelled meanwhile
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        try:
+            fn(fd)
+        except BaseException as e:  # noqa: BLE001 - handed to the loop, whose keep reports it
+            error: BaseException | None = e
+        else:
+            error = None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits any more
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="keep-fsync", daemon=True).start()
+    return done
 
 
 def _discard(tmp: Path) -> None:
@@ -413,7 +445,7 @@ class FileSource:
             # The writing descriptor goes to a thread that fsyncs it and always closes it (before the rename: a host
             # sharing the directory over NFS sees the whole file once it sees the name).
             handed, fd = fd, -1
-            flushed = asyncio.get_running_loop().run_in_executor(None, _fsync_and_close, handed)
+            flushed = _in_own_thread(_fsync_and_close, handed)
             flushed.add_done_callback(lambda f: f.cancelled() or f.exception())  # heard by the keep, or by no one
             keeping = asyncio.ensure_future(self._keep_fetched(flushed, download, tmp, path))
             self._tasks.add(keeping)
