@@ -91,7 +91,7 @@ from proxy.transport.bucket import Bucket, BucketFetcher
 from proxy.transport.indexhttp import IndexHTTP
 from proxy.transport.upstream import Fetcher
 from proxy.trust.fetch import FileSink, Pace, Want, fetch_verified
-from proxy.util.atomic import atomic_write
+from proxy.util.atomic import atomic_write, discard
 from proxy.util.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -209,15 +209,10 @@ def _in_own_thread(fn: Callable[[int], None], fd: int) -> asyncio.Future[None]:
     return done
 
 
-def _discard(tmp: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-
-
 def _discard_unless_kept(tmp: Path, keeping: asyncio.Future[None]) -> None:
     """A keep that failed, or was cancelled even before it ran, leaves no temp file behind."""
     if keeping.cancelled() or keeping.exception() is not None:
-        _discard(tmp)
+        discard(tmp)
 
 
 class FileSource:
@@ -455,7 +450,7 @@ class FileSource:
         finally:
             if fd >= 0:
                 os.close(fd)
-                _discard(tmp)
+                discard(tmp)
         return blob
 
     async def _keep_fetched(self, flushed: asyncio.Future[None], download: Download, tmp: Path, path: Path) -> None:
@@ -468,9 +463,11 @@ class FileSource:
             log.warning("could not keep %s: %s", download.key, e)
             raise
         fd = download.open()
-        mine = fd is not None and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (st.st_dev, st.st_ino)
-        if fd is not None:
-            os.close(fd)
+        try:
+            mine = fd is not None and os.path.samestat(os.fstat(fd), st)
+        finally:
+            if fd is not None:
+                os.close(fd)
         if not mine:  # another host sharing the directory renamed its own file there meanwhile: checked when served
             return
         self._mark_checked((str(path), st.st_ino, st.st_mtime_ns, st.st_size))  # it holds what was just verified

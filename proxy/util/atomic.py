@@ -75,14 +75,15 @@ def _temp_beside(path: Path, data: bytes, mode: int, durable: bool) -> Path:
             if durable:
                 os.fsync(f.fileno())
     except BaseException:
-        _discard(Path(tmp))
+        discard(Path(tmp))
         raise
     return Path(tmp)
 
 
-def _discard(tmp: Path) -> None:
+def discard(path: Path) -> None:
+    """Remove ``path`` if it is there (a temp file given up on)."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+        os.unlink(path)
 
 
 def _replace(tmp: Path, path: Path) -> None:
@@ -90,7 +91,7 @@ def _replace(tmp: Path, path: Path) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        _discard(tmp)
+        discard(tmp)
         raise
 
 
@@ -109,7 +110,7 @@ def atomic_link(source: Path, path: Path) -> None:
         if os.path.samefile(source, path):
             return  # rename(2) of a link onto the same file does nothing and would leave tmp behind
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
-    _discard(tmp)  # left by a process that died between its link and its rename
+    discard(tmp)  # left by a process that died between its link and its rename
     os.link(source, tmp)
     os.replace(tmp, path)
 
@@ -172,7 +173,7 @@ class Batch:
         except BaseException:
             with contextlib.suppress(ValueError):
                 self._paths.remove(tmp)
-            _discard(tmp)
+            discard(tmp)
             raise
         _replace(tmp, path)
         fsync_dir(path.parent)
@@ -214,7 +215,7 @@ class InOrder:
             if before is not None:
                 await asyncio.shield(before)
         except BaseException:
-            _discard(tmp)
+            discard(tmp)
             raise
         await asyncio.to_thread(_replace, tmp, path)
 
