@@ -177,9 +177,10 @@ SERVE_HELP = """\
 The miss protocol: an edge (tufproxy serve) that finds no
 signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
 fetches the page from the first index that lists it, checks it, pins its
-files in DIR/gateway/ledger.jsonl, signs it (batched with whatever else
-arrives in --batch-window) and answers {"timestamp_version": N} once that
-timestamp is written, or 404 when no index lists the project. Edges run:
+files in DIR/gateway/ledger.jsonl, signs it (with the other clients' pages
+still being fetched, waiting at most --batch-window for them) and answers
+{"timestamp_version": N} once that timestamp is written, or 404 when no
+index lists the project. Edges run:
   tufproxy serve --upstream http://GATEWAY:8081/ \\
       --root DIR/public/metadata/1.root.json
 
