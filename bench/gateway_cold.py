@@ -21,7 +21,10 @@ at the start of every path's transfer, the floor's too, which flattered
 every ratio to it).
 
 Each is read to the end with one client (``curl -o /dev/null``); medians of
-``--rounds``.  The figure is the speed ratio nginx / tufproxy (the issue's
+``--rounds``.  For the tufproxy paths the bench also takes each server's CPU
+time (user and system, its process and workers, from ``/proc``) around the
+transfer: the steadier figure on a shared machine, whose walls move with
+the kernel's writeback of earlier rounds' files.  The figure is the speed ratio nginx / tufproxy (the issue's
 goal: at least 0.66).  ``--tree NAME=DIR`` (repeatable) runs the tufproxy
 tree at ``DIR`` (put first on ``PYTHONPATH``, as bench/uvab.py does) under
 that name, each in turn within every round: an A/B in one run; ``:VAR=VALUE``
@@ -44,7 +47,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from contenders import Server, _nginx_conf, free_port, nginx_argv  # noqa: E402
+from contenders import Server, _nginx_conf, _tree, free_port, nginx_argv  # noqa: E402
 from install import GatewayOnly, Index, Tufproxy, load  # noqa: E402
 
 from proxy.repository.sample import build_wheel  # noqa: E402
@@ -59,6 +62,19 @@ def big_wheel(mb: int) -> Path:
         return found[0]
     CACHE.mkdir(parents=True, exist_ok=True)
     return build_wheel(CACHE, "bigcold", f"{mb}.0", payload=os.urandom(mb << 20))
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    """User and system seconds of ``pid`` and its descendants (those alive now)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0.0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = user + int(fields[11]) / tick, system + int(fields[12]) / tick
+    return user, system
 
 
 def curl(url: str) -> float:
@@ -111,6 +127,8 @@ def main() -> None:
     [dist] = projects["bigcold"]
     index = Index(projects, 0.0)
     times: dict[str, list[float]] = {"floor": [], "nginx": [], **{name: [] for name in trees}}
+    # (path, server) -> (user, system) seconds per transfer
+    cpus: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-gateway-cold-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o755)  # nginx's worker runs as another user when we are root
@@ -127,8 +145,13 @@ def main() -> None:
                     chain.fresh()
                     try:
                         curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
+                        before = [cpu(server.proc.pid) for server in chain.servers]
                         times.setdefault(label, []).append(
                             curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
+                        for server, (u0, s0) in zip(chain.servers, before, strict=True):
+                            u1, s1 = cpu(server.proc.pid)
+                            if u1 + s1 > u0 + s0:  # not the edge the gateway-alone path leaves idle
+                                cpus.setdefault((label, server.name), []).append((u1 - u0, s1 - s0))
                     finally:
                         chain.stop()
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), file=sys.stderr)
@@ -141,6 +164,12 @@ def main() -> None:
     print("| path | median (s) | MB/s | all rounds (s) |\n|---|---:|---:|---|")
     for k, v in times.items():
         print(f"| {k} | {med[k]:.2f} | {size / med[k]:.0f} | {' '.join(f'{x:.2f}' for x in v)} |")
+    print("\nCPU seconds per transfer, user + system (medians of each):\n\n| path | server | user | system | total |"
+          "\n|---|---|---:|---:|---:|")
+    for (label, server), spent in cpus.items():
+        user, system = (statistics.median(x[i] for x in spent) for i in (0, 1))
+        total = statistics.median(u + s for u, s in spent)
+        print(f"| {label} | {server} | {user:.2f} | {system:.2f} | {total:.2f} |")
     for name in trees:
         print(f"\nspeed ratio nginx / {name}: **{med['nginx'] / med[name]:.2f}** (goal >= 0.66); the gateway alone "
               f"(one hop): {med['nginx'] / med[f'{name} gateway alone']:.2f}")

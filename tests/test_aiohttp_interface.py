@@ -1,4 +1,4 @@
-"""Fails loudly when the aiohttp internals that proxy.serving.listener uses change.
+"""Fails loudly when the aiohttp internals that proxy.serving.listener (and proxy.transport.receive) use change.
 
 The listener's connections report each request to the connection limits and
 answer warm pages from ``RequestHandler.data_received``; they must see exactly
@@ -16,6 +16,8 @@ import inspect
 
 import aiohttp
 from aiohttp import web
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import BaseConnector
 from aiohttp.http_writer import StreamWriter
 from aiohttp.web_protocol import RequestHandler
 
@@ -36,6 +38,19 @@ def test_every_private_name_the_listener_uses_exists() -> None:
     # Server.__call__ builds a RequestHandler(self, loop=self._loop, **self._kwargs): ours does the same.
     source = inspect.getsource(web.Server.__call__)
     assert "self._loop" in source and "self._kwargs" in source, source
+
+
+def test_what_the_receiver_takes_over_still_behaves_as_it_assumes() -> None:
+    # The receiver (proxy.transport.receive; its live tests: tests/test_receive.py) pauses aiohttp's
+    # protocol, which must also stop sock_read's timer: the receiver's reads are timed by their caller.
+    assert "self._drop_timeout()" in inspect.getsource(ResponseHandler.pause_reading)
+    # Its connection is forced closed, and a connection released is closed (never pooled) when its
+    # protocol says so: the parser still expects the body the receiver took.
+    assert "self._should_close = True" in inspect.getsource(ResponseHandler.force_close)
+    assert "self._should_close" in inspect.getsource(ResponseHandler.should_close.fget)  # type: ignore[attr-defined]
+    assert "should_close or protocol.should_close" in inspect.getsource(BaseConnector._release)
+    # What the parser received of the body before the takeover is all in the payload's buffer.
+    assert "def read_nowait(self, n: int = -1)" in inspect.getsource(aiohttp.StreamReader)
 
 
 def test_the_private_names_still_mean_what_the_listener_assumes() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.protocol.errors import HashMismatch, LengthMismatch, RepositoryError, UpstreamUnreachable
 from proxy.protocol.hashing import UnsupportedHashes
+from proxy.transport import upstream
 from proxy.transport.upstream import AiohttpFetcher
 from proxy.trust.fetch import BytesSink, MissingUpstream, Observer, Pace, Want, fetch_verified
 from tests.support.faults import Fault, FaultyUpstream
@@ -55,8 +56,11 @@ def mirrors(tmp_path: Path) -> Iterator[list[FaultyUpstream]]:
         u.stop()
 
 
-@pytest.fixture
-async def fetcher() -> AsyncIterator[AiohttpFetcher]:
+@pytest.fixture(params=["aiohttp-reads", "received-into-buffers"])
+async def fetcher(request, monkeypatch) -> AsyncIterator[AiohttpFetcher]:
+    """Every test twice: bodies read through aiohttp, and received straight into the fetch's buffers."""
+    if request.param == "received-into-buffers":
+        monkeypatch.setattr(upstream, "RECEIVE_MIN", 2**20)  # DATA is 3 MiB
     f = AiohttpFetcher(connect_timeout=2, read_timeout=2, total_timeout=None)
     yield f
     await f.close()

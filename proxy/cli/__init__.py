@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from proxy import __version__
 from proxy.protocol.errors import EXIT_ERROR, CommandError
-from proxy.util import logs
+from proxy.util import logs, malloc
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -152,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     logs.configure(("warning", "info", "debug")[min(args.verbose, 2)])
+    malloc.tune()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -193,7 +193,7 @@ class Tee:
         self.writer = writer
         self.download = download
 
-    async def write(self, data: bytes | bytearray) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         await self.writer.write(data)
         self.download.available += len(data)
         self.download._notify()

@@ -502,7 +502,7 @@ class BlobWriter:
             self._state = "failed"
             raise disk_error(exc, what) from exc
 
-    async def write(self, data: bytes | bytearray) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data`` within the reserved space (growing it for a bounded length)."""
         self._check_open()
         end = self.size + len(data)

@@ -7,7 +7,7 @@ they cannot reach a log line, an audit record or a metric label.
 Redirects are followed by hand, at most ``max_redirects``, and only to an
 origin the caller allows; anything else is a refusal, not a fetch.
 Bodies are bounded and timed exactly as :class:`~proxy.transport.upstream.AiohttpFetcher`
-bounds an upstream's (its chunk reader is reused), and :meth:`IndexHTTP.stream`
+bounds an upstream's (its body reader is reused), and :meth:`IndexHTTP.stream`
 makes it the :class:`~proxy.transport.upstream.Fetcher` that the one fetch-and-verify
 (:func:`proxy.trust.fetch.fetch_verified`) streams pinned files with, into
 the indexes' own origins and the ``files_origins`` only.
@@ -34,6 +34,7 @@ from proxy.transport.upstream import (
     DownloadHTTPError,
     DownloadLengthError,
     DownloadTimeout,
+    ResponseBody,
 )
 
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -96,6 +97,7 @@ class IndexHTTP(AiohttpFetcher):
         """
         allowed_origins = {origin(a) for a in allowed}
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout, sock_read=self.read_timeout)
+        deadline = asyncio.get_running_loop().time() + total if total is not None else None
         accepting = {"Accept": accept} if accept else {}
         for name, header in (("ETag", "If-None-Match"), ("Last-Modified", "If-Modified-Since")):
             if conditional and conditional.get(name):
@@ -124,8 +126,7 @@ class IndexHTTP(AiohttpFetcher):
                 if response.content_length is not None and response.content_length > max_length:
                     raise DownloadLengthError(url, max_length, response.content_length)
                 yield Response(url, response.headers.get("Content-Type", ""),
-                               ByteStream(self._chunks(url, response, max_length, 0, 0), response.content_length),
-                               validators=validators)
+                               ResponseBody(self, url, response, max_length, 0, 0, deadline), validators=validators)
                 return
             finally:
                 response.release()

@@ -22,12 +22,17 @@ import aiohttp
 
 from proxy.protocol.errors import Fault
 from proxy.transport.credentials import OriginAuth
+from proxy.transport.receive import Receiver
 
 # A read waits for at least this much (or the body's end): the unit the read timeout applies to.
 CHUNK_SIZE = 64 * 1024
 # How much a response buffers before reading from its socket pauses. aiohttp's default (64 KiB)
 # pauses and resumes the socket every few reads of a fast body.
 READ_BUFFER = 2**18
+# A body of at least this announced length is received straight into the reader's buffers
+# (proxy.transport.receive): two copies fewer per byte, but its connection is closed after it. Below
+# it, the connection kept for the next request is worth more (a new one costs a round trip, over TLS three).
+RECEIVE_MIN = 16 * 2**20
 
 
 class DownloadError(Exception):
@@ -66,14 +71,65 @@ class DownloadTimeout(DownloadError):
 
 
 class ByteStream:
-    """The body of one response, as chunks; ``content_length`` if announced."""
+    """The body of one response, as chunks or into the reader's buffer; ``content_length`` if announced."""
 
     def __init__(self, chunks: AsyncIterator[bytes], content_length: int | None) -> None:
         self._chunks = chunks
         self.content_length = content_length
+        self._rest = memoryview(b"")  # what a readinto did not take of the last chunk
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks
+
+    async def readinto(self, view: memoryview) -> int:
+        """The next bytes of the body, written into ``view``: at least one, or 0 at its end.
+
+        Raises what iterating would.  Here a chunk is copied in; an upstream's large body is received
+        into ``view`` itself (:class:`ResponseBody`)."""
+        if not self._rest:
+            chunk = await anext(self._chunks, b"")
+            if not chunk:
+                return 0
+            self._rest = memoryview(chunk)
+        n = min(len(view), len(self._rest))
+        view[:n] = self._rest[:n]
+        self._rest = self._rest[n:]
+        return n
+
+
+class ResponseBody(ByteStream):
+    """An aiohttp response's body; one of :data:`RECEIVE_MIN` bytes or more is taken over on its first
+    :meth:`readinto` by a :class:`~proxy.transport.receive.Receiver` (read timeout and deadline still apply)."""
+
+    def __init__(self, fetcher: AiohttpFetcher, url: str, response: aiohttp.ClientResponse, max_length: int,
+                 start: int, skip: int, deadline: float | None) -> None:
+        super().__init__(fetcher._chunks(url, response, max_length, start, skip), response.content_length)
+        self._url = url
+        self._response = response
+        self._read_timeout = fetcher.read_timeout
+        self._deadline = deadline
+        headers = response.headers
+        # As aiohttp would deliver it: not compressed, not chunked, not continued from a byte we must drop.
+        self._receivable = (not skip and (response.content_length or 0) >= RECEIVE_MIN
+                            and headers.get("Content-Encoding", "identity") == "identity"
+                            and "Transfer-Encoding" not in headers)
+        self._receiver: Receiver | None = None
+
+    async def readinto(self, view: memoryview) -> int:
+        if not self._receivable or self._rest:
+            return await super().readinto(view)
+        wait = self._read_timeout
+        if self._deadline is not None:
+            wait = min(wait, self._deadline - asyncio.get_running_loop().time())
+        try:
+            if self._receiver is None:
+                self._receiver = Receiver(self._response)
+            async with asyncio.timeout(wait):
+                return await self._receiver.readinto(view)
+        except TimeoutError as e:
+            raise DownloadTimeout(self._url, "timed out reading") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise DownloadError(self._url, f"{type(e).__name__}: {e}") from e
 
 
 class Fetcher(ABC):
@@ -154,6 +210,7 @@ class AiohttpFetcher(Fetcher):
             sock_connect=self.connect_timeout,
             sock_read=self.read_timeout,
         )
+        deadline = asyncio.get_running_loop().time() + self.total_timeout if self.total_timeout is not None else None
         try:
             # sock_read restarts on every byte: a header drip must not outlast this.
             async with asyncio.timeout(self.connect_timeout + self.read_timeout):
@@ -172,7 +229,7 @@ class AiohttpFetcher(Fetcher):
             announced = response.content_length
             if announced is not None and start - skip + announced > max_length:
                 raise DownloadLengthError(url, max_length, start - skip + announced)
-            yield ByteStream(self._chunks(url, response, max_length, start, skip), announced)
+            yield ResponseBody(self, url, response, max_length, start, skip, deadline)
         finally:
             response.release()
 

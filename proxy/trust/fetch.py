@@ -44,10 +44,34 @@ _THREAD_HASH_MIN = 256 * 1024
 # Measured (bench/coldab.py; bench/coldpath.py under load 5): 1 MiB batches with 1 MiB more buffered
 # take a cold 212 MB file in ~100 hand-offs instead of ~400 with 256 KiB/512 KiB, for ~20 % less CPU;
 # 2 MiB buffered was no faster and let 50 concurrent downloads at 4 MiB/s, starved of CPU, reach 264 MB.
-_BATCH = 2**20
+# Not a power of two: writes of exactly 1 MiB at offsets that are multiples of 1 MiB made this machine's
+# kernel (6.18, ext4) spend about twice the system time copying them into the page cache, a cold 287 MB
+# file through edge -> gateway taking 0.96-1.25 s against 0.66-0.75 s (bench/results/gateway_cold.md).
+_BATCH = 2**20 + 2**16
 _BATCH_DELAY = 0.05
-# Received bytes waiting for the hasher/writer are capped here (memory per download).
-_MAX_BUFFERED = _BATCH
+
+
+class _Slots:
+    """Batch buffers, reused from one body to the next (at most ``keep`` idle).
+
+    A body is read into memory already faulted in: a new 1 MiB buffer per batch cost its page faults
+    (and their zeroing) every time.  A download holds two: the one being filled, and the one being hashed
+    and written, which caps the bytes received but not yet hashed and written at one batch."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self.size, self.keep = size, keep
+        self._idle: list[bytearray] = []
+
+    def take(self) -> bytearray:
+        return self._idle.pop() if self._idle else bytearray(self.size)
+
+    def give(self, *slots: bytearray) -> None:
+        for slot in slots:
+            if len(self._idle) < self.keep:
+                self._idle.append(slot)
+
+
+_SLOTS = _Slots(_BATCH, keep=8)
 
 
 class MissingUpstream(NotFound):
@@ -89,9 +113,12 @@ class Pace:
 
 
 class Sink(Protocol):
-    """Where received (not yet verified) bytes go, in order; ``data`` is the sink's to keep."""
+    """Where received (not yet verified) bytes go, in order.
 
-    async def write(self, data: bytes | bytearray) -> None: ...
+    ``data`` is valid during the call only (its buffer receives the next bytes after): a sink that keeps
+    it copies it."""
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None: ...
 
     async def restart(self) -> None:
         """Drop everything written: the body starts over."""
@@ -111,10 +138,10 @@ class BytesSink:
     """A sink in memory, for pages and other small targets."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes | bytearray] = []
+        self.parts: list[bytes] = []
 
-    async def write(self, data: bytes | bytearray) -> None:
-        self.parts.append(data)
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.parts.append(bytes(data))
 
     async def restart(self) -> None:
         self.parts.clear()
@@ -196,55 +223,59 @@ class _Fetch:
         self.kept = 0
 
     async def _one(self, url: str, start: int) -> None:
-        """Receive one mirror's body from ``start`` on; hashing and writing trail one batch behind."""
-        pending: asyncio.Task[None] | None = None
-        buffered = bytearray()
+        """Receive one mirror's body from ``start`` on; hashing and writing trail one batch behind.
+
+        The body is read into one batch buffer while the other is hashed and written."""
+        pending: asyncio.Future[None] | None = None
+        slot, spare = _SLOTS.take(), _SLOTS.take()
+        filled = 0
         try:
             async with self.fetcher.stream(url, self.want.length, start) if start else \
                     self.fetcher.stream(url, self.want.length) as body:
-                chunks = aiter(body)
                 began, got = time.monotonic(), 0
                 handed = began
                 while True:
                     try:
                         async with asyncio.timeout(self._wait(time.monotonic() - began, got)):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
+                            n = await body.readinto(memoryview(slot)[filled:])
                     except TimeoutError:
                         raise DownloadTimeout(url, f"too slow: {got} bytes in {time.monotonic() - began:.1f}s "
                                                    f"(stall {self.pace.stall:g}s, minimum {self.pace.min_rate:g} B/s)") from None
-                    got += len(chunk)
-                    self.verifier.admit(len(chunk))
-                    buffered += chunk
-                    if pending is not None and (pending.done() or len(buffered) >= _MAX_BUFFERED):
+                    if not n:
+                        break
+                    got += n
+                    filled += n
+                    self.verifier.admit(n)
+                    if pending is not None and (pending.done() or filled == len(slot)):
                         await pending
                         pending = None
-                    # Hand over batches, not chunks (fewer thread hops), but never sit on bytes long.
+                    # Hand over batches, not reads (fewer thread hops), but never sit on bytes long; a full
+                    # buffer is always handed over (the next read needs room).
                     now = time.monotonic()
-                    if pending is None and (len(buffered) >= _BATCH or now - handed >= _BATCH_DELAY):
-                        # Handed over whole, not copied: the next bytes go into a new buffer.
-                        pending = asyncio.ensure_future(self._keep(buffered))
-                        buffered = bytearray()
-                        handed = now
+                    if pending is None and (filled == len(slot) or now - handed >= _BATCH_DELAY):
+                        pending = asyncio.ensure_future(self._keep(memoryview(slot)[:filled]))
+                        slot, spare, filled, handed = spare, slot, 0, now
         except DownloadError:
             # What arrived before the failure is good for the next mirror to continue from.
             if pending is not None:
                 await pending
-            if buffered:
-                await self._keep(buffered)
+            if filled:
+                await self._keep(memoryview(slot)[:filled])
+            _SLOTS.give(slot, spare)
             raise
         except BaseException:
             if pending is not None:
                 # Leaving early (a refusal, cancellation): the thread finishes before anyone restarts.
+                # The buffers are not reused: a thread may still read one if this wait is cancelled.
                 await asyncio.shield(asyncio.wait([pending]))
                 if not pending.cancelled():
                     pending.exception()  # retrieved: the error being raised is the one that matters
             raise
         if pending is not None:
             await pending
-        if buffered:
-            await self._keep(buffered)
+        if filled:
+            await self._keep(memoryview(slot)[:filled])
+        _SLOTS.give(slot, spare)
 
     def _wait(self, elapsed: float, got: int) -> float:
         """Seconds the next chunk may take: the stall limit, or less if the rate would fall too low."""
@@ -253,7 +284,7 @@ class _Fetch:
         on_the_line = self.pace.grace + (got + CHUNK_SIZE) / self.pace.min_rate - elapsed
         return max(0.0, min(self.pace.stall, on_the_line))
 
-    async def _keep(self, data: bytearray) -> None:
+    async def _keep(self, data: memoryview) -> None:
         self.kept += len(data)
         if len(data) >= _THREAD_HASH_MIN:
             # One thread per digest (sha512 is the slow one), beside the write: on several
@@ -272,7 +303,7 @@ class FileSink:
         self.fd = fd
         self.size = 0
 
-    async def write(self, data: bytes | bytearray) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         await asyncio.to_thread(pwrite_all, self.fd, data, self.size)
         self.size += len(data)
 
@@ -281,7 +312,7 @@ class FileSink:
         self.size = 0
 
 
-def pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (blocking: run it in a thread)."""
     view = memoryview(data)
     while view:
