@@ -32,9 +32,10 @@ def churn(**env: str) -> tuple[str, int]:
 
 
 def test_streamed_blocks_reuse_their_pages_and_the_operators_settings_win() -> None:
-    tuned, faults = churn()
+    tuned, faults = churn(GLIBC_TUNABLES="glibc.malloc.arena_max=4")  # another tunable: still set
     # The operator's own setting (here: the trim threshold alone) is left as it is, and costs the faults.
     kept, default_faults = churn(MALLOC_TRIM_THRESHOLD_="131072")
+    assert churn(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072")[0] == "False"
     assert (tuned, kept) == ("True", "False")
     # About 100 MB through 4,000 blocks: each one's pages faulted in afresh without the settings.
     assert faults * 5 < default_faults, (faults, default_faults)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import os
+import socket
 import ssl
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +22,9 @@ from aiohttp import web
 
 from proxy.transport import upstream
 from proxy.transport.upstream import AiohttpFetcher, ByteStream, DownloadError, DownloadTimeout, ResponseBody
+from proxy.trust.fetch import BytesSink, Want, fetch_verified
 from tests.support.certs import CA
+from tests.support.poll import poll
 
 BIG = os.urandom(upstream.RECEIVE_MIN + 123_457)
 SMALL = os.urandom(5000)
@@ -191,6 +196,89 @@ async def test_a_compressed_body_is_left_to_aiohttp(monkeypatch) -> None:
     try:
         async with raw_server(gzipped) as url, fetcher.stream(url, 2**30) as body:
             assert await read_all(body) == plain
+            assert body._receiver is None  # type: ignore[attr-defined]
+    finally:
+        await fetcher.close()
+
+
+def _tls_pair(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    ca = CA(directory)
+    ca.issue(directory / "cert.pem", directory / "key.pem")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(directory / "cert.pem", directory / "key.pem")
+    return server, ssl.create_default_context(cafile=str(ca.path))
+
+
+async def test_fetch_verified_over_tls_fills_whole_batches(tmp_path: Path, monkeypatch) -> None:
+    # Each batch buffer is filled to its end, after which asyncio's TLS layer reads again at once: into the
+    # spill, which must keep those bytes (a bytearray handed to it would be sliced into copies and lose them).
+    monkeypatch.setattr(upstream, "RECEIVE_MIN", 2**20)
+    server_tls, client_tls = _tls_pair(tmp_path)
+    fetcher = AiohttpFetcher(ssl_context=client_tls)
+    want = Want("big", {"sha256": hashlib.sha256(BIG).hexdigest()}, len(BIG))
+    try:
+        async with aiohttp_server(server_tls) as (base, _):
+            sink = BytesSink()
+            await fetch_verified(fetcher, want, [base + "big"], sink)
+            assert sink.value() == BIG
+    finally:
+        await fetcher.close()
+
+
+async def test_a_tls_body_its_server_closes_after_arrives_whole_in_small_reads(tmp_path: Path, monkeypatch) -> None:
+    # The close reaches asyncio's TLS layer while the receiver is paused between reads, the body's last
+    # 150 kB still held there; shutting down, that layer reads into one buffer only, so the buffer it is given
+    # must take all it holds, however small the reader's view.
+    monkeypatch.setattr(upstream, "RECEIVE_MIN", 1024)
+    server_tls, client_tls = _tls_pair(tmp_path)
+    data = os.urandom(3_000_000)
+    closed = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:  # a plain TLS socket: its close is a FIN, with no TLS shutdown to wait for
+        connection, _ = listener.accept()
+        with server_tls.wrap_socket(connection, server_side=True) as tls_socket:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls_socket.recv(65536)
+            tls_socket.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(data)
+                               + data)
+        closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    fetcher = AiohttpFetcher(ssl_context=client_tls)
+    try:
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}/f"
+        async with fetcher.stream(url, len(data)) as body:
+            buffer = memoryview(bytearray(len(data)))
+            got = 0
+            while got < len(data) - 150_000:
+                got += await body.readinto(buffer[got:len(data) - 150_000])
+            assert await asyncio.to_thread(closed.wait, 30)
+            tls = body._receiver._transport._ssl_protocol  # type: ignore[attr-defined]  # asyncio's TLS layer
+            await poll(lambda: tls._eof_received, "the close seen by the TLS layer while the receiver is paused")
+            while n := await body.readinto(buffer[got:got + 16_384]):
+                got += n
+            assert buffer[:got] == data
+    finally:
+        await fetcher.close()
+        listener.close()
+        thread.join(30)
+
+
+async def test_a_body_aiohttp_already_had_whole_is_read_from_it(monkeypatch) -> None:
+    monkeypatch.setattr(upstream, "RECEIVE_MIN", 1024)
+    data = os.urandom(5000)
+
+    async def whole(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data) + data)  # one write, one segment
+        await writer.drain()
+
+    fetcher = AiohttpFetcher()
+    try:
+        async with raw_server(whole) as url, fetcher.stream(url, 2**20) as body:
+            assert await read_all(body) == data
             assert body._receiver is None  # type: ignore[attr-defined]
     finally:
         await fetcher.close()

@@ -12,7 +12,10 @@ decryption) land in the buffer the reader passes to
 
 The transport reads only while a :meth:`~Receiver.readinto` waits and
 never past the announced length, so the body is exactly what aiohttp's
-parser would have delivered, minus its copies.  A connection taken over is
+parser would have delivered, minus its copies.  Over TLS, the part of a
+read that would not fit in the reader's buffer (asyncio's TLS layer must
+be offered all it holds) goes through a spill buffer: one copy for that
+part.  A connection taken over is
 closed after its body (its parser still expects the body it never saw);
 which bodies are worth that is the caller's choice
 (:data:`proxy.transport.upstream.RECEIVE_MIN`).  The aiohttp internals this
@@ -38,14 +41,16 @@ class Receiver(asyncio.BufferedProtocol):
     """
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
+        # Only for a body aiohttp has not had whole: it releases the connection at the body's end.
         connection = response.connection
-        if connection is None or connection.protocol is None or connection.transport is None:
-            raise ConnectionError("the connection was closed before its body")
-        inner = connection.protocol
+        assert connection is not None and connection.protocol is not None and connection.transport is not None
         assert response.content_length is not None
-        inner.pause_reading()  # also stops its read timeout: the caller times each readinto
+        inner = connection.protocol
         # What aiohttp's parser had already received of the body is read first.
         self._buffered = memoryview(response.content.read_nowait(-1))
+        # Paused after that read, which resumes a protocol its buffer had paused: the transport reads only into
+        # this receiver's buffers from here on, and aiohttp's read timeout stops (the caller times readinto).
+        inner.pause_reading()
         self._remaining = response.content_length - len(self._buffered)  # still in the socket
         self._inner = inner
         self._transport = connection.transport
@@ -57,51 +62,55 @@ class Receiver(asyncio.BufferedProtocol):
         self._into_spill = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: str | None = None
-        if not self._remaining:  # aiohttp had it all: its connection goes back to the pool as usual
-            inner.resume_reading()
-            return
         # Its parser still expects this body: the connection must never serve another request.
         inner.force_close()
         self._transport.set_protocol(self)
 
     async def readinto(self, view: memoryview) -> int:
         """Bytes of the body written into ``view`` (at least one, or 0 at the body's end)."""
-        if self._buffered:
-            n = min(len(view), len(self._buffered))
-            view[:n], self._buffered = self._buffered[:n], self._buffered[n:]
-            return n
-        if self._spilled:
-            n = min(len(view), len(self._spilled))
-            view[:n] = self._spilled[:n]
-            del self._spilled[:n]
-            return n
-        if self._remaining == 0 or not view:
-            return 0
-        if self._error is not None:
-            raise ConnectionError(self._error)
-        self._view, self._got, self._wake = view, 0, min(len(view), _WAKE, self._remaining)
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._transport.resume_reading()
-        try:
-            await self._waiter
-        finally:
-            if not self._transport.is_closing():
-                self._transport.pause_reading()
-            got, self._view, self._waiter = self._got, None, None
-        if not got and self._error is not None:
-            raise ConnectionError(self._error)
-        return got
+        while True:
+            if self._buffered:
+                n = min(len(view), len(self._buffered))
+                view[:n], self._buffered = self._buffered[:n], self._buffered[n:]
+                return n
+            if self._spilled:
+                n = min(len(view), len(self._spilled))
+                view[:n] = self._spilled[:n]
+                del self._spilled[:n]
+                return n
+            if self._remaining == 0 or not view:
+                return 0
+            if self._error is not None:
+                raise ConnectionError(self._error)
+            self._view, self._got, self._wake = view, 0, min(len(view), _WAKE, self._remaining)
+            self._waiter = asyncio.get_running_loop().create_future()
+            self._transport.resume_reading()
+            try:
+                await self._waiter
+            finally:
+                if not self._transport.is_closing():
+                    self._transport.pause_reading()
+                got, self._view, self._waiter = self._got, None, None
+            if got:
+                return got
+            # Woken with nothing in the view: spilled bytes (taken above), the body's end, or an error.
 
     # asyncio.BufferedProtocol
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         view = self._view
-        self._into_spill = view is None or self._got == len(view) or self._remaining == 0
+        room = 0 if view is None else min(len(view) - self._got, self._remaining)
+        # The spill when the view has no room, or less than asyncio's TLS layer asks for (``sizehint``, the
+        # bytes it holds): as it shuts down it reads into one buffer only, and what did not fit would be lost.
+        self._into_spill = room <= 0 or room < sizehint
         if self._into_spill:
-            # Never empty (asyncio refuses that); what lands here past the body is dropped.
-            return self._spill
+            if len(self._spill) < sizehint:
+                self._spill = bytearray(sizehint)
+            # Never empty (asyncio refuses that); a memoryview, as TLS reads into slices of it; bytes past the
+            # body's end are dropped.
+            return memoryview(self._spill)
         assert view is not None
-        return view[self._got:self._got + self._remaining]
+        return view[self._got:self._got + room]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._into_spill:

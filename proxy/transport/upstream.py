@@ -115,8 +115,14 @@ class ResponseBody(ByteStream):
                             and "Transfer-Encoding" not in headers)
         self._receiver: Receiver | None = None
 
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._receivable = False  # read through aiohttp once iterated: the receiver would not know what was
+        return super().__aiter__()
+
     async def readinto(self, view: memoryview) -> int:
-        if not self._receivable or self._rest:
+        if self._receiver is None and (not self._receivable or self._rest or self._response.connection is None):
+            # No connection: aiohttp had the whole body already (and released the connection at its end).
+            self._receivable = False
             return await super().readinto(view)
         wait = self._read_timeout
         if self._deadline is not None:

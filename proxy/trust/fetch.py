@@ -56,18 +56,26 @@ class _Slots:
 
     A body is read into memory already faulted in: a new 1 MiB buffer per batch cost its page faults
     (and their zeroing) every time.  A download holds two: the one being filled, and the one being hashed
-    and written, which caps the bytes received but not yet hashed and written at one batch."""
+    and written, which caps the bytes received but not yet hashed and written at one batch.  A body that
+    announces less than a batch (a page, a small file) gets one buffer of its size instead, never pooled:
+    zeroing a batch's worth of memory for a few kilobytes cost more than the copies saved."""
 
     def __init__(self, size: int, keep: int) -> None:
         self.size, self.keep = size, keep
         self._idle: list[bytearray] = []
 
-    def take(self) -> bytearray:
-        return self._idle.pop() if self._idle else bytearray(self.size)
+    def take(self, size: int) -> bytearray:
+        """A buffer of ``size`` bytes (a reused one if that is the pool's size)."""
+        if size == self.size:
+            try:
+                return self._idle.pop()
+            except IndexError:  # none idle (or another thread's event loop took the last one)
+                pass
+        return bytearray(size)
 
-    def give(self, *slots: bytearray) -> None:
+    def give(self, *slots: bytearray | None) -> None:
         for slot in slots:
-            if len(self._idle) < self.keep:
+            if slot is not None and len(slot) == self.size and len(self._idle) < self.keep:
                 self._idle.append(slot)
 
 
@@ -227,11 +235,15 @@ class _Fetch:
 
         The body is read into one batch buffer while the other is hashed and written."""
         pending: asyncio.Future[None] | None = None
-        slot, spare = _SLOTS.take(), _SLOTS.take()
+        slot: bytearray | None = None
+        spare: bytearray | None = None
         filled = 0
         try:
             async with self.fetcher.stream(url, self.want.length, start) if start else \
                     self.fetcher.stream(url, self.want.length) as body:
+                # One byte more than announced: the read that finds the end needs room, not a new buffer.
+                size = _BATCH if body.content_length is None else min(_BATCH, body.content_length + 1)
+                slot = _SLOTS.take(size)
                 began, got = time.monotonic(), 0
                 handed = began
                 while True:
@@ -247,34 +259,32 @@ class _Fetch:
                     filled += n
                     self.verifier.admit(n)
                     if pending is not None and (pending.done() or filled == len(slot)):
-                        await pending
+                        (await _settled(pending)).result()
                         pending = None
                     # Hand over batches, not reads (fewer thread hops), but never sit on bytes long; a full
                     # buffer is always handed over (the next read needs room).
                     now = time.monotonic()
                     if pending is None and (filled == len(slot) or now - handed >= _BATCH_DELAY):
                         pending = asyncio.ensure_future(self._keep(memoryview(slot)[:filled]))
-                        slot, spare, filled, handed = spare, slot, 0, now
+                        slot, spare, filled, handed = spare or _SLOTS.take(size), slot, 0, now
         except DownloadError:
             # What arrived before the failure is good for the next mirror to continue from.
             if pending is not None:
-                await pending
-            if filled:
-                await self._keep(memoryview(slot)[:filled])
+                (await _settled(pending)).result()
+            if filled and slot is not None:
+                (await _settled(asyncio.ensure_future(self._keep(memoryview(slot)[:filled])))).result()
             _SLOTS.give(slot, spare)
             raise
         except BaseException:
-            if pending is not None:
-                # Leaving early (a refusal, cancellation): the thread finishes before anyone restarts.
-                # The buffers are not reused: a thread may still read one if this wait is cancelled.
-                await asyncio.shield(asyncio.wait([pending]))
-                if not pending.cancelled():
-                    pending.exception()  # retrieved: the error being raised is the one that matters
+            # Leaving early (a refusal, cancellation): the keep's threads end before anyone restarts or closes
+            # the sink; its error is retrieved, the one being raised is the one that matters.
+            if pending is not None and not (await _settled(pending)).cancelled():
+                pending.exception()
             raise
         if pending is not None:
-            await pending
-        if filled:
-            await self._keep(memoryview(slot)[:filled])
+            (await _settled(pending)).result()
+        if filled and slot is not None:
+            (await _settled(asyncio.ensure_future(self._keep(memoryview(slot)[:filled])))).result()
         _SLOTS.give(slot, spare)
 
     def _wait(self, elapsed: float, got: int) -> float:
@@ -288,12 +298,30 @@ class _Fetch:
         self.kept += len(data)
         if len(data) >= _THREAD_HASH_MIN:
             # One thread per digest (sha512 is the slow one), beside the write: on several
-            # cores the batch costs the slowest of them, not their sum.
-            await asyncio.gather(*(asyncio.to_thread(update, data) for update in self.verifier.updaters()),
-                                 self.sink.write(data))
+            # cores the batch costs the slowest of them, not their sum.  Every part ends before an error
+            # is raised: a thread still reading the buffer must not outlive the keep.
+            for outcome in await asyncio.gather(
+                    *(asyncio.to_thread(update, data) for update in self.verifier.updaters()),
+                    self.sink.write(data), return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
         else:
             self.verifier.hash(data)
             await self.sink.write(data)
+
+
+async def _settled(task: asyncio.Future[None]) -> asyncio.Future[None]:
+    """``task`` once it has ended, waiting through a cancellation (raised after): a keep's threads read the
+    fetch's buffer and write to its sink's descriptor, which its owner closes once the fetch ends."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task
 
 
 class FileSink:

@@ -11,8 +11,9 @@ system time with the defaults, ~100 and 0.21-0.26 s with these settings.
 Fixed thresholds keep such blocks on the heap, whose pages stay in use;
 the price is at most ``TRIM_THRESHOLD`` bytes of free heap kept per arena.
 
-Settings the operator made (``MALLOC_*_`` variables, ``GLIBC_TUNABLES``)
-win; other C libraries are left alone.
+Thresholds the operator set (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, or either in ``GLIBC_TUNABLES``) win; other C
+libraries are left alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 2 * 2**20
 # Free heap above this is given back to the kernel.
 TRIM_THRESHOLD = 8 * 2**20
-_OPERATOR_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
+def _operator_set() -> bool:
+    """Whether the operator set either threshold (the old variables, or glibc's tunables)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return True
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return "glibc.malloc.mmap_threshold" in tunables or "glibc.malloc.trim_threshold" in tunables
 
 
 def tune() -> bool:
@@ -36,7 +44,7 @@ def tune() -> bool:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (ValueError, OSError):  # not a name this platform knows
         libc = ""
-    if not libc.startswith("glibc") or any(name in os.environ for name in _OPERATOR_SETTINGS):
+    if not libc.startswith("glibc") or _operator_set():
         return False
     mallopt = ctypes.CDLL(None).mallopt
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
