@@ -85,13 +85,7 @@ async def raw_server(answer: Callable[[asyncio.StreamWriter], Awaitable[None]]) 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 async def test_a_large_body_is_received_whole_and_its_connection_never_reused(tmp_path: Path, tls: bool) -> None:
-    server_tls = client_tls = None
-    if tls:
-        ca = CA(tmp_path)
-        ca.issue(tmp_path / "cert.pem", tmp_path / "key.pem")
-        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server_tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-        client_tls = ssl.create_default_context(cafile=str(ca.path))
+    server_tls, client_tls = _tls_pair(tmp_path) if tls else (None, None)
     fetcher = AiohttpFetcher(ssl_context=client_tls)
     try:
         async with aiohttp_server(server_tls) as (base, ports):
@@ -183,18 +177,20 @@ async def test_bytes_past_the_announced_length_are_never_read(monkeypatch) -> No
         await fetcher.close()
 
 
-async def test_a_compressed_body_is_left_to_aiohttp(monkeypatch) -> None:
+@pytest.mark.parametrize("case", ["compressed", "already-whole"])
+async def test_a_body_is_left_to_aiohttp(monkeypatch, case: str) -> None:
+    """One aiohttp decompresses, and one it had whole already (it released the connection at its end)."""
     monkeypatch.setattr(upstream, "RECEIVE_MIN", 1024)
-    plain = os.urandom(100_000) * 20
-    packed = gzip.compress(plain)
+    plain = os.urandom(100_000) * 20 if case == "compressed" else os.urandom(5000)
+    sent, headers = (gzip.compress(plain), b"Content-Encoding: gzip\r\n") if case == "compressed" else (plain, b"")
 
-    async def gzipped(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed) + packed)
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (headers, len(sent)) + sent)  # one write
         await writer.drain()
 
     fetcher = AiohttpFetcher()
     try:
-        async with raw_server(gzipped) as url, fetcher.stream(url, 2**30) as body:
+        async with raw_server(answer) as url, fetcher.stream(url, 2**30) as body:
             assert await read_all(body) == plain
             assert body._receiver is None  # type: ignore[attr-defined]
     finally:
@@ -265,20 +261,3 @@ async def test_a_tls_body_its_server_closes_after_arrives_whole_in_small_reads(t
         await fetcher.close()
         listener.close()
         thread.join(30)
-
-
-async def test_a_body_aiohttp_already_had_whole_is_read_from_it(monkeypatch) -> None:
-    monkeypatch.setattr(upstream, "RECEIVE_MIN", 1024)
-    data = os.urandom(5000)
-
-    async def whole(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data) + data)  # one write, one segment
-        await writer.drain()
-
-    fetcher = AiohttpFetcher()
-    try:
-        async with raw_server(whole) as url, fetcher.stream(url, 2**20) as body:
-            assert await read_all(body) == data
-            assert body._receiver is None  # type: ignore[attr-defined]
-    finally:
-        await fetcher.close()
