@@ -6,7 +6,7 @@ default: this one), a fresh process fetches it ``--count`` times through
 ``proxy.trust.fetch.fetch_verified`` into a temp file (sha256 checked, as a
 cold file is at each hop), after two untimed fetches, having made glibc's
 malloc settings as a tufproxy command does (``proxy.util.malloc.tune``, where
-the tree has it).  It prints that process's user and system CPU seconds, its
+the tree has it; ``:BENCH_MALLOC=default`` after a tree's directory keeps glibc's own).  It prints that process's user and system CPU seconds, its
 minor page faults and the wall time, per tree, ``--rounds`` times in turn.
 
     python bench/fetch_cpu.py [--mb 8] [--count 40] [--rounds 3] [--tree NAME=DIR[:VAR=VALUE...] ...]
@@ -42,11 +42,12 @@ SERVER = textwrap.dedent("""
 
 CLIENT = textwrap.dedent("""
     import asyncio, hashlib, os, resource, sys, tempfile, time
-    try:
-        from proxy.util import malloc
-        malloc.tune()
-    except ImportError:
-        pass
+    if os.environ.get("BENCH_MALLOC") != "default":  # BENCH_MALLOC=default: glibc's own thresholds
+        try:
+            from proxy.util import malloc
+            malloc.tune()
+        except ImportError:
+            pass
     from proxy.transport.upstream import AiohttpFetcher
     from proxy.trust.fetch import FileSink, Want, fetch_verified
     path, url, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
