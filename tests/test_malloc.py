@@ -19,7 +19,7 @@ CHURN = textwrap.dedent("""
     from proxy.util import malloc
     print(malloc.tune())
     ring = collections.deque(maxlen=3)
-    for i in range(4000):
+    for i in range(1500):
         ring.append(b"\\x01" * (200_000 + (i * 7919) % 60_000))
     print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 """)
@@ -37,6 +37,6 @@ def test_streamed_blocks_reuse_their_pages_and_the_operators_settings_win() -> N
     kept, default_faults = churn(MALLOC_TRIM_THRESHOLD_="131072")
     assert churn(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072")[0] == "False"
     assert (tuned, kept) == ("True", "False")
-    # About 100 MB through 4,000 blocks: each one's pages faulted in afresh without the settings.
+    # About 350 MB through 1,500 blocks: each one's pages faulted in afresh without the settings.
     assert faults * 5 < default_faults, (faults, default_faults)
 
