@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -151,3 +153,31 @@ async def test_a_dripping_mirror_is_abandoned_for_the_next_within_seconds(mirror
     assert sink.value() == DATA
     assert [a[:2] for a in seen.attempts] == [(0, "error"), (1, "ok")]
     assert took < 5, took
+
+
+async def test_a_cancelled_fetch_ends_only_once_its_sinks_write_has(mirrors, fetcher) -> None:
+    # A write runs in a thread that a cancellation cannot stop: the fetch must not end (and let its owner close
+    # the descriptor that thread writes to) before it has.
+    started, release = threading.Event(), threading.Event()
+    running: list[int] = []
+
+    class SlowSink(BytesSink):
+        async def write(self, data: bytes | bytearray | memoryview) -> None:
+            def blocking() -> None:
+                running.append(1)
+                started.set()
+                release.wait(30)
+                running.pop()
+
+            await asyncio.to_thread(blocking)
+
+    task = asyncio.ensure_future(fetch_verified(fetcher, WANT, urls(mirrors[0]), SlowSink()))
+    assert await asyncio.to_thread(started.wait, 30)
+    task.cancel()
+    for _ in range(50):  # as far as the cancellation can go without the thread
+        await asyncio.sleep(0)
+    assert not task.done() and running
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not running
