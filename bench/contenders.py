@@ -71,6 +71,19 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` and its descendants (those alive now)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    user = system = 0.0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = user + int(fields[11]) / tick, system + int(fields[12]) / tick
+    return user, system
+
+
 def peak_rss_mb(pid: int) -> float:
     """Sum of VmHWM (peak resident set) over the process tree, in MB."""
     total = 0

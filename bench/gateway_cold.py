@@ -47,7 +47,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from contenders import Server, _nginx_conf, _tree, free_port, nginx_argv  # noqa: E402
+from contenders import Server, _nginx_conf, cpu_times, free_port, nginx_argv  # noqa: E402
 from install import GatewayOnly, Index, Tufproxy, load  # noqa: E402
 
 from proxy.repository.sample import build_wheel  # noqa: E402
@@ -62,19 +62,6 @@ def big_wheel(mb: int) -> Path:
         return found[0]
     CACHE.mkdir(parents=True, exist_ok=True)
     return build_wheel(CACHE, "bigcold", f"{mb}.0", payload=os.urandom(mb << 20))
-
-
-def cpu(pid: int) -> tuple[float, float]:
-    """User and system seconds of ``pid`` and its descendants (those alive now)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    user = system = 0.0
-    for p in _tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user, system = user + int(fields[11]) / tick, system + int(fields[12]) / tick
-    return user, system
 
 
 def curl(url: str) -> float:
@@ -145,11 +132,11 @@ def main() -> None:
                     chain.fresh()
                     try:
                         curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
-                        before = [cpu(server.proc.pid) for server in chain.servers]
+                        before = [cpu_times(server.proc.pid) for server in chain.servers]
                         times.setdefault(label, []).append(
                             curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
                         for server, (u0, s0) in zip(chain.servers, before, strict=True):
-                            u1, s1 = cpu(server.proc.pid)
+                            u1, s1 = cpu_times(server.proc.pid)
                             if u1 + s1 > u0 + s0:  # not the edge the gateway-alone path leaves idle
                                 cpus.setdefault((label, server.name), []).append((u1 - u0, s1 - s0))
                     finally:

@@ -34,14 +34,7 @@ KEYS = ("rps_1", "rps_16", "rps_64", "p99_64", "cpu_us_1", "cpu_us_16", "cpu_us_
 
 
 def _cpu_seconds(server: C.Server) -> float:
-    total = 0
-    for pid in C._tree(server.proc.pid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(C.cpu_times(server.proc.pid))
 
 
 def _start(spec: str, upstream: C.Upstream, corp: corpus_mod.Corpus, work: Path) -> tuple[str, C.Contender]:

@@ -30,7 +30,7 @@ import aiohttp
 
 # A read returns once this much arrived (or the reader's buffer is full, or the body ended).
 _WAKE = 64 * 1024
-# Bytes that arrive while no reader waits (a TLS layer reading ahead) go here, and then to the next reader.
+# Bytes that arrive while no reader's view has room (a TLS layer reading ahead) go here, then to the next reader.
 _SPILL = 64 * 1024
 
 
@@ -46,19 +46,18 @@ class Receiver(asyncio.BufferedProtocol):
         assert connection is not None and connection.protocol is not None and connection.transport is not None
         assert response.content_length is not None
         inner = connection.protocol
-        # What aiohttp's parser had already received of the body is read first.
-        self._buffered = memoryview(response.content.read_nowait(-1))
+        # What aiohttp's parser had already received of the body is read first, as spilled bytes are.
+        self._spilled = bytearray(response.content.read_nowait(-1))
         # Paused after that read, which resumes a protocol its buffer had paused: the transport reads only into
         # this receiver's buffers from here on, and aiohttp's read timeout stops (the caller times readinto).
         inner.pause_reading()
-        self._remaining = response.content_length - len(self._buffered)  # still in the socket
+        self._remaining = response.content_length - len(self._spilled)  # still in the socket
         self._inner = inner
         self._transport = connection.transport
         self._view: memoryview | None = None
         self._got = 0
         self._wake = 0
         self._spill = bytearray(_SPILL)
-        self._spilled = bytearray()
         self._into_spill = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: str | None = None
@@ -69,10 +68,6 @@ class Receiver(asyncio.BufferedProtocol):
     async def readinto(self, view: memoryview) -> int:
         """Bytes of the body written into ``view`` (at least one, or 0 at the body's end)."""
         while True:
-            if self._buffered:
-                n = min(len(view), len(self._buffered))
-                view[:n], self._buffered = self._buffered[:n], self._buffered[n:]
-                return n
             if self._spilled:
                 n = min(len(view), len(self._spilled))
                 view[:n] = self._spilled[:n]

@@ -120,7 +120,7 @@ class ResponseBody(ByteStream):
         return super().__aiter__()
 
     async def readinto(self, view: memoryview) -> int:
-        if self._receiver is None and (not self._receivable or self._rest or self._response.connection is None):
+        if self._receiver is None and (not self._receivable or self._response.connection is None):
             # No connection: aiohttp had the whole body already (and released the connection at its end).
             self._receivable = False
             return await super().readinto(view)

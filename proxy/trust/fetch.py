@@ -269,10 +269,7 @@ class _Fetch:
                         slot, spare, filled, handed = spare or _SLOTS.take(size), slot, 0, now
         except DownloadError:
             # What arrived before the failure is good for the next mirror to continue from.
-            if pending is not None:
-                (await _settled(pending)).result()
-            if filled and slot is not None:
-                (await _settled(asyncio.ensure_future(self._keep(memoryview(slot)[:filled])))).result()
+            await self._drain(pending, slot, filled)
             _SLOTS.give(slot, spare)
             raise
         except BaseException:
@@ -281,11 +278,16 @@ class _Fetch:
             if pending is not None and not (await _settled(pending)).cancelled():
                 pending.exception()
             raise
+        await self._drain(pending, slot, filled)
+        _SLOTS.give(slot, spare)
+
+    async def _drain(self, pending: asyncio.Future[None] | None, slot: bytearray | None, filled: int) -> None:
+        """The keep under way ended, then the ``filled`` bytes of ``slot`` kept (each to its end, even if
+        cancelled meanwhile); raises a keep's error."""
         if pending is not None:
             (await _settled(pending)).result()
         if filled and slot is not None:
             (await _settled(asyncio.ensure_future(self._keep(memoryview(slot)[:filled])))).result()
-        _SLOTS.give(slot, spare)
 
     def _wait(self, elapsed: float, got: int) -> float:
         """Seconds the next chunk may take: the stall limit, or less if the rate would fall too low."""
