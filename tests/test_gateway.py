@@ -519,6 +519,36 @@ def test_html_only_index_installs(tmp_path: Path) -> None:
                 assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
+def test_an_html_client_gets_the_page_rendered_from_the_signed_json_one(tmp_path: Path, gateway: GatewayProcess) -> None:
+    """The gateway signs a project's JSON page alone (one page, one bin a publish); the edge renders the PEP 503
+    HTML page from it, verified, for a client that asks for HTML, and so does the gateway for a client straight
+    at its plain pages."""
+    from proxy.protocol import index
+    from proxy.repository import Repository
+
+    def get(url: str, accept: str) -> tuple[str, bytes]:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}), timeout=30) as r:
+            return r.headers["Content-Type"], r.read()
+
+    def files(page: index.ProjectPage) -> list[tuple[str, str | None]]:
+        return [(f.filename, f.hashes.get("sha256")) for f in page.files]
+
+    json_type = index.MediaType.JSON_V1.value
+    with _edge(tmp_path, gateway) as edge:
+        kind, html = get(f"{edge.url}base/", "text/html")  # the miss publishes it
+        assert kind.startswith("text/html")
+        kind, data = get(f"{edge.url}base/", json_type)
+        assert kind.startswith(json_type)
+    signed = index.parse_project_json(data, "base")
+    assert files(index.parse_project_html(html, "base")) == files(signed) and len(signed.files) == 2
+    targets = Repository.open(gateway.directory).signed_targets(["simple/base/index.json", "simple/base/index.html"])
+    assert list(targets) == ["simple/base/index.json"]
+    kind, plain = get(f"{gateway.base}simple/base/", "text/html")
+    assert kind.startswith("text/html") and files(index.parse_project_html(plain, "base")) == files(signed)
+    assert get(f"{gateway.base}simple/base/index.html", "*/*")[1] == plain
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -250,7 +250,7 @@ def leftovers(public: Path) -> tuple[list[str], dict[str, int]]:
     for project in PROJECTS:
         directory = public / "simple" / project
         keep = {f"{getattr(hashlib, a)((directory / plain).read_bytes()).hexdigest()}.{plain}"
-                for plain in ("index.html", "index.json") for a in ("sha256", "sha512")}
+                for plain in ("index.html", "index.json") if (directory / plain).exists() for a in ("sha256", "sha512")}
         pages += [f"simple/{project}/{p.name}" for p in directory.glob("*.index.*") if p.name not in keep]
     versions = Counter(m.group(2) for p in (public / "metadata").iterdir() if (m := VERSIONED.fullmatch(p.name)))
     # The current version, the newest superseded one, and one a re-sign may just have superseded.

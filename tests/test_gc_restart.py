@@ -25,6 +25,7 @@ import pytest
 from proxy.gateway import freshness
 from proxy.gateway.freshness import Collector
 from proxy.protocol import index
+from proxy.protocol.layout import PageFormat
 from proxy.protocol.profiles import GATEWAY
 from proxy.repository import Repository
 from proxy.repository.catalog import Catalog, snapshot_version
@@ -51,10 +52,11 @@ def _hashed(repo: Repository, project: str) -> set[str]:
 
 
 def _signed_names(repo: Repository, project: str, algorithms: tuple[str, ...] = ("sha256",)) -> set[str]:
-    """The hashed names the project's current plain pages are served under."""
+    """The hashed names the project's current plain pages (the JSON one; the HTML one too where an earlier release
+    signed it) are served under."""
     directory = repo.public_dir / "simple" / project
     return {f"{hashlib.new(a, (directory / plain).read_bytes()).hexdigest()}.{plain}"
-            for plain in ("index.html", "index.json") for a in algorithms}
+            for plain in ("index.html", "index.json") if (directory / plain).exists() for a in algorithms}
 
 
 def _every_current_page_is_there(repo: Repository) -> None:
@@ -205,11 +207,11 @@ def test_a_record_larger_than_its_bound_says_so_and_the_next_start_looks_at_ever
     t = time.time() + 10
     first = Collector(repo, GRACE, state)
     first.collect((), now=t)
-    repo.publish_pages({"p1": _page("p1", 1), "p2": _page("p2", 1)})  # four pages pending: more than it keeps
+    repo.publish_pages({"p1": _page("p1", 1), "p2": _page("p2", 1)})  # two pages pending: more than it keeps
     first.collect(["p1", "p2"], now=t + 1)
     first.collect((), now=t + 2)
     record = json.loads(state.read_bytes())
-    assert "pending" not in record and record["overflow"] == 4
+    assert "pending" not in record and record["overflow"] == 2
     second = Collector(repo, GRACE, state)
     with caplog.at_level(logging.INFO, logger="proxy.gateway.freshness"):
         second.collect((), now=t + 3)
@@ -238,12 +240,13 @@ def test_a_page_current_again_and_superseded_anew_between_two_collections_gets_a
     _every_current_page_is_there(repo)
 
 
-def test_a_gateway_signs_its_pages_under_sha256_alone(tmp_path: Path) -> None:
+def test_a_gateway_signs_its_json_page_alone_under_sha256_alone(tmp_path: Path) -> None:
     repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
     repo.publish_pages({"a": _page("a", 2)})
     targets = repo.signed_targets(["simple/a/index.json", "simple/a/index.html"])
-    assert [list(info.hashes) for info in targets.values()] == [["sha256"], ["sha256"]]
-    assert _hashed(repo, "a") == _signed_names(repo, "a") and len(_hashed(repo, "a")) == 2
+    assert {path: list(info.hashes) for path, info in targets.items()} == {"simple/a/index.json": ["sha256"]}
+    assert _hashed(repo, "a") == _signed_names(repo, "a") and len(_hashed(repo, "a")) == 1
+    assert not (repo.public_dir / "simple" / "a" / "index.html").exists()
 
 
 def test_a_tree_signed_under_both_digests_before_the_upgrade_is_served_and_collected_until_superseded(
@@ -256,15 +259,21 @@ def test_a_tree_signed_under_both_digests_before_the_upgrade_is_served_and_colle
 
     both = ("sha256", "sha512")
     repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
-    repo.profile = dataclasses.replace(GATEWAY, hash_algorithms=both)  # what an earlier release signed
+    # What an earlier release signed: both page formats, each under both digests.
+    repo.profile = dataclasses.replace(GATEWAY, hash_algorithms=both, signed_formats=(PageFormat.JSON, PageFormat.HTML))
     repo.publish_pages({"a": _page("a"), "b": _page("b")})
     old_a, old_b = _hashed(repo, "a"), _hashed(repo, "b")
     assert old_a == _signed_names(repo, "a", both) and len(old_b) == 4
 
     repo = Repository.open(tmp_path / "g")  # this release
     repo.publish_pages({"a": _page("a", 1)})
-    signed = repo.signed_targets(["simple/a/index.json", "simple/b/index.json"])
+    signed = repo.signed_targets(["simple/a/index.json", "simple/b/index.json", "simple/a/index.html",
+                                  "simple/b/index.html"])
     assert list(signed["simple/a/index.json"].hashes) == ["sha256"] and list(signed["simple/b/index.json"].hashes) == list(both)
+    # a's HTML page went with the page it rendered (an older edge's HTML client gets no stale list of a's files);
+    # b's, not signed again, still says what b's JSON page says.
+    assert "simple/a/index.html" not in signed and "simple/b/index.html" in signed
+    assert not (repo.public_dir / "simple" / "a" / "index.html").exists()
     sound()  # every page the bins name, under every digest they give, is there: b's sha512 names too
     collector = Collector(repo, GRACE)
     t = time.time() + 10
@@ -276,7 +285,8 @@ def test_a_tree_signed_under_both_digests_before_the_upgrade_is_served_and_colle
     repo.publish_pages({"b": _page("b", 1)})
     collector.collect(["b"], now=t + GRACE + 2)
     collector.collect((), now=t + 2 * GRACE + 3)
-    assert _hashed(repo, "b") == _signed_names(repo, "b") and len(_hashed(repo, "b")) == 2
+    # b re-signed: its JSON page under sha256 alone, its HTML page gone with the old ones
+    assert _hashed(repo, "b") == _signed_names(repo, "b") and len(_hashed(repo, "b")) == 1
     sound()
 
 

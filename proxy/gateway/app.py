@@ -266,19 +266,44 @@ class GatewayApp:
         self.gateway.touch(project)
         bucket = self._following()
         if bucket is not None and self.forwarder is not None:
-            if not await bucket.exists(f"simple/{project}/index.html"):
+            if not await bucket.exists(f"simple/{project}/index.json"):
                 # The leader publishes (and answers once the bucket has it); none answering, this replica does.
                 await self.forwarder.publish(f"{PUBLISH_PREFIX}{project}", request.headers.get("Authorization"))
-        elif not (self.public_dir / "simple" / project / "index.html").is_file():
+        elif not (self.public_dir / "simple" / project / "index.json").is_file():
             await self.gateway.ensure(project)
-        name, content_type = _plain_page(request)
-        return await self._tree(request, "simple", project, name, headers={**_NO_CACHE, "Content-Type": content_type})
+        return await self._plain_page(request, project, _plain_page(request))
 
     async def _page_file(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
         self.gateway.touch(project)
-        plain = name in ("index.html", "index.json")
-        return await self._tree(request, "simple", project, name, headers=_NO_CACHE if plain else _IMMUTABLE)
+        if name == "index.html":
+            return await self._plain_page(request, project, HTML_PAGE)
+        return await self._tree(request, "simple", project, name, headers=_NO_CACHE if name == "index.json" else _IMMUTABLE)
+
+    async def _plain_page(self, request: web.Request, project: str, kind: tuple[str, str]) -> web.StreamResponse:
+        """A project's plain page: the JSON one as signed, the HTML one rendered from it (only the JSON page is
+        signed, :data:`~proxy.protocol.profiles.GATEWAY`)."""
+        name, content_type = kind
+        headers = {**_NO_CACHE, "Content-Type": content_type}
+        if name == "index.json":
+            return await self._tree(request, "simple", project, name, headers=headers)
+        page = index.parse_project_json(await self._tree_bytes("simple", project, "index.json"), project)
+        return web.Response(body=index.render_project_html(page), headers=headers)
+
+    async def _tree_bytes(self, *segments: str) -> bytes:
+        """A small file of the published tree (this replica's own, or the bucket's while it follows), or 404."""
+        bucket = self._following()
+        try:
+            if bucket is None:
+                return self._path(*segments).read_bytes()
+            async with bucket.stream("/".join(_plain(segments)), MAX_TREE_OBJECT) as body:
+                return b"".join([chunk async for chunk in body])
+        except FileNotFoundError:
+            raise web.HTTPNotFound() from None
+        except DownloadHTTPError as e:
+            if e.status == 404:
+                raise web.HTTPNotFound() from None
+            raise
 
     async def _package(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
@@ -367,8 +392,11 @@ def _plain(segments: tuple[str, ...]) -> tuple[str, ...]:
     return segments
 
 
+HTML_PAGE = ("index.html", "text/html; charset=utf-8")
+
+
 def _plain_page(request: web.Request) -> tuple[str, str]:
-    """The plain page file a client asked for (PEP 691 negotiation), and its content type."""
+    """The plain page a client asked for (PEP 691 negotiation), and its content type."""
     if index.negotiate(request.headers.get("Accept")) is index.MediaType.JSON_V1:
         return "index.json", index.MediaType.JSON_V1.value
-    return "index.html", "text/html; charset=utf-8"
+    return HTML_PAGE

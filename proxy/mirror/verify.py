@@ -202,7 +202,7 @@ class _Verifier:
         their signed pages list."""
         wanted = {root_page_target(f) for f in PageFormat} if "" in projects and self.profile.root_list_signed else set()
         for project in filter(None, projects):
-            wanted |= {project_page_target(project, f) for f in PageFormat}
+            wanted |= {project_page_target(project, f) for f in self.profile.signed_formats}
             if not self.profile.files_are_targets:
                 continue  # a gateway's own tree keeps files on demand: those present are checked, none expected
             page = await self._page(project_page_target(project, PageFormat.JSON))

@@ -702,6 +702,11 @@ class Repository:
             return index.parse_project_json(data, project)
         return index.parse_project_html(data, project)
 
+    def _unsigned_page_targets(self, project: str) -> list[str]:
+        """The page targets of ``project`` in formats this layout does not sign (an earlier release of it did)."""
+        signed = {self.profile.page_target(project, fmt) for fmt in self.profile.signed_formats}
+        return [path for fmt in PageFormat if (path := self.profile.page_target(project, fmt)) not in signed]
+
     def _write_page(self, change: _Change, page: index.ProjectPage, private: bool = False) -> None:
         for fmt in self.profile.signed_formats:
             render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
@@ -857,7 +862,10 @@ class Repository:
                 change.put_target(path, data, custom)
             hidden = set(self._private_projects(change))
             hidden_before = set(hidden)
+            legacy: list[str] = []  # pages of formats this layout signs no longer, dropped with their project's
             for project, page in pages.items():
+                if project in known:
+                    legacy += self._unsigned_page_targets(project)
                 if page is None:
                     for fmt in self.profile.signed_formats:
                         change.delete_target(self.profile.page_target(project, fmt))
@@ -877,6 +885,9 @@ class Repository:
                 known.add(project)
             if listed and (known != set(self._projects(change)) or hidden != hidden_before):
                 self._write_root_list(change, known, hidden)
+            if change.dirty:  # re-signed, or removed: an older format's page of it would outlive what it lists
+                for path in legacy:
+                    change.delete_target(path)
             if not change.dirty:
                 change.keep()  # nothing edited
                 self._root_list_dropped |= drop
@@ -886,6 +897,7 @@ class Repository:
             # Plain names follow the signed state (pip straight at the tree); a dropped root list's go too.
             gone = [self.public_dir / self.plain_name(self.profile.page_target(project, fmt))
                     for project in report.removed for fmt in self.profile.signed_formats]
+            gone += [self.public_dir / self.plain_name(path) for path in legacy]
             gone += [self.public_dir / root_page_target(fmt) for fmt in PageFormat] if drop else []
             self.unlink(gone)
             self._root_list_dropped |= drop
