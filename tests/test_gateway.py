@@ -527,26 +527,30 @@ def test_an_html_client_gets_the_page_rendered_from_the_signed_json_one(tmp_path
     from proxy.protocol import index
     from proxy.repository import Repository
 
-    def get(url: str, accept: str) -> tuple[str, bytes]:
-        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}), timeout=30) as r:
-            return r.headers["Content-Type"], r.read()
+    def get(url: str, accept: str, **headers: str) -> tuple[str, bytes, str | None]:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept, **headers}), timeout=30) as r:
+            return r.headers["Content-Type"], r.read(), r.headers["ETag"]
 
     def files(page: index.ProjectPage) -> list[tuple[str, str | None]]:
         return [(f.filename, f.hashes.get("sha256")) for f in page.files]
 
     json_type = index.MediaType.JSON_V1.value
     with _edge(tmp_path, gateway) as edge:
-        kind, html = get(f"{edge.url}base/", "text/html")  # the miss publishes it
+        kind, html, _ = get(f"{edge.url}base/", "text/html")  # the miss publishes it
         assert kind.startswith("text/html")
-        kind, data = get(f"{edge.url}base/", json_type)
+        kind, data, _ = get(f"{edge.url}base/", json_type)
         assert kind.startswith(json_type)
     signed = index.parse_project_json(data, "base")
     assert files(index.parse_project_html(html, "base")) == files(signed) and len(signed.files) == 2
     targets = Repository.open(gateway.directory).signed_targets(["simple/base/index.json", "simple/base/index.html"])
     assert list(targets) == ["simple/base/index.json"]
-    kind, plain = get(f"{gateway.base}simple/base/", "text/html")
+    kind, plain, etag = get(f"{gateway.base}simple/base/", "text/html")
     assert kind.startswith("text/html") and files(index.parse_project_html(plain, "base")) == files(signed)
     assert get(f"{gateway.base}simple/base/index.html", "*/*")[1] == plain
+    assert etag is not None
+    with pytest.raises(urllib.error.HTTPError) as unchanged:  # urllib raises on a 304
+        get(f"{gateway.base}simple/base/", "text/html", **{"If-None-Match": etag})
+    assert unchanged.value.code == 304
 
 
 @pytest.mark.parametrize(

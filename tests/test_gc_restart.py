@@ -290,6 +290,21 @@ def test_a_tree_signed_under_both_digests_before_the_upgrade_is_served_and_colle
     sound()
 
 
+def test_an_html_page_an_earlier_release_signed_goes_when_its_project_is_yanked_from_or_removed(
+        tmp_path: Path) -> None:
+    repo = Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True)
+    repo.profile = dataclasses.replace(GATEWAY, signed_formats=(PageFormat.JSON, PageFormat.HTML))  # earlier
+    repo.publish_pages({"a": _page("a", 1), "b": _page("b", 1), "c": _page("c", 1)})
+    html = [f"simple/{p}/index.html" for p in "abc"]
+    repo = Repository.open(tmp_path / "g")  # this release
+    repo.remove("a-0.0-py3-none-any.whl", reason="broken")  # a yank re-signs a's page
+    repo.publish_pages({"b": None})
+    assert list(repo.signed_targets(html)) == ["simple/c/index.html"]  # c's, not signed since, says what c's JSON says
+    assert [p.name for p in (repo.public_dir / "simple").glob("*/index.html")] == ["index.html"]
+    assert (repo.public_dir / "simple" / "c" / "index.html").exists()
+    assert index.parse_project_json((repo.public_dir / "simple" / "a" / "index.json").read_bytes(), "a").files[0].yanked
+
+
 def test_bins_re_signed_for_their_expiry_alone_while_down_move_no_project(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = _gateway(tmp_path)

@@ -111,8 +111,8 @@ def test_sync_publishes_a_chain_the_gateway_never_saw_and_verifies(setup: Setup,
     assert "packages/lib/lib-1.0-py3-none-any.whl" in manifest.paths_of(manifest.projects())
     capsys.readouterr()
     assert verify(setup.dest, setup.gateway.root) == 0
-    # 6 pages (no root list is signed) and 7 files, each under 2 names (sha256 and plain).
-    assert "sound: 13 target(s) checked (26 file(s) on disk), 0 missing, 0 corrupt, 0 extra" in capsys.readouterr().out
+    # 3 JSON pages (no root list is signed, no HTML page) and 7 files, each under 2 names (sha256 and plain).
+    assert "sound: 10 target(s) checked (20 file(s) on disk), 0 missing, 0 corrupt, 0 extra" in capsys.readouterr().out
     # Re-signed (issue 16's rules: only bytes this run verified) into the site's own repository, which verifies too.
     site_public = Repository.open(setup.site).public_dir
     assert verify(site_public, site_public / "metadata/1.root.json") == 0

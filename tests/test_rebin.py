@@ -65,7 +65,7 @@ def test_a_bad_bin_count_is_one_line_and_writes_nothing(tmp_path: Path, args: tu
 
 @pytest.mark.slow
 def test_expected_projects_picks_the_bins(tmp_path: Path) -> None:
-    r = tufproxy("gateway", "init", str(tmp_path / "g"), "--expected-projects", "1000")
+    r = tufproxy("gateway", "init", str(tmp_path / "g"), "--expected-projects", "2000")  # a target each, its page
     assert r.returncode == 0 and "512 bins" in r.stdout, r.stdout + r.stderr
     assert json.loads((tmp_path / "g" / "repository.json").read_text())["bins"] == 512
 

@@ -91,7 +91,7 @@ from proxy.util.journal import Journal
 from proxy.util.locks import FetchLocks, Leadership
 
 log = logging.getLogger(__name__)
-# PEP 458's rule (proxy.protocol.bins) for a gateway of about 1,000 projects: the snapshot every edge verifies at
+# PEP 458's rule (proxy.protocol.bins) for a gateway of 1,100 to 4,400 projects: the snapshot every edge verifies at
 # every publish lists every bin, while a bin-n is read once per bin and change (docs: "512 bins").
 DEFAULT_BINS = 512
 ADVISORY_CHECK = 1.0  # seconds between looks at the advisory store (a stat): an import takes effect within this

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import mimetypes
 import re
@@ -63,6 +64,7 @@ from proxy.protocol import index, refusals
 from proxy.protocol.layout import PROVENANCE_SUFFIX, is_valid_filename, is_valid_project_name
 from proxy.serving.access import AccessMiddleware, Resource
 from proxy.serving.listener import Connections
+from proxy.storage.pagecache import HotPages
 from proxy.transport.bucket import Bucket
 from proxy.transport.upstream import DownloadHTTPError
 from proxy.util import timing
@@ -98,6 +100,8 @@ class GatewayApp:
         self.files_origin_problem: str | None = None
         # The root page, rendered from the catalog (no root list is signed): ((timestamp version, name), bytes).
         self._root_list: tuple[tuple[int, str], bytes] | None = None
+        # Project pages rendered as HTML from their JSON page, by that page's sha256 (a new page, a new key).
+        self._html: HotPages[bytes] = HotPages(max_entries=256, max_bytes=HTML_PAGES_BYTES)
 
     def app(self) -> web.Application:
         middlewares = [self._middleware] if self.access is None else [self._middleware, self.access.middleware]
@@ -287,8 +291,16 @@ class GatewayApp:
         headers = {**_NO_CACHE, "Content-Type": content_type}
         if name == "index.json":
             return await self._tree(request, "simple", project, name, headers=headers)
-        page = index.parse_project_json(await self._tree_bytes("simple", project, "index.json"), project)
-        return web.Response(body=index.render_project_html(page), headers=headers)
+        data = await self._tree_bytes("simple", project, "index.json")
+        digest = hashlib.sha256(data).hexdigest()
+        headers["ETag"] = etag = f'"{digest}.html"'
+        if any(tag.value in (etag.strip('"'), "*") for tag in request.if_none_match or ()):
+            return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
+        body = self._html.get(digest)
+        if body is None:  # a page may list thousands of files: parsed and rendered off the loop
+            body = await asyncio.to_thread(_render_html, data, project)
+            self._html.put(digest, body, len(body))
+        return web.Response(body=body, headers=headers)
 
     async def _tree_bytes(self, *segments: str) -> bytes:
         """A small file of the published tree (this replica's own, or the bucket's while it follows), or 404."""
@@ -393,6 +405,12 @@ def _plain(segments: tuple[str, ...]) -> tuple[str, ...]:
 
 
 HTML_PAGE = ("index.html", "text/html; charset=utf-8")
+HTML_PAGES_BYTES = 32 * 2**20  # rendered HTML project pages kept in memory, at most
+
+
+def _render_html(data: bytes, project: str) -> bytes:
+    """The PEP 503 page of the signed JSON page ``data``."""
+    return index.render_project_html(index.parse_project_json(data, project))
 
 
 def _plain_page(request: web.Request) -> tuple[str, str]:

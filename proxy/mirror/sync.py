@@ -111,7 +111,7 @@ from proxy.util.locks import FetchLocks
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
-_PAGE_FORMATS = (PageFormat.JSON, PageFormat.HTML)
+_ROOT_FORMATS = (PageFormat.JSON, PageFormat.HTML)  # a signed root list is signed in both
 T = TypeVar("T")
 # A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
 _PUBLISH_DEADLINE = 60.0
@@ -335,8 +335,9 @@ class _Sync:
             return None
         except TrustError:
             pass  # reported by the lookup below
+        # The formats the layout signs, JSON first (a gateway signs no HTML page: none is looked up in its bin).
         found = await asyncio.gather(*(self.page(project_page_target(wanted.project, f), f is PageFormat.JSON)
-                                       for f in _PAGE_FORMATS))
+                                       for f in self.profile.signed_formats))
         signed = found[0]
         data = None if signed is None else self.read_page(signed)
         if signed is None or data is None:
@@ -402,7 +403,7 @@ class _Sync:
         walking only the roles whose version moved; otherwise every selected project."""
         root_pages = None
         if self.profile.root_list_signed:  # served by the tree whatever is selected
-            root_pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _PAGE_FORMATS))
+            root_pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _ROOT_FORMATS))
         manifest = self.tree.manifest
         published = manifest.roles()
         moved = _moved_roles(manifest, published, self.options, self.trust.snapshot_versions())

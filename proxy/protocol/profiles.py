@@ -128,7 +128,7 @@ TUFPROXY = Profile(
 # format, the JSON one (PEP 691): an edge renders the HTML page from it for a client that asks for HTML, and each
 # publish signs and writes one page in one bin where it signed two pages in two bins (a uv cold install about
 # 0.01 s faster: bench/results/gateway-json-pages.md).  A page's HTML target signed by an earlier release goes
-# when the page is next signed (Repository.publish_pages).
+# when the page is next signed (Repository._write_page).
 GATEWAY = dataclasses.replace(TUFPROXY, name="gateway", files_are_targets=False, miss_protocol=True,
                               bin_paths=("simple/*", "simple/*/*"), root_list_signed=False, hash_algorithms=("sha256",),
                               signed_formats=(PageFormat.JSON,))

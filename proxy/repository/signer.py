@@ -184,6 +184,7 @@ class _Change:
         self.dirty: set[str] = set()
         self.content: dict[str, bytes | Path] = {}  # target path -> bytes or a local file
         self.plain: dict[str, bytes | Path] = {}  # served path -> bytes or a local file, not a target
+        self.unlink_plain: list[Path] = []  # plain names of targets this change unsigns, gone once it commits
         self.root_dirty = False
         self.online: Signer | None = None  # a new online key, published with this change
         self.signed_elsewhere: set[str] = set()  # roles (and root) signed by the ceremony: published as they are
@@ -320,6 +321,7 @@ class _Change:
             _unlink_plain(before, restore=True)
             raise
         _unlink_plain(before, restore=False)
+        repo.unlink(self.unlink_plain)
         if self.root_dirty:  # the plain name of the newest root, for clients bootstrapping trust by hand
             atomic_write(repo.metadata_dir / "root.json", self.root.to_bytes(_SERIALIZER))
             repo.wrote([repo.metadata_dir / "root.json"])
@@ -702,15 +704,24 @@ class Repository:
             return index.parse_project_json(data, project)
         return index.parse_project_html(data, project)
 
-    def _unsigned_page_targets(self, project: str) -> list[str]:
-        """The page targets of ``project`` in formats this layout does not sign (an earlier release of it did)."""
+    def _drop_unsigned_pages(self, change: _Change, project: str) -> None:
+        """Unsign the pages of ``project`` in formats this layout no longer signs (an earlier release signed the
+        gateway's HTML page too), and their plain names with the commit: re-signed or removed without them,
+        they would go on listing what the page no longer does."""
         signed = {self.profile.page_target(project, fmt) for fmt in self.profile.signed_formats}
-        return [path for fmt in PageFormat if (path := self.profile.page_target(project, fmt)) not in signed]
+        for fmt in PageFormat:
+            if (path := self.profile.page_target(project, fmt)) not in signed and change.get_target(path) is not None:
+                change.delete_target(path)
+                change.unlink_plain.append(self.public_dir / self.plain_name(path))
 
     def _write_page(self, change: _Change, page: index.ProjectPage, private: bool = False) -> None:
+        first = self.profile.page_target(page.name, self.profile.signed_formats[0])
+        known = change.get_target(first) is not None  # a new project has no page of an older format to drop
         for fmt in self.profile.signed_formats:
             render = index.render_project_json if fmt is PageFormat.JSON else index.render_project_html
             change.put_target(self.profile.page_target(page.name, fmt), render(page), PRIVATE_CUSTOM if private else None)
+        if known and first in change.content:
+            self._drop_unsigned_pages(change, page.name)
 
     def _write_root_list(self, change: _Change, projects: Iterable[str], private: Iterable[str] = ()) -> None:
         """The root list names public projects only; the private ones are in its target's signed ``custom``
@@ -862,15 +873,13 @@ class Repository:
                 change.put_target(path, data, custom)
             hidden = set(self._private_projects(change))
             hidden_before = set(hidden)
-            legacy: list[str] = []  # pages of formats this layout signs no longer, dropped with their project's
             for project, page in pages.items():
-                if project in known:
-                    legacy += self._unsigned_page_targets(project)
                 if page is None:
                     for fmt in self.profile.signed_formats:
                         change.delete_target(self.profile.page_target(project, fmt))
                     hidden.discard(project)
                     if project in known:
+                        self._drop_unsigned_pages(change, project)
                         known.discard(project)
                         change.report.removed.append(project)
                     continue
@@ -885,9 +894,6 @@ class Repository:
                 known.add(project)
             if listed and (known != set(self._projects(change)) or hidden != hidden_before):
                 self._write_root_list(change, known, hidden)
-            if change.dirty:  # re-signed, or removed: an older format's page of it would outlive what it lists
-                for path in legacy:
-                    change.delete_target(path)
             if not change.dirty:
                 change.keep()  # nothing edited
                 self._root_list_dropped |= drop
@@ -897,7 +903,6 @@ class Repository:
             # Plain names follow the signed state (pip straight at the tree); a dropped root list's go too.
             gone = [self.public_dir / self.plain_name(self.profile.page_target(project, fmt))
                     for project in report.removed for fmt in self.profile.signed_formats]
-            gone += [self.public_dir / self.plain_name(path) for path in legacy]
             gone += [self.public_dir / root_page_target(fmt) for fmt in PageFormat] if drop else []
             self.unlink(gone)
             self._root_list_dropped |= drop
