@@ -32,6 +32,9 @@ import aiohttp
 _WAKE = 64 * 1024
 # Bytes that arrive while no reader's view has room (a TLS layer reading ahead) go here, then to the next reader.
 _SPILL = 64 * 1024
+# The most plaintext one TLS record carries: what the TLS object may hold already decrypted, beyond the
+# ciphertext asyncio's TLS layer counts when it asks for a buffer.
+_TLS_RECORD = 16 * 1024
 
 
 class Receiver(asyncio.BufferedProtocol):
@@ -95,12 +98,15 @@ class Receiver(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         view = self._view
         room = 0 if view is None else min(len(view) - self._got, self._remaining)
-        # The spill when the view has no room, or less than asyncio's TLS layer asks for (``sizehint``, the
-        # bytes it holds): as it shuts down it reads into one buffer only, and what did not fit would be lost.
-        self._into_spill = room <= 0 or room < sizehint
+        # asyncio's TLS layer gives as ``sizehint`` the ciphertext it holds (a plain socket: -1); as it shuts
+        # down it reads into one buffer only, and what did not fit would be lost.  What it may read is that
+        # ciphertext's plaintext and a record the TLS object had already decrypted: the spill, unless the view
+        # has room for all of it.
+        need = sizehint + _TLS_RECORD if sizehint >= 0 else 0
+        self._into_spill = room <= 0 or room < need
         if self._into_spill:
-            if len(self._spill) < sizehint:
-                self._spill = bytearray(sizehint)
+            if len(self._spill) < need:
+                self._spill = bytearray(need)
             # Never empty (asyncio refuses that); a memoryview, as TLS reads into slices of it; bytes past the
             # body's end are dropped.
             return memoryview(self._spill)
