@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import logging
 import mimetypes
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -66,7 +67,7 @@ from proxy.serving.access import AccessMiddleware, Resource
 from proxy.serving.listener import Connections
 from proxy.storage.pagecache import HotPages
 from proxy.transport.bucket import Bucket
-from proxy.transport.upstream import DownloadHTTPError
+from proxy.transport.upstream import ByteStream, DownloadHTTPError
 from proxy.util import timing
 from proxy.util.logs import new_request_id, request_id
 from proxy.util.metrics import CONTENT_TYPE_LATEST
@@ -212,21 +213,16 @@ class GatewayApp:
         bucket = self._following()
         if bucket is None:
             return self._file(*segments, headers=headers)
-        try:
-            async with bucket.stream("/".join(_plain(segments)), MAX_TREE_OBJECT) as body:
-                response = web.StreamResponse(headers=headers)
-                if "Content-Type" not in (headers or {}):
-                    response.content_type = mimetypes.guess_type(segments[-1])[0] or "application/octet-stream"
-                response.content_length = body.content_length
-                await response.prepare(request)
-                async for chunk in body:
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
-        except DownloadHTTPError as e:
-            if e.status == 404:
-                raise web.HTTPNotFound() from None
-            raise
+        async with _bucket_object(bucket, segments) as body:
+            response = web.StreamResponse(headers=headers)
+            if "Content-Type" not in (headers or {}):
+                response.content_type = mimetypes.guess_type(segments[-1])[0] or "application/octet-stream"
+            response.content_length = body.content_length
+            await response.prepare(request)
+            async for chunk in body:
+                await response.write(chunk)
+            await response.write_eof()
+            return response
 
     async def _metadata(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
@@ -293,8 +289,9 @@ class GatewayApp:
             return await self._tree(request, "simple", project, name, headers=headers)
         data = await self._tree_bytes("simple", project, "index.json")
         digest = hashlib.sha256(data).hexdigest()
-        headers["ETag"] = etag = f'"{digest}.html"'
-        if any(tag.value in (etag.strip('"'), "*") for tag in request.if_none_match or ()):
+        tag = f"{digest}.html"
+        headers["ETag"] = f'"{tag}"'
+        if any(given.value in (tag, "*") for given in request.if_none_match or ()):
             return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
         body = self._html.get(digest)
         if body is None:  # a page may list thousands of files: parsed and rendered off the loop
@@ -305,17 +302,13 @@ class GatewayApp:
     async def _tree_bytes(self, *segments: str) -> bytes:
         """A small file of the published tree (this replica's own, or the bucket's while it follows), or 404."""
         bucket = self._following()
-        try:
-            if bucket is None:
+        if bucket is None:
+            try:
                 return self._path(*segments).read_bytes()
-            async with bucket.stream("/".join(_plain(segments)), MAX_TREE_OBJECT) as body:
-                return b"".join([chunk async for chunk in body])
-        except FileNotFoundError:
-            raise web.HTTPNotFound() from None
-        except DownloadHTTPError as e:
-            if e.status == 404:
+            except FileNotFoundError:  # gone since the check
                 raise web.HTTPNotFound() from None
-            raise
+        async with _bucket_object(bucket, segments) as body:
+            return b"".join([chunk async for chunk in body])
 
     async def _package(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
@@ -402,6 +395,18 @@ def _plain(segments: tuple[str, ...]) -> tuple[str, ...]:
     if not all(_SEGMENT.fullmatch(s) and ".." not in s for s in segments):
         raise web.HTTPNotFound()
     return segments
+
+
+@contextlib.asynccontextmanager
+async def _bucket_object(bucket: Bucket, segments: tuple[str, ...]) -> AsyncIterator[ByteStream]:
+    """The bucket's object at ``segments`` (plain names only), its absence a 404."""
+    try:
+        async with bucket.stream("/".join(_plain(segments)), MAX_TREE_OBJECT) as body:
+            yield body
+    except DownloadHTTPError as e:
+        if e.status == 404:
+            raise web.HTTPNotFound() from None
+        raise
 
 
 HTML_PAGE = ("index.html", "text/html; charset=utf-8")
