@@ -21,10 +21,14 @@ at the start of every path's transfer, the floor's too, which flattered
 every ratio to it).
 
 Each is read to the end with one client (``curl -o /dev/null``); medians of
-``--rounds``.  For the tufproxy paths the bench also takes each server's CPU
-time (user and system, its process and workers, from ``/proc``) around the
-transfer: the steadier figure on a shared machine, whose walls move with
-the kernel's writeback of earlier rounds' files.  The figure is the speed ratio nginx / tufproxy (the issue's
+``--rounds``.  Before each path's transfer the bench writes and deletes a file
+of the size that path will write (:func:`recycle_pages`: on this virtual
+machine a page never used since it went back to the host costs about ten
+times more to write into).  For every path the bench also takes the CPU time
+(user and system) each part spent on the transfer: the index (this process),
+curl, and each server (its process and workers, from ``/proc``). Their sum is
+what the path costs the machine's cores, a steadier figure than the wall on a
+shared machine.  The figure is the speed ratio nginx / tufproxy (the issue's
 goal: at least 0.66).  ``--tree NAME=DIR`` (repeatable) runs the tufproxy
 tree at ``DIR`` (put first on ``PYTHONPATH``, as bench/uvab.py does) under
 that name, each in turn within every round: an A/B in one run; ``:VAR=VALUE``
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -62,6 +67,24 @@ def big_wheel(mb: int) -> Path:
         return found[0]
     CACHE.mkdir(parents=True, exist_ok=True)
     return build_wheel(CACHE, "bigcold", f"{mb}.0", payload=os.urandom(mb << 20))
+
+
+def recycle_pages(work: Path, nbytes: int) -> None:
+    """Let the next ``nbytes`` written into the page cache land in pages that were in use a moment ago.
+
+    This machine is a virtual machine that hands free memory back to its host (free page reporting): a page
+    the kernel takes from that pool costs a fault in the host on its first touch. Writing 287 MB into a new
+    file took 0.07-0.10 s when a file of that size had just been deleted, and 0.67 s into reported pages
+    (``bench/results/gateway_cold.md``). Which one a path got depended on what the bench had just freed:
+    nginx's setup deleted its previous round's cache, the tufproxy setups moved theirs aside. So before each
+    path's transfer the bench writes and deletes a file of the size that path will write, as on a server
+    whose page cache is full and reclaims its old pages for new files."""
+    ballast = work / "ballast"
+    piece = bytes(1 << 20)
+    with ballast.open("wb") as out:
+        for _ in range(-(-nbytes // len(piece))):
+            out.write(piece)
+    ballast.unlink()
 
 
 def curl(url: str) -> float:
@@ -114,16 +137,33 @@ def main() -> None:
     [dist] = projects["bigcold"]
     index = Index(projects, 0.0)
     times: dict[str, list[float]] = {"floor": [], "nginx": [], **{name: [] for name in trees}}
-    # (path, server) -> (user, system) seconds per transfer
+    # (path, part) -> (user, system) seconds per transfer
     cpus: dict[tuple[str, str], list[tuple[float, float]]] = {}
+
+    def transfer(label: str, url: str, servers: list[tuple[str, int]]) -> None:
+        """Time one read of ``url`` under ``label``, with the CPU each part spent on it."""
+        before = [cpu_times(pid) for _, pid in servers]
+        ours, kids = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.setdefault(label, []).append(curl(url))
+        now, done = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = {"index": (now.user - ours.user, now.system - ours.system),
+                 "curl": (done.ru_utime - kids.ru_utime, done.ru_stime - kids.ru_stime)}
+        for (name, pid), (u0, s0) in zip(servers, before, strict=True):
+            u1, s1 = cpu_times(pid)
+            if u1 + s1 > u0 + s0:  # not the edge the gateway-alone path leaves idle
+                spent[name] = (u1 - u0, s1 - s0)
+        for part, figures in spent.items():
+            cpus.setdefault((label, part), []).append(figures)
+
     with tempfile.TemporaryDirectory(prefix="bench-gateway-cold-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o755)  # nginx's worker runs as another user when we are root
         for r in range(args.rounds):
-            times["floor"].append(curl(f"http://127.0.0.1:{index.port}/files/{dist.filename}"))
+            transfer("floor", f"http://127.0.0.1:{index.port}/files/{dist.filename}", [])
             nginx = Nginx(index, work / "nginx")
             try:
-                times["nginx"].append(curl(f"{nginx.base}files/{dist.filename}"))
+                recycle_pages(work, len(dist.data))
+                transfer("nginx", f"{nginx.base}files/{dist.filename}", [("nginx", nginx.server.proc.pid)])
             finally:
                 nginx.server.stop()
             for name, env in trees.items():
@@ -132,13 +172,9 @@ def main() -> None:
                     chain.fresh()
                     try:
                         curl(f"{chain.url}bigcold/")  # the miss that publishes the page: not timed
-                        before = [cpu_times(server.proc.pid) for server in chain.servers]
-                        times.setdefault(label, []).append(
-                            curl(f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}"))
-                        for server, (u0, s0) in zip(chain.servers, before, strict=True):
-                            u1, s1 = cpu_times(server.proc.pid)
-                            if u1 + s1 > u0 + s0:  # not the edge the gateway-alone path leaves idle
-                                cpus.setdefault((label, server.name), []).append((u1 - u0, s1 - s0))
+                        recycle_pages(work, len(dist.data) * len(chain.servers))
+                        transfer(label, f"{chain.url.removesuffix('simple/')}packages/bigcold/{dist.filename}",
+                                 [(server.name, server.proc.pid) for server in chain.servers])
                     finally:
                         chain.stop()
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), file=sys.stderr)
@@ -151,12 +187,16 @@ def main() -> None:
     print("| path | median (s) | MB/s | all rounds (s) |\n|---|---:|---:|---|")
     for k, v in times.items():
         print(f"| {k} | {med[k]:.2f} | {size / med[k]:.0f} | {' '.join(f'{x:.2f}' for x in v)} |")
-    print("\nCPU seconds per transfer, user + system (medians of each):\n\n| path | server | user | system | total |"
+    print("\nCPU seconds per transfer, user + system (medians of each; index: the bench's own process, which serves "
+          "the file):\n\n| path | part | user | system | total |"
           "\n|---|---|---:|---:|---:|")
     for (label, server), spent in cpus.items():
         user, system = (statistics.median(x[i] for x in spent) for i in (0, 1))
         total = statistics.median(u + s for u, s in spent)
         print(f"| {label} | {server} | {user:.2f} | {system:.2f} | {total:.2f} |")
+    for label in times:
+        whole = sum(statistics.median(u + s for u, s in spent) for (path, _), spent in cpus.items() if path == label)
+        print(f"| {label} | all (sum of the medians) | | | {whole:.2f} |")
     for name in trees:
         print(f"\nspeed ratio nginx / {name}: **{med['nginx'] / med[name]:.2f}** (goal >= 0.66); the gateway alone "
               f"(one hop): {med['nginx'] / med[f'{name} gateway alone']:.2f}")
