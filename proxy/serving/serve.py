@@ -49,6 +49,7 @@ from proxy.trust.detect import candidate_paths, open_detected
 from proxy.trust.fetch import Pace
 from proxy.trust.metadir import MetadataDirLocked
 from proxy.trust.provenance import SigstoreTrust
+from proxy.trust.shared import SharedRoles
 from proxy.trust.slots import catch_up
 from proxy.util.locks import FetchLocks
 from proxy.util.metrics import Metrics
@@ -219,7 +220,7 @@ async def _trusted_client(config: ServeConfig, fetcher: Fetcher, mirrors: list[M
         for metadata_dir in slots:
             try:
                 _seed_metadata_dir(metadata_dir, config, slots)
-                return TrustedClient(metadata_dir, mirrors, fetcher, trust_config)
+                return TrustedClient(metadata_dir, mirrors, fetcher, trust_config, SharedRoles(base / "shared"))
             except MetadataDirLocked:
                 continue
         raise CommandError(f"more than {MAX_METADATA_SLOTS} processes share the cache dir {config.cache_dir}")

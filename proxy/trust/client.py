@@ -29,7 +29,9 @@ bytes to the pure core (:mod:`proxy.protocol.tufset` for top-level roles,
   expiry check at every lookup.
 * Delegated roles are loaded on demand into a bounded LRU, reused across
   cycles while the snapshot lists the same version and the delegator is
-  byte-for-byte the one that verified them.
+  byte-for-byte the one that verified them.  Hash bins fetched are left
+  for the other processes of the same cache (:mod:`proxy.trust.shared`),
+  and taken from there, verified, before a mirror is asked.
 * Each top-level role is persisted (atomically, non-versioned names) the
   moment it verifies, as the spec's client workflow says, so a restart
   keeps rollback protection even when a later step of that cycle failed;
@@ -75,6 +77,7 @@ from proxy.transport.failover import Attempt, Exhausted, Outcome, failover
 from proxy.transport.foreseen import Foreseen
 from proxy.transport.upstream import DownloadLengthError, Fetcher
 from proxy.trust.metadir import MetadataStore
+from proxy.trust.shared import SharedRoles
 from proxy.util.atomic import InOrder
 
 logger = logging.getLogger(__name__)
@@ -153,13 +156,17 @@ class TrustedClient:
         mirrors: list[Mirror],
         fetcher: Fetcher,
         config: TrustConfig = TrustConfig(),
+        shared: SharedRoles | None = None,
     ) -> None:
+        """``shared``: where the processes of one cache leave each other the hash-bin roles they fetched
+        (:mod:`proxy.trust.shared`); only when those are not persisted (``config.persist_bins`` off)."""
         if not mirrors:
             raise ValueError("at least one mirror is needed")
         self.mirrors = list(mirrors)
         self.config = config
         self._fetcher = fetcher
         self._store = MetadataStore(Path(metadata_dir))
+        self._shared = None if config.persist_bins else shared
         self._store.lock()
         root = self._store.read("root")
         if root is None:
@@ -819,6 +826,13 @@ class TrustedClient:
             return cached
         task = self._loading.get(key)
         if task is None:
+            # A small copy another process left is read and verified at once, as a role in the LRU is taken: a
+            # lookup then ends in its first step, and asks the gateway nothing ahead (Resolver._page_target).
+            if self._shared is not None and _is_hash_bin(request.delegator):
+                data = self._shared.read(request.role, meta.version, _ON_LOOP_MAX)
+                role = None if data is None else self._verified_local(data, request, meta)
+                if role is not None:
+                    return self._keep_role(key, role)
             task = self._loading[key] = asyncio.create_task(self._load_role(state, request, meta, key))
             task.add_done_callback(lambda _t: self._loading.pop(key, None))
         return await asyncio.shield(task)
@@ -835,23 +849,39 @@ class TrustedClient:
     async def _load_role(self, state: _State, request: RoleRequest, meta: MetaFile, key: _RoleKey) -> VerifiedRole:
         name, delegator = request.role, request.delegator.signed
         persist = self.config.persist_bins or not _is_hash_bin(request.delegator)
-        local = self._store.read(name) if persist else None
+        limit = meta.length or self.config.targets_max_length
         role: VerifiedRole | None = None
-        if local is not None:
-            try:
-                role = verify_delegated(local, name, delegator, meta, self._expiry_clock())
-            except errors.RepositoryError as e:
-                logger.debug("local %s not usable: %s", name, e)
+        if persist:
+            local = self._store.read(name)
+            role = None if local is None else self._verified_local(local, request, meta)
+        elif self._shared is not None:  # a copy too large to have been taken on the loop (_role)
+            left = await asyncio.to_thread(self._shared.read, name, meta.version, limit)
+            if left is not None and len(left) > _ON_LOOP_MAX:
+                role = await asyncio.to_thread(self._verified_local, left, request, meta)
         if role is None:
             data, fetched = await self._fetch_verified(
                 name,
                 self._metadata_name(state.root, name, meta.version),
-                meta.length or self.config.targets_max_length,
+                limit,
                 lambda data: verify_delegated(data, name, delegator, meta, self._expiry_clock()),
             )
+            role = fetched
             if persist:
                 self._store.write(name, data)
-            role = fetched
+            elif self._shared is not None:
+                # Not waited for: the lookup has its role; the other processes take the copy once it is there.
+                self._shared.leave(name, meta.version, data)
+        return self._keep_role(key, role)
+
+    def _verified_local(self, data: bytes, request: RoleRequest, meta: MetaFile) -> VerifiedRole | None:
+        """``data`` (kept on disk, by this process or another) verified as the role ``meta`` names; None if not."""
+        try:
+            return verify_delegated(data, request.role, request.delegator.signed, meta, self._expiry_clock())
+        except errors.RepositoryError as e:
+            logger.debug("local %s not usable: %s", request.role, e)
+            return None
+
+    def _keep_role(self, key: _RoleKey, role: VerifiedRole) -> VerifiedRole:
         self._roles[key] = role
         while len(self._roles) > self.config.bin_cache_size:
             self._roles.popitem(last=False)
