@@ -3,6 +3,10 @@ snapshot names, verified like a mirror's answer, a fetch whenever they do not ve
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import stat
 from pathlib import Path
 
 from proxy.trust import TrustConfig, TrustedClient
@@ -74,3 +78,61 @@ async def test_a_client_that_persists_its_bins_leaves_none(env: Env, sample_repo
     await shared.drained()
     assert not (tmp_path / "shared").exists()
     assert (tmp_path / "second" / f"{bin_of(env, WHEEL)}.json").exists()
+
+
+async def _left_by_first(env: Env, tmp_path: Path, shared: SharedRoles) -> tuple[object, Path, bytes]:
+    """A first process's lookup of WHEEL: what it found, the copy it left, and that copy's bytes."""
+    first = TrustedClient(env.dir, [env.mirror], env.fetcher, TrustConfig(refresh_interval=3600.0), shared)
+    env.clients.append(first)
+    found = await first.get_target(WHEEL)
+    await shared.drained()
+    [copy] = (tmp_path / "shared").iterdir()
+    return found, copy, copy.read_bytes()
+
+
+async def test_copies_that_cannot_be_verified_or_read_are_fetched(env: Env, sample_repo: SampleRepo,
+                                                                   tmp_path: Path) -> None:
+    shared = SharedRoles(tmp_path / "shared")
+    found, copy, kept = await _left_by_first(env, tmp_path, shared)
+    head, _, body = kept.partition(b"\n")
+    doc = json.loads(body)
+    doc["signed"]["x-float"] = 1.5  # parses, but has no canonical form to check a signature over
+    older = json.loads(body)
+    older["signed"]["version"] -= 1  # an older version's bytes under the version line asked for
+    second = _second(env, sample_repo, tmp_path, shared)
+    bin_requests = rf"/metadata/\d+\.{bin_of(env, WHEEL)}\.json"
+    for planted in (head + b"\n" + json.dumps(doc).encode(), head + b"\n" + json.dumps(older).encode()):
+        copy.write_bytes(planted)
+        fetched = env.up.count(bin_requests)
+        second._roles.clear()  # the lookup reads the bin again
+        second._found.clear()
+        assert await second.get_target(WHEEL) == found
+        assert env.up.count(bin_requests) == fetched + 1
+    # A FIFO where the copy was: reading it must not wait (the loop would hang), writing leaves it alone.
+    await shared.drained()  # the copy the last fetch left, written before it is replaced
+    copy.unlink()
+    os.mkfifo(copy)
+    second._roles.clear()
+    second._found.clear()
+    assert await second.get_target(WHEEL) == found
+    await shared.drained()
+    assert stat.S_ISFIFO(copy.lstat().st_mode)
+
+
+def test_a_copy_is_never_written_through_a_symlink(tmp_path: Path) -> None:
+    shared = SharedRoles(tmp_path / "shared")
+    (tmp_path / "shared").mkdir()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "shared" / "bin-0a.json").symlink_to(victim)
+    shared.write("bin-0a", 3, b"{}")
+    assert victim.read_bytes() == b"precious"
+    assert shared.read("bin-0a", 3, 100) is None  # nor read through one
+
+
+async def test_a_copy_left_as_the_process_stops_is_dropped_quietly(tmp_path: Path) -> None:
+    shared = SharedRoles(tmp_path / "shared")
+    await asyncio.get_running_loop().shutdown_default_executor()
+    shared.leave("bin-0a", 3, b"{}")  # no thread to write it in: dropped, no error
+    await shared.drained()
+    assert not (tmp_path / "shared").exists()

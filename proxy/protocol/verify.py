@@ -24,7 +24,7 @@ from datetime import datetime
 
 from tuf.api import exceptions as tuf_exc
 from tuf.api.metadata import Metadata, MetaFile, TargetFile, Targets
-from tuf.api.serialization import DeserializationError
+from tuf.api.serialization import DeserializationError, SerializationError
 
 from proxy.protocol import errors
 from proxy.protocol.model import digest
@@ -87,6 +87,8 @@ def verify_delegated(
         delegator.verify_delegate(role, md.signed_bytes, md.signatures)
     except tuf_exc.UnsignedMetadataError as e:
         raise errors.BadSignature(f"{role}: {e}", role=role) from e
+    except SerializationError as e:  # parsed, but with no canonical form to check a signature over (a float)
+        raise errors.BadMetadata(f"{role}: cannot verify: {e}", role=role) from e
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # odd but parseable metadata
         raise errors.BadMetadata(f"{role}: cannot verify: {type(e).__name__}: {e}", role=role) from e
     version = md.signed.version

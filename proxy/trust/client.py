@@ -818,7 +818,7 @@ class TrustedClient:
         return consistent_target_urls(target, self.mirrors, consistent, self.config.served_name)
 
     async def _role(self, state: _State, request: RoleRequest) -> VerifiedRole:
-        """A delegated role for this state: from the LRU, the directory, or a mirror."""
+        """A delegated role for this state: from the LRU, the directory, another process's copy, or a mirror."""
         key, meta = self._role_key(state, request)
         cached = self._roles.get(key)
         if cached is not None:
@@ -826,10 +826,11 @@ class TrustedClient:
             return cached
         task = self._loading.get(key)
         if task is None:
-            # A small copy another process left is read and verified at once, as a role in the LRU is taken: a
-            # lookup then ends in its first step, and asks the gateway nothing ahead (Resolver._page_target).
+            # A copy another process left is read and verified at once, as a role in the LRU is taken: a lookup
+            # then ends in its first step, and asks the gateway nothing ahead (Resolver._page_target).  Only
+            # copies small enough to verify on the loop are left (_load_role).
             if self._shared is not None and _is_hash_bin(request.delegator):
-                data = self._shared.read(request.role, meta.version, _ON_LOOP_MAX)
+                data = self._shared.read(request.role, meta.version, min(self._role_limit(meta), _ON_LOOP_MAX))
                 role = None if data is None else self._verified_local(data, request, meta)
                 if role is not None:
                     return self._keep_role(key, role)
@@ -849,29 +850,26 @@ class TrustedClient:
     async def _load_role(self, state: _State, request: RoleRequest, meta: MetaFile, key: _RoleKey) -> VerifiedRole:
         name, delegator = request.role, request.delegator.signed
         persist = self.config.persist_bins or not _is_hash_bin(request.delegator)
-        limit = meta.length or self.config.targets_max_length
-        role: VerifiedRole | None = None
-        if persist:
-            local = self._store.read(name)
-            role = None if local is None else self._verified_local(local, request, meta)
-        elif self._shared is not None:  # a copy too large to have been taken on the loop (_role)
-            left = await asyncio.to_thread(self._shared.read, name, meta.version, limit)
-            if left is not None and len(left) > _ON_LOOP_MAX:
-                role = await asyncio.to_thread(self._verified_local, left, request, meta)
+        local = self._store.read(name) if persist else None
+        role = None if local is None else self._verified_local(local, request, meta)
         if role is None:
             data, fetched = await self._fetch_verified(
                 name,
                 self._metadata_name(state.root, name, meta.version),
-                limit,
+                self._role_limit(meta),
                 lambda data: verify_delegated(data, name, delegator, meta, self._expiry_clock()),
             )
             role = fetched
             if persist:
                 self._store.write(name, data)
-            elif self._shared is not None:
+            elif self._shared is not None and len(data) <= _ON_LOOP_MAX:
                 # Not waited for: the lookup has its role; the other processes take the copy once it is there.
                 self._shared.leave(name, meta.version, data)
         return self._keep_role(key, role)
+
+    def _role_limit(self, meta: MetaFile) -> int:
+        """The most bytes a delegated role may have: its snapshot entry's length, else the configured bound."""
+        return meta.length or self.config.targets_max_length
 
     def _verified_local(self, data: bytes, request: RoleRequest, meta: MetaFile) -> VerifiedRole | None:
         """``data`` (kept on disk, by this process or another) verified as the role ``meta`` names; None if not."""
