@@ -40,12 +40,19 @@ def _second(env: Env, sample_repo: SampleRepo, tmp_path: Path, shared: SharedRol
     return client
 
 
-async def test_a_bin_one_process_fetched_is_read_by_another(env: Env, sample_repo: SampleRepo, tmp_path: Path) -> None:
-    shared = SharedRoles(tmp_path / "shared")
+async def _left_by_first(env: Env, tmp_path: Path, shared: SharedRoles) -> tuple[object, Path, bytes]:
+    """A first process's lookup of WHEEL: what it found, the copy it left, and that copy's bytes."""
     first = TrustedClient(env.dir, [env.mirror], env.fetcher, TrustConfig(refresh_interval=3600.0), shared)
     env.clients.append(first)
     found = await first.get_target(WHEEL)
     await shared.drained()
+    [copy] = (tmp_path / "shared").iterdir()
+    return found, copy, copy.read_bytes()
+
+
+async def test_a_bin_one_process_fetched_is_read_by_another(env: Env, sample_repo: SampleRepo, tmp_path: Path) -> None:
+    shared = SharedRoles(tmp_path / "shared")
+    found, _, _ = await _left_by_first(env, tmp_path, shared)
     bin_requests = rf"/metadata/\d+\.{bin_of(env, WHEEL)}\.json"
     assert env.up.count(bin_requests) == 1
     second = _second(env, sample_repo, tmp_path, shared)
@@ -55,12 +62,7 @@ async def test_a_bin_one_process_fetched_is_read_by_another(env: Env, sample_rep
 
 async def test_a_copy_that_does_not_verify_is_fetched(env: Env, sample_repo: SampleRepo, tmp_path: Path) -> None:
     shared = SharedRoles(tmp_path / "shared")
-    first = TrustedClient(env.dir, [env.mirror], env.fetcher, TrustConfig(refresh_interval=3600.0), shared)
-    env.clients.append(first)
-    found = await first.get_target(WHEEL)
-    await shared.drained()
-    [copy] = (tmp_path / "shared").iterdir()
-    kept = copy.read_bytes()
+    found, copy, kept = await _left_by_first(env, tmp_path, shared)
     # The version line kept, a target's length changed: the signature no longer covers the bytes.
     copy.write_bytes(kept.replace(b'"length":', b'"length":1', 1))
     bin_requests = rf"/metadata/\d+\.{bin_of(env, WHEEL)}\.json"
@@ -78,16 +80,6 @@ async def test_a_client_that_persists_its_bins_leaves_none(env: Env, sample_repo
     await shared.drained()
     assert not (tmp_path / "shared").exists()
     assert (tmp_path / "second" / f"{bin_of(env, WHEEL)}.json").exists()
-
-
-async def _left_by_first(env: Env, tmp_path: Path, shared: SharedRoles) -> tuple[object, Path, bytes]:
-    """A first process's lookup of WHEEL: what it found, the copy it left, and that copy's bytes."""
-    first = TrustedClient(env.dir, [env.mirror], env.fetcher, TrustConfig(refresh_interval=3600.0), shared)
-    env.clients.append(first)
-    found = await first.get_target(WHEEL)
-    await shared.drained()
-    [copy] = (tmp_path / "shared").iterdir()
-    return found, copy, copy.read_bytes()
 
 
 async def test_copies_that_cannot_be_verified_or_read_are_fetched(env: Env, sample_repo: SampleRepo,
