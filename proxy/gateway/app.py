@@ -236,7 +236,7 @@ class GatewayApp:
         return response
 
     async def _root_page(self, request: web.Request) -> web.StreamResponse:
-        name, content_type = _plain_page(request)
+        name, content_type = _negotiated_page(request)
         headers = {**_NO_CACHE, "Content-Type": content_type}
         publisher = self.gateway.publisher
         leader = self.forwarder.lease.leader_url if self._following() is not None and self.forwarder else None
@@ -271,7 +271,7 @@ class GatewayApp:
                 await self.forwarder.publish(f"{PUBLISH_PREFIX}{project}", request.headers.get("Authorization"))
         elif not (self.public_dir / "simple" / project / "index.json").is_file():
             await self.gateway.ensure(project)
-        return await self._plain_page(request, project, _plain_page(request))
+        return await self._plain_page(request, project, _negotiated_page(request))
 
     async def _page_file(self, request: web.Request) -> web.StreamResponse:
         project, name = request.match_info["project"], request.match_info["name"]
@@ -418,7 +418,7 @@ def _render_html(data: bytes, project: str) -> bytes:
     return index.render_project_html(index.parse_project_json(data, project))
 
 
-def _plain_page(request: web.Request) -> tuple[str, str]:
+def _negotiated_page(request: web.Request) -> tuple[str, str]:
     """The plain page a client asked for (PEP 691 negotiation), and its content type."""
     if index.negotiate(request.headers.get("Accept")) is index.MediaType.JSON_V1:
         return "index.json", index.MediaType.JSON_V1.value
