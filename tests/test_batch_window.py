@@ -34,8 +34,11 @@ def _page(name: str) -> index.ProjectPage:
     return index.ProjectPage(name=name, files=())
 
 
-def _run(tmp_path: Path, scenario: Callable[[Publisher], Awaitable[None]]) -> None:
-    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW)
+def _run(tmp_path: Path, scenario: Callable[[Publisher], Awaitable[None]], patience: float | None = WINDOW) -> None:
+    """``scenario`` against a started publisher; ``patience`` WINDOW: a batch waits for every page it may wait for
+    (who waits for whom is the rule tested, not for how long); None: as long as batches take, as served."""
+    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW,
+                          patience=patience)
 
     async def main() -> None:
         publisher.start()
@@ -103,6 +106,20 @@ def test_a_guess_a_client_asks_for_is_waited_for_like_a_clients_page(tmp_path: P
     _run(tmp_path, scenario)
 
 
+def test_a_batch_waits_for_a_late_page_about_as_long_as_a_batch_takes(tmp_path: Path) -> None:
+    """As served, a client's batch waits for another client's page still being fetched no longer than the last
+    batches took to sign (not the whole window): a page arriving later is signed sooner in a batch of its own."""
+
+    async def scenario(publisher: Publisher) -> None:
+        with publisher.preparing("late"):  # never arrives while the test runs: waiting for it would time out
+            for project in ("a", "b"):
+                await publisher.publish({project: _page(project)})
+        assert {"a", "b"} <= publisher.published and "late" not in publisher.published
+        assert 0 < publisher.patience < WINDOW  # taken from the batches just signed
+
+    _run(tmp_path, scenario, patience=None)
+
+
 class _Index(IndexClient):
     """An index whose page for each project arrives when the test releases it."""
 
@@ -123,7 +140,8 @@ class _Index(IndexClient):
 def _run_gateway(tmp_path: Path, scenario: Callable[[Gateway, _Index], Awaitable[None]],
                  locks: FetchLocks | None = None) -> None:
     """``scenario`` against a Gateway (real publisher, repository and ledger) whose index is an :class:`_Index`."""
-    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW)
+    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW,
+                          patience=WINDOW)
     audit = AuditLog(tmp_path / "audit.jsonl")
     stub = _Index()
     gateway = Gateway(stub, Ledger(tmp_path / "ledger"), publisher, audit, GatewayMetrics(), locks=locks)

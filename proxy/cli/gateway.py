@@ -125,8 +125,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("page_ttl", "seconds before a published project's page is fetched again", 600.0, _positive_float, metavar="SECONDS"),
     Option("refresh_rate", "at most this many page refreshes a second", 5.0, _positive_float, metavar="N"),
     Option("batch_window", "at most this many seconds a batch waits for pages still being fetched, to sign them with it "
-           "(a lone miss is signed at once)", 0.2, _positive_float,
-           metavar="SECONDS"),
+           "(a lone miss is signed at once; a batch waits no longer than the last batches took to sign)", 0.2,
+           _positive_float, metavar="SECONDS"),
     Option("prefetch_depth", "when a miss publishes a project, also publish its dependencies this many levels "
            "deep (read from the newest release's metadata; 0: off)", 2, int, metavar="N"),
     Option("prefetch_max", "at most this many dependencies prefetched per miss", 40, int, metavar="N"),
@@ -178,7 +178,8 @@ The miss protocol: an edge (tufproxy serve) that finds no
 signed page for a project POSTs /_tufproxy/publish/<project>; the gateway
 fetches the page from the first index that lists it, checks it, pins its
 files in DIR/gateway/ledger.jsonl, signs it (with the other clients' pages
-still being fetched, waiting at most --batch-window for them) and answers
+still being fetched, waiting for them about as long as a batch takes to
+sign, at most --batch-window) and answers
 {"timestamp_version": N} once that timestamp is written, or 404 when no
 index lists the project. Edges run:
   tufproxy serve --upstream http://GATEWAY:8081/ \\

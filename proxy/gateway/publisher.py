@@ -8,7 +8,11 @@ everything queued in one transaction of the signer
 one snapshot and one timestamp signature, however many bins they touch.
 The window adapts: a lone miss is signed at once; only while other pages
 are still being fetched for a publish (:meth:`Publisher.preparing`) does a
-batch wait for them, at most ``window`` seconds.  Which ones depends on who
+batch wait for them, and no longer than the last batches took to sign
+(``patience``, at most ``window`` seconds): a page arriving later than that
+is signed sooner in a batch of its own than the batch would have been by
+waiting for it, and every page already in hand waits the whole time.
+Which ones depends on who
 waits: a batch a client waits for waits only for the pages other clients
 wait for, never for a guess (a dependency prefetch no one asked for yet);
 a batch of guesses alone waits for every page still being fetched, so that
@@ -83,6 +87,9 @@ BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
 CATALOG_SAVE_EVERY = 300.0
 FORESIGHTS = 1024  # projects whose latest signing is remembered for a publish answer
 MAX_BODY = 1 << 20  # a file a publish answer carries (a snapshot of 16,384 bins is 534 KB)
+# What a batch is taken to cost before one was measured: a lone page's, beside a client's install on 2 cores.
+FIRST_PATIENCE = 0.025
+PATIENCE_WEIGHT = 0.3  # of the newest batch in the running estimate: a few batches move it
 
 
 def _small(path: Path) -> bytes | None:
@@ -154,7 +161,7 @@ class Signed:
 class Publisher:
     """The one signer task of a gateway process."""
 
-    def __init__(self, repo: Repository, window: float = 0.2,
+    def __init__(self, repo: Repository, window: float = 0.2, patience: float | None = None,
                  observe: Callable[[int, float], None] | None = None,
                  after: Callable[[], Awaitable[object]] | None = None,
                  key_failed: Callable[[KeyUnavailable], None] | None = None,
@@ -173,6 +180,10 @@ class Publisher:
         # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
+        # How long a batch waits for pages still being fetched, below ``window``: what the last batches took to
+        # sign and write (None given: measured as they go; a figure: fixed, for tests of who waits for whom).
+        self._measured = patience is None
+        self.patience = FIRST_PATIENCE if patience is None else patience
         self._observe = observe  # (pages the batch changed, seconds it took)
         self._pending: Pages = {}
         self._targets: Targets = {}  # other signed targets (provenance objects), signed with the next batch
@@ -280,7 +291,7 @@ class Publisher:
     @contextlib.contextmanager
     def preparing(self, project: str, urgent: bool = True) -> Iterator[None]:
         """While this is held, ``project``'s page is being fetched for a publish: a batch about to be signed may
-        wait for it (at most ``window``; see the module docstring).  ``urgent``: a client waits for it."""
+        wait for it (at most ``patience``; see the module docstring).  ``urgent``: a client waits for it."""
         self._fetching[project] = urgent
         try:
             yield
@@ -328,8 +339,9 @@ class Publisher:
         await self._save_catalog()  # what the first look read (after the listener opened), for the next start
         while True:
             await self._wake.wait()
-            # The batch window: only pages still being fetched for a publish are waited for.
-            deadline = loop.time() + self.window
+            # The batch window: only pages still being fetched for a publish are waited for, about as long as a
+            # batch takes (the module docstring).
+            deadline = loop.time() + min(self.window, self.patience)
             while self._holding() and (left := deadline - loop.time()) > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -372,6 +384,8 @@ class Publisher:
                 except Exception as e:  # noqa: BLE001 - signed locally; the next push catches the bucket up
                     log.error("after publishing: %s", e)
                 writing += time.monotonic() - pushed
+            if self._measured:
+                self.patience += PATIENCE_WEIGHT * (signing + writing - self.patience)
             for w, queued in waiters:
                 if not w.done():
                     w.set_result(Signed(self.timestamp_version, start - queued, signing, writing))
