@@ -67,9 +67,8 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
         assert gw.publish("pf-a")[0] == 200
         wait_for(lambda: all(_published(gw, p) for p in ("pf-b", "pf-c", "pf-e")), "the prefetched pages", timeout=30)
         wait_for(lambda: metric(gw.base, 'tufproxy_gateway_prefetches_total{outcome="published"}') >= 3, "count", timeout=10)
-        # Depth 2 below pf-a: pf-c's own dependencies are not read, pf-d never asked of the index.
+        # Depth 2 below pf-a: pf-c's own dependencies are not followed, pf-d never asked of the index.
         assert "pf-d" not in _pages_asked(test_index) and not _published(gw, "pf-d")
-        assert not any(p.endswith("pf_c-1.0-py3-none-any.whl.metadata") for p in test_index.requests)
         # The .metadata the prefetch read is what the client asks next: served from those bytes (checked against
         # the pin), not fetched from the index a second time.
         name = "pf_a-1.0-py3-none-any.whl.metadata"
@@ -79,6 +78,12 @@ def test_a_miss_publishes_its_dependency_closure_to_the_depth_bound(tmp_path: Pa
         assert wanted.core is not None and served == wanted.core
         assert len([p for p in test_index.requests if p.endswith(name)]) == 1
         assert metric(gw.base, 'tufproxy_gateway_files_total{outcome="read-ahead"}') == 1
+        # The last level's .metadata is read too (its dependencies are not followed): the client asks for it next.
+        leaf = "pf_c-1.0-py3-none-any.whl.metadata"
+        with urllib.request.urlopen(f"{gw.base}packages/pf-c/{leaf}", timeout=10) as r:
+            assert r.read() == test_index.file(leaf.removesuffix(".metadata")).core
+        assert len([p for p in test_index.requests if p.endswith(leaf)]) == 1
+        assert metric(gw.base, 'tufproxy_gateway_files_total{outcome="read-ahead"}') == 2
         # Answered from memory, kept on disk behind the answer: the gateway restarted serves it from there.
         wait_for((tmp_path / "gw" / "public" / core_metadata_target("pf-a", name.removesuffix(".metadata"))).exists,
                  "the read-ahead .metadata kept")

@@ -39,7 +39,7 @@ import io
 import logging
 import re
 import zipfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from email.parser import BytesHeaderParser
 
@@ -176,10 +176,15 @@ class Prefetcher:
         return Wave(self.depth, Budget(self.budget))
 
     def schedule(self, page: index.ProjectPage, wave: Wave) -> None:
-        """Prefetch ``page``'s dependencies in the background (``wave.depth`` levels more)."""
-        if wave.depth <= 0 or wave.budget.left <= 0:
+        """Prefetch ``page``'s dependencies in the background (``wave.depth`` levels more); below the last
+        level, only read its newest release's ``.metadata``, which the client asks for next."""
+        if wave.depth > 0 and wave.budget.left > 0:
+            job: Coroutine[object, None, None] = self._run(page, wave)
+        elif self.depth > 0 and self.keep is not None and (dist := newest_file(page)) is not None and dist.core_metadata:
+            job = self._read_ahead(page, dist)
+        else:
             return
-        task = asyncio.create_task(self._run(page, wave))
+        task = asyncio.create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -197,6 +202,23 @@ class Prefetcher:
             self._count("failed")
             log.debug("prefetch for %s: %s", page.name, e)
 
+    async def _read_ahead(self, page: index.ProjectPage, dist: index.DistFile) -> None:
+        timing.detach()
+        async with self._slots:
+            try:
+                await self._metadata(page, dist)
+            except Exception as e:  # noqa: BLE001 - a guess: the client's own request fetches it
+                self._count("failed")
+                log.debug("prefetch for %s: %s", page.name, e)
+
+    def _metadata(self, page: index.ProjectPage, dist: index.DistFile) -> asyncio.Future[bytes]:
+        """The read of ``dist``'s ``.metadata``, offered to the file source: the client asks for this very file
+        next, and need not wait for a second trip to the index."""
+        read = asyncio.ensure_future(self.fetch(dist.url + ".metadata", MAX_METADATA))
+        if self.keep is not None:
+            self.keep(core_metadata_target(page.name, dist.filename), read)
+        return read
+
     async def dependencies(self, page: index.ProjectPage, limit: int,
                            extras: frozenset[str] | None = ALL_EXTRAS) -> dict[str, frozenset[str]]:
         """What the newest release of ``page`` requires, with ``extras`` (empty when there is nothing to read)."""
@@ -205,10 +227,7 @@ class Prefetcher:
             return {}
         try:
             if dist.core_metadata:
-                read = asyncio.ensure_future(self.fetch(dist.url + ".metadata", MAX_METADATA))
-                if self.keep is not None:  # the client asks for this very file next: no second trip to the index
-                    self.keep(core_metadata_target(page.name, dist.filename), read)
-                data = await read
+                data = await self._metadata(page, dist)
                 if not _sha256_ok(data, dist.core_metadata):
                     self._count("bad-metadata")
                     return {}
