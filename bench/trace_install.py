@@ -10,7 +10,10 @@ the install (utime + stime), and the timeline of requests (milliseconds
 from uv's start; ``edge``: what uv asked, ``gw``: what the edge asked the gateway, ``index``: what the gateway
 asked), which shows the levels of uv's resolution: pages, their
 ``.metadata``, the dependencies' pages, and so on; and how many
-connections each hop's requests came on (keep-alive reuse).
+connections each hop's requests came on (keep-alive reuse).  A miss's
+answer names where its time went (its ``Server-Timing`` header: the
+index fetch, the batch wait, signing, writing, the edge's refresh),
+shown after its path.
 
 The taps cost CPU of their own (reported as "this process"), on the same
 cores: the timeline is for reading the shape, not for figures to compare
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -43,6 +47,9 @@ from warmab import _cpu_seconds  # noqa: E402
 _HOP = frozenset(("host", "transfer-encoding", "content-length", "connection"))
 
 
+Entry = tuple[str, float, float, int, str, str]  # who, start, end, status, path, its Server-Timing value
+_SPENT = re.compile(r"([\w-]+);dur=([\d.]+)")
+
 # Each tap's callers' connections (their address and port): how many the requests came on, i.e. how well the
 # caller reuses its connections (keep-alive).
 PEERS: dict[str, set[object]] = {}
@@ -53,7 +60,7 @@ class Tap:
     with ``delay`` (seconds), each request waits that long before it is passed on: a round trip, as the
     index's delay is one (bench/uvab.py's ``--gateway-rtt-ms``)."""
 
-    def __init__(self, target: str, name: str, log: list[tuple[str, float, float, int, str]], t0: list[float],
+    def __init__(self, target: str, name: str, log: list[Entry], t0: list[float],
                  delay: float = 0.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -72,7 +79,8 @@ class Tap:
                                           data=await request.read(), allow_redirects=False) as r:
                 body = await r.read()
                 answer = {k: v for k, v in r.headers.items() if k.lower() not in _HOP}
-            log.append((name, began, time.monotonic() - t0[0], r.status, request.rel_url.raw_path))
+            log.append((name, began, time.monotonic() - t0[0], r.status, request.rel_url.raw_path,
+                        r.headers.get("Server-Timing", "")))
             return web.Response(status=r.status, body=body, headers=answer)
 
         async def start() -> None:
@@ -96,7 +104,7 @@ def main() -> None:
     ap.add_argument("--gateway", action="store_true", help="uv straight at the gateway (no edge), through the tap")
     ap.add_argument("--warm", action="store_true", help="trace a second install, the servers warm from a first")
     args = ap.parse_args()
-    log: list[tuple[str, float, float, int, str]] = []
+    log: list[Entry] = []
     t0 = [time.monotonic()]
     index = Index(load(fetch_corpus(lambda s: print(s, file=sys.stderr))), args.rtt_ms / 1000)
     index_tap = Tap(index.url.rsplit("/simple/", 1)[0], "index", log, t0)
@@ -148,8 +156,10 @@ def main() -> None:
     print("connections: " + ", ".join(f"{who}: {sum(1 for e in log if e[0] == who)} requests on {len(peers)}"
                                       for who, peers in sorted(PEERS.items())))
     print(f"{'who':5} {'start':>7} {'end':>7} {'ms':>6} status path")
-    for name, began, ended, status, path in sorted(log, key=lambda e: e[1]):
-        print(f"{name:5} {began * 1000:7.1f} {ended * 1000:7.1f} {(ended - began) * 1000:6.1f} {status} {path[:100]}")
+    for name, began, ended, status, path, spent_on in sorted(log, key=lambda e: e[1]):
+        timed = " " + _SPENT.sub(r"\1 \2", spent_on) if spent_on else ""
+        print(f"{name:5} {began * 1000:7.1f} {ended * 1000:7.1f} {(ended - began) * 1000:6.1f} {status} {path[:100]}"
+              f"{timed}")
 
 
 if __name__ == "__main__":
