@@ -18,7 +18,7 @@ from proxy.gateway.ledger import Ledger
 from proxy.gateway.listing import IndexClient, Listing
 from proxy.gateway.metrics import GatewayMetrics
 from proxy.gateway.policy import Policy
-from proxy.gateway.publisher import Publisher
+from proxy.gateway.publisher import PATIENCE_WEIGHT, Publisher
 from proxy.gateway.service import Gateway
 from proxy.protocol import index
 from proxy.repository import Repository
@@ -118,6 +118,33 @@ def test_a_batch_waits_for_a_late_page_about_as_long_as_a_batch_takes(tmp_path: 
         assert 0 < publisher.patience < WINDOW  # taken from the batches just signed
 
     _run(tmp_path, scenario, patience=None)
+
+
+def test_patience_follows_the_batches_that_signed_pages(tmp_path: Path) -> None:
+    """A batch that signed pages moves the estimate toward what it took (here a slow bucket push of 50 ms); a
+    re-sign of the online roles, and a batch whose pages had not changed, leave it alone."""
+    push = 0.05  # what the push costs (the work measured, not a wait for another task)
+
+    async def slow_push() -> None:
+        await asyncio.sleep(push)
+
+    publisher = Publisher(Repository.init(tmp_path / "g", bins=16, layout="gateway", clock_versions=True), window=WINDOW,
+                          after=slow_push)
+
+    async def main() -> None:
+        publisher.start()
+        try:
+            first = publisher.patience
+            await publisher.publish({"a": _page("a")})
+            moved = publisher.patience
+            assert moved >= first + PATIENCE_WEIGHT * (push - first)
+            await publisher.resign()
+            await publisher.publish({"a": _page("a")})  # the same page: nothing to sign
+            assert publisher.patience == moved
+        finally:
+            await publisher.stop()
+
+    asyncio.run(asyncio.wait_for(main(), DONE_WITHIN))
 
 
 class _Index(IndexClient):

@@ -182,6 +182,8 @@ def test_a_hostile_index_naming_10000_dependencies_costs_at_most_the_budget(tmp_
         # The first miss asked its 5, the second miss its own page and at most 5 more.
         assert len(_pages_asked(index)) <= 1 + 5 + 1 + 5, sorted(_pages_asked(index))
         assert settled <= 5
+        # One .metadata read per page published (the last level's read ahead, not followed), none beyond.
+        assert len([p for p in index.requests if p.endswith(".metadata")]) <= 1 + 5 + 1 + 5
 
 
 @pytest.mark.slow

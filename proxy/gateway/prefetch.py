@@ -23,12 +23,17 @@ comes while it is under way waits for it rather than asking the index
 again; the file source serves the bytes once the file is pinned and they
 match the pin (:class:`proxy.gateway.files.ReadAhead`).
 
+The pages of the last level (or published once the miss's budget is spent)
+have their dependencies left unread, but their ``.metadata`` is read all the
+same, for the same reason: one read per page published, as for the others.
+
 Bounded: ``depth`` levels below the requested project, at most ``budget``
 projects per miss (a hostile index whose metadata names 10,000 projects
-costs at most that many pages), metadata and wheels of bounded size, a few
-at a time.  A prefetch never holds a client's batch back; the pages of one
-wave are signed together while no client waits, and a client asking for
-one makes it a client's page (:class:`~proxy.gateway.publisher.Publisher`).
+costs at most that many pages and ``.metadata`` reads), metadata and wheels
+of bounded size, a few at a time.  A prefetch never holds a client's batch
+back; the pages of one wave arriving together are signed together while no
+client waits, and a client asking for one makes it a client's page
+(:class:`~proxy.gateway.publisher.Publisher`).
 """
 
 from __future__ import annotations
@@ -176,12 +181,13 @@ class Prefetcher:
         return Wave(self.depth, Budget(self.budget))
 
     def schedule(self, page: index.ProjectPage, wave: Wave) -> None:
-        """Prefetch ``page``'s dependencies in the background (``wave.depth`` levels more); below the last
-        level, only read its newest release's ``.metadata``, which the client asks for next."""
+        """Prefetch ``page``'s dependencies in the background (``wave.depth`` levels more); at the last level,
+        or once the miss's budget is spent, only read its newest release's ``.metadata``, which the client asks
+        for next."""
         if wave.depth > 0 and wave.budget.left > 0:
             job: Coroutine[object, None, None] = self._run(page, wave)
-        elif self.depth > 0 and self.keep is not None and (dist := newest_file(page)) is not None and dist.core_metadata:
-            job = self._read_ahead(page, dist)
+        elif self.depth > 0 and self.keep is not None:
+            job = self._read_ahead(page)
         else:
             return
         task = asyncio.create_task(job)
@@ -202,14 +208,20 @@ class Prefetcher:
             self._count("failed")
             log.debug("prefetch for %s: %s", page.name, e)
 
-    async def _read_ahead(self, page: index.ProjectPage, dist: index.DistFile) -> None:
-        timing.detach()
-        async with self._slots:
-            try:
+    async def _read_ahead(self, page: index.ProjectPage) -> None:
+        timing.detach()  # as _run
+        try:
+            dist = newest_file(page)
+            if dist is None or not dist.core_metadata:
+                return
+            async with self._slots:
                 await self._metadata(page, dist)
-            except Exception as e:  # noqa: BLE001 - a guess: the client's own request fetches it
-                self._count("failed")
-                log.debug("prefetch for %s: %s", page.name, e)
+        except DownloadError as e:
+            self._count("unreachable")
+            log.debug("prefetch: %s", e)
+        except Exception as e:  # noqa: BLE001 - a guess: the client's own request fetches it
+            self._count("failed")
+            log.debug("prefetch for %s: %s", page.name, e)
 
     def _metadata(self, page: index.ProjectPage, dist: index.DistFile) -> asyncio.Future[bytes]:
         """The read of ``dist``'s ``.metadata``, offered to the file source: the client asks for this very file

@@ -8,10 +8,10 @@ everything queued in one transaction of the signer
 one snapshot and one timestamp signature, however many bins they touch.
 The window adapts: a lone miss is signed at once; only while other pages
 are still being fetched for a publish (:meth:`Publisher.preparing`) does a
-batch wait for them, and no longer than the last batches took to sign
-(``patience``, at most ``window`` seconds): a page arriving later than that
-is signed sooner in a batch of its own than the batch would have been by
-waiting for it, and every page already in hand waits the whole time.
+batch wait for them, and no longer than the last batches that signed
+pages took (``patience``, at most ``window`` seconds): waiting longer costs
+every page already in hand more than the late page gains, which is then
+signed in the next batch, at most one batch later than it would have been.
 Which ones depends on who
 waits: a batch a client waits for waits only for the pages other clients
 wait for, never for a guess (a dependency prefetch no one asked for yet);
@@ -161,12 +161,13 @@ class Signed:
 class Publisher:
     """The one signer task of a gateway process."""
 
-    def __init__(self, repo: Repository, window: float = 0.2, patience: float | None = None,
+    def __init__(self, repo: Repository, window: float = 0.2,
                  observe: Callable[[int, float], None] | None = None,
                  after: Callable[[], Awaitable[object]] | None = None,
                  key_failed: Callable[[KeyUnavailable], None] | None = None,
                  private: Callable[[str], bool] | None = None, high_water: Path | None = None,
-                 catalog: Path | None = None, flush_also: tuple[Path, ...] = ()) -> None:
+                 catalog: Path | None = None, flush_also: tuple[Path, ...] = (), *,
+                 patience: float | None = None) -> None:
         self.repo = repo
         self.flush_also = flush_also  # files made durable with each batch, before its commit point (the ledger)
         self.private = private  # which projects to mark private in the signed metadata
@@ -180,8 +181,8 @@ class Publisher:
         # Run after each signed batch, before its waiters hear (the bucket push: proxy.storage.treepush).
         self._after = after
         self.window = window
-        # How long a batch waits for pages still being fetched, below ``window``: what the last batches took to
-        # sign and write (None given: measured as they go; a figure: fixed, for tests of who waits for whom).
+        # How long a batch waits for pages still being fetched, below ``window``: what the last batches that signed
+        # pages took (None given: measured as they go; a figure: fixed, for tests of who waits for whom).
         self._measured = patience is None
         self.patience = FIRST_PATIENCE if patience is None else patience
         self._observe = observe  # (pages the batch changed, seconds it took)
@@ -384,8 +385,10 @@ class Publisher:
                 except Exception as e:  # noqa: BLE001 - signed locally; the next push catches the bucket up
                     log.error("after publishing: %s", e)
                 writing += time.monotonic() - pushed
-            if self._measured:
-                self.patience += PATIENCE_WEIGHT * (signing + writing - self.patience)
+            if self._measured and signed and not resign:
+                # Only batches that signed pages: a refresh that changed nothing or a re-sign of every role is not
+                # what a late page would cost; one stalled write moves the estimate no further than the window.
+                self.patience += PATIENCE_WEIGHT * (min(signing + writing, self.window) - self.patience)
             for w, queued in waiters:
                 if not w.done():
                     w.set_result(Signed(self.timestamp_version, start - queued, signing, writing))
