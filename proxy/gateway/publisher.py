@@ -12,10 +12,10 @@ batch wait for them, and no longer than the last batches that signed
 pages took (``patience``, at most ``window`` seconds): waiting longer costs
 every page already in hand more than the late page gains, which is then
 signed in the next batch, at most one batch later than it would have been.
-Which ones depends on who
-waits: a batch a client waits for waits only for the pages other clients
-wait for, never for a guess (a dependency prefetch no one asked for yet);
-a batch of guesses alone waits for every page still being fetched, so that
+Which pages depends on who waits: a batch a client waits for waits only
+for the pages other clients wait for, never for a guess (a dependency
+prefetch no one asked for yet); a batch of guesses alone waits for every
+page still being fetched, so that
 a wave of prefetched pages arriving within milliseconds of each other is
 signed in one batch rather than one behind the other, while no one waits.
 A client asking for a guess (:meth:`Publisher.urge`) makes it a client's
