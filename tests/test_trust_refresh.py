@@ -161,12 +161,13 @@ async def test_a_miss_waits_at_most_miss_wait_and_hits_never_wait(env: Env, tmp_
         await client.get_target("packages/absent/absent-1.0-py3-none-any.whl")
 
 
-async def test_a_cycle_renames_each_role_once_on_disk_in_order_and_before_its_state_is_served_or_a_refusal(
+async def test_a_cycle_renames_each_role_once_on_disk_in_order_before_its_state_is_served_and_a_refusal(
         env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each role is persisted as it verifies (spec 5.4.5, 5.5.7): written beside its name, fsynced while the cycle
-    goes on, renamed only once on disk and after the role before it; the directory is fsynced once, before the new
-    state answers lookups, and before a refusal of a later role is raised (the timestamp that verified keeps
-    guarding against rollback after a restart)."""
+    goes on, renamed only once on disk and after the role before it.  The new state answers lookups once every role
+    is renamed; the directory is fsynced once, before the cycle ends (the next one reads what it persisted), and
+    before a refusal of a later role is raised (the timestamp that verified keeps guarding against rollback after a
+    restart)."""
     from proxy.util import atomic
 
     client = env.client()
@@ -178,7 +179,7 @@ async def test_a_cycle_renames_each_role_once_on_disk_in_order_and_before_its_st
         return Path(str(path)).parent == env.dir or Path(str(path)) == env.dir
 
     def fsync(path: Path, *args: int) -> None:
-        if ours(path):
+        if Path(path).parent == env.dir:  # a role's temp file (the directory's own fsync is fsync_dir's event)
             events.append(f"fsync {Path(path).name.split('.')[1]}")
         real_fsync(path, *args)
 
@@ -190,20 +191,24 @@ async def test_a_cycle_renames_each_role_once_on_disk_in_order_and_before_its_st
     def replace(tmp: object, path: object) -> None:
         if ours(path):
             events.append(f"rename {Path(str(path)).name}")
+            served_at_renames.append(client.timestamp_version)
         real_replace(tmp, path)  # type: ignore[arg-type]
 
     monkeypatch.setattr(atomic, "_fsync", fsync)
     monkeypatch.setattr(atomic, "fsync_dir", fsync_dir)
     monkeypatch.setattr(atomic.os, "replace", replace)
     before = client.timestamp_version
+    served_at_renames: list[int | None] = []
     env.publish(tmp_path)
     await client.refresh_until(env.version("timestamp"), timeout=10)
+    assert client.timestamp_version == env.version("timestamp") != before
+    await client.refresh()  # the cycle in flight, to its end
     assert events.index("fsync timestamp") < events.index("rename timestamp.json")
     assert events.index("fsync snapshot") < events.index("rename snapshot.json")
     assert events.index("rename timestamp.json") < events.index("rename snapshot.json")
-    assert events[-1] == f"fsync dir, serving {before}"  # the old state still served
+    assert served_at_renames == [before, before]  # the old state served until both were renamed
+    assert events[-1] == f"fsync dir, serving {env.version('timestamp')}"
     assert sum(e.startswith("fsync dir") for e in events) == 1
-    assert client.timestamp_version == env.version("timestamp") != before
 
     events.clear()
     env.publish(tmp_path, "another")
