@@ -221,6 +221,65 @@ async def test_a_cycle_renames_each_role_once_on_disk_in_order_before_its_state_
     assert Metadata.from_bytes((env.dir / "timestamp.json").read_bytes()).signed.version == env.version("timestamp")
 
 
+async def test_a_miss_waiting_for_a_version_is_answered_before_the_directory_is_fsynced(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """refresh_until returns once the new state is live, its roles renamed, while the directory's fsync is still
+    under way; the cycle, and so the next one, waits for that fsync."""
+    from proxy.util import atomic
+
+    client = env.client()
+    await client.refresh(force=True)
+    held, entered = threading.Event(), threading.Event()
+    real_dir = atomic.fsync_dir
+
+    def slow_dir(directory: Path) -> None:
+        if Path(directory) == env.dir:
+            entered.set()
+            held.wait(10)
+        real_dir(directory)
+
+    monkeypatch.setattr(atomic, "fsync_dir", slow_dir)
+    env.publish(tmp_path)
+    try:
+        await client.refresh_until(env.version("timestamp"), timeout=5)
+        assert client.timestamp_version == env.version("timestamp")
+        assert entered.is_set() and client._refresh_task is not None and not client._refresh_task.done()
+        assert Metadata.from_bytes((env.dir / "timestamp.json").read_bytes()).signed.version == env.version("timestamp")
+    finally:
+        held.set()
+    await client.refresh()  # the cycle in flight, to its end
+    assert client.status()["last_error"] is None
+
+
+async def test_a_directory_fsync_failing_after_the_state_went_live_keeps_it_and_says_so(
+        env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The roles are whole under their names and the state verified, so it stays live; the refresh is reported
+    failed (last_error) until a cycle persists again."""
+    from proxy.protocol.errors import RefreshFailed
+    from proxy.util import atomic
+
+    client = env.client()
+    await client.refresh(force=True)
+    real_dir = atomic.fsync_dir
+
+    def failing_dir(directory: Path) -> None:
+        if Path(directory) == env.dir:
+            raise OSError(5, "Input/output error")
+        real_dir(directory)
+
+    monkeypatch.setattr(atomic, "fsync_dir", failing_dir)
+    env.publish(tmp_path)
+    await client.refresh_until(env.version("timestamp"), timeout=5)
+    with pytest.raises(RefreshFailed):
+        await client.refresh()  # joins the cycle in flight, which ends in the fsync's failure
+    assert client.timestamp_version == env.version("timestamp")
+    assert client.status()["last_error"] == "refresh-failed"
+    monkeypatch.setattr(atomic, "fsync_dir", real_dir)
+    env.publish(tmp_path, "another")
+    await client.refresh(force=True)
+    assert client.timestamp_version == env.version("timestamp") and client.status()["last_error"] is None
+
+
 async def test_a_role_whose_fsync_fails_is_not_renamed_and_the_cycle_fails(
         env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that fails the timestamp's fsync: no torn or unsynced file takes the trusted name, no state is served

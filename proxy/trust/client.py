@@ -348,7 +348,7 @@ class TrustedClient:
     async def _refresh(self) -> None:
         self._last_attempt = time.monotonic()
         try:
-            state = await self._cycle()
+            await self._cycle()
         except errors.TrustError as e:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
@@ -361,7 +361,7 @@ class TrustedClient:
             logger.exception("refresh failed unexpectedly")
             self._last_error = errors.RefreshFailed(f"refresh failed: {type(e).__name__}: {e}")
             raise self._last_error from e
-        self._go_live(state)
+        # The state went live once it verified (_cycle); now it is on disk too.
         self._last_success = time.time()
         self._last_error = None
 
@@ -556,7 +556,7 @@ class TrustedClient:
                 raise errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}") from e
             # Off the loop for large metadata. Safe: ``verify`` only touches this cycle's own
             # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
-            # self._state, swapped in whole once the cycle ends) or, for delegated roles,
+            # self._state, swapped in whole once the cycle verified) or, for delegated roles,
             # its own arguments (verify_delegated is pure; verified roles are never mutated).
             return data, verify(data) if len(data) <= _ON_LOOP_MAX else await asyncio.to_thread(verify, data)
 

@@ -221,8 +221,10 @@ class InOrder:
 
     async def renamed(self) -> None:
         """Wait for every replace asked so far: each file on disk under its name, only the renames themselves not
-        yet durable (:meth:`settle`); the first failure raises once all are done."""
-        failed = await self._ended(self._replaces)
+        yet durable (:meth:`settle`); the first failure raises once all are done, and a replace cancelled (whose
+        file is then not under its name) raises CancelledError."""
+        ended = await asyncio.gather(*self._replaces, return_exceptions=True)
+        failed = next((e for e in ended if isinstance(e, BaseException)), None)
         if failed is not None:
             raise failed
 
@@ -230,19 +232,14 @@ class InOrder:
         """Wait for every replace, then fsync each directory a rename went into; the first failure raises once
         all are done."""
         replaces, self._replaces = self._replaces, []
-        failed = await self._ended(replaces)
+        ended = await asyncio.gather(*replaces, return_exceptions=True)
+        # A replace cancelled (a shutdown) is no failure of the disk's: a refusal being raised stays the news.
+        failed = next((e for e in ended if isinstance(e, Exception)), None)
         if replaces:
             for directory in self._dirs:
                 await asyncio.to_thread(fsync_dir, directory)
         if failed is not None:
             raise failed
-
-    @staticmethod
-    async def _ended(replaces: list[asyncio.Task[None]]) -> BaseException | None:
-        """Wait for ``replaces``; the first that failed (one cancelled, a shutdown, is no failure of the disk's:
-        a refusal being raised stays the news)."""
-        ended = await asyncio.gather(*replaces, return_exceptions=True)
-        return next((e for e in ended if isinstance(e, Exception)), None)
 
 
 def _flush_pool() -> ThreadPoolExecutor:
