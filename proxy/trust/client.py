@@ -190,9 +190,6 @@ class TrustedClient:
         # What each role contributed to the last listing (see listed), by the bytes it was read from.
         self._shares: dict[tuple[object, ...], _Share] = {}
         self._refresh_task: asyncio.Task[None] | None = None
-        # Set (and replaced) each time a cycle's verified state goes live, which is before the cycle ends: its
-        # roles are still being made durable (_cycle).
-        self._moved = asyncio.Event()
         self._last_attempt: float | None = None  # monotonic
         self._last_success: float | None = None  # wall clock
         self._last_error: errors.TrustError | None = None
@@ -314,11 +311,11 @@ class TrustedClient:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise errors.MetadataPending(f"timestamp version {version}", _PENDING_RETRY_AFTER)
-            task = self._start_refresh()
-            if not await self._moved_or_done(task, remaining) or not task.done():
-                continue  # past the deadline, or a state went live (far enough?) while its cycle persists it
             try:
-                task.result()
+                # Shielded: a caller giving up must not cancel everyone's refresh.
+                await asyncio.wait_for(asyncio.shield(self._start_refresh()), remaining)
+            except TimeoutError:
+                continue  # the deadline check above raises
             except (errors.UpstreamUnreachable, errors.RefreshFailed):
                 pass
             if joined_older:
@@ -328,27 +325,10 @@ class TrustedClient:
                 await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
                 pause = min(2 * pause, _UNTIL_BACKOFF[1])
 
-    async def _moved_or_done(self, task: asyncio.Task[None], timeout: float) -> bool:
-        """Wait for a verified state to go live or for ``task`` to end, at most ``timeout`` seconds (False: neither).
-        Neither is cancelled by a caller giving up: the refresh is everyone's."""
-        moved = asyncio.ensure_future(self._moved.wait())
-        try:
-            done, _ = await asyncio.wait({task, moved}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            moved.cancel()
-        return bool(done)
-
-    def _go_live(self, state: _State) -> None:
-        """Answer lookups from ``state`` from now on."""
-        if state is not self._state:
-            self._state = state
-            self._moved.set()
-            self._moved = asyncio.Event()
-
     async def _refresh(self) -> None:
         self._last_attempt = time.monotonic()
         try:
-            await self._cycle()
+            state = await self._cycle()
         except errors.TrustError as e:
             self._last_error = e
             logger.warning("refresh refused (%s): %s", e.reason, e)
@@ -361,7 +341,7 @@ class TrustedClient:
             logger.exception("refresh failed unexpectedly")
             self._last_error = errors.RefreshFailed(f"refresh failed: {type(e).__name__}: {e}")
             raise self._last_error from e
-        # The state went live once it verified (_cycle); now it is on disk too.
+        self._state = state
         self._last_success = time.time()
         self._last_error = None
 
@@ -391,26 +371,15 @@ class TrustedClient:
 
     async def _cycle(self, recheck_root: bool = True) -> _State:
         """Spec 5.3-5.6 on a fresh set, persisting each role as it verifies.  Every role persisted is renamed into
-        place, and the renames made durable, before it returns or raises (a refusal of a later role leaves the
-        earlier ones persisted).
-
-        The verified state goes live once each role it rests on is on disk
-        under its name, before those renames are made durable: a miss waiting
-        for the version a publish named (:meth:`refresh_until`) is answered
-        one wait for the disk sooner, each cycle after a publish.  The next
-        cycle starts only once this one ended, so it reads, and checks
-        rollbacks against, what this one persisted.  A power loss in that
-        window can undo the renames: the edge restarts from the state before,
-        every file whole, and refreshes past it again."""
+        place, and the renames made durable, before it returns (a state is served only once what it rests on is
+        on disk) or raises (a refusal of a later role leaves the earlier ones persisted)."""
         order = InOrder()
         try:
             state = await self._cycle_in(order, recheck_root)
-            await order.renamed()
         except BaseException:
             with contextlib.suppress(OSError):  # the refusal is the news; a disk failing fails the next cycle too
                 await order.settle()
             raise
-        self._go_live(state)
         await order.settle()
         return state
 
@@ -556,7 +525,7 @@ class TrustedClient:
                 raise errors.LengthMismatch(f"{role}: {e}", role=role, expected=max_length, actual=f">{max_length}") from e
             # Off the loop for large metadata. Safe: ``verify`` only touches this cycle's own
             # TopLevelSet (cycles run one at a time, single-flight, and lookups read only
-            # self._state, swapped in whole once the cycle verified) or, for delegated roles,
+            # self._state, swapped in whole once the cycle ends) or, for delegated roles,
             # its own arguments (verify_delegated is pure; verified roles are never mutated).
             return data, verify(data) if len(data) <= _ON_LOOP_MAX else await asyncio.to_thread(verify, data)
 

@@ -219,15 +219,6 @@ class InOrder:
             raise
         await asyncio.to_thread(_replace, tmp, path)
 
-    async def renamed(self) -> None:
-        """Wait for every replace asked so far: each file on disk under its name, only the renames themselves not
-        yet durable (:meth:`settle`); the first failure raises once all are done, and a replace cancelled (whose
-        file is then not under its name) raises CancelledError."""
-        ended = await asyncio.gather(*self._replaces, return_exceptions=True)
-        failed = next((e for e in ended if isinstance(e, BaseException)), None)
-        if failed is not None:
-            raise failed
-
     async def settle(self) -> None:
         """Wait for every replace, then fsync each directory a rename went into; the first failure raises once
         all are done."""
