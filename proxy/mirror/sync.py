@@ -111,7 +111,6 @@ from proxy.util.locks import FetchLocks
 # One snapshot per sync: a mid-sync refresh would mix two upstream states.
 _ONE_SNAPSHOT = 10 * 365 * 86400.0
 _ROOT_MAX_LENGTH = TrustConfig().root_max_length
-_ROOT_FORMATS = (PageFormat.JSON, PageFormat.HTML)  # a signed root list is signed in both
 T = TypeVar("T")
 # A gateway publishing a cold project may fetch a big page from its index: no pip is waiting here.
 _PUBLISH_DEADLINE = 60.0
@@ -402,8 +401,9 @@ class _Sync:
         delegations, only those with a signed target that changed (or that it could not complete), found by
         walking only the roles whose version moved; otherwise every selected project."""
         root_pages = None
-        if self.profile.root_list_signed:  # served by the tree whatever is selected
-            root_pages = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in _ROOT_FORMATS))
+        if self.profile.root_list_signed:  # served by the tree whatever is selected; signed in every format
+            found = await asyncio.gather(*(self.page(root_page_target(f), f is PageFormat.JSON) for f in PageFormat))
+            root_pages = dict(zip(PageFormat, found, strict=True))
         manifest = self.tree.manifest
         published = manifest.roles()
         moved = _moved_roles(manifest, published, self.options, self.trust.snapshot_versions())
@@ -463,7 +463,8 @@ class _Sync:
         return {p for name in (*c.refused, *c.failed, *c.not_found)
                 if (p := self._project_of(name) or ("/" not in name and canonicalize_name(name)))}
 
-    async def wanted(self, given: list[Wanted], root_pages: list[VerifiedTarget | None] | None) -> list[Wanted]:
+    async def wanted(self, given: list[Wanted],
+                     root_pages: dict[PageFormat, VerifiedTarget | None] | None) -> list[Wanted]:
         """Every project to check in a full sync: ``given``, or every project of the (verified) root list, or
         where none is signed (the gateway's layout) every public project whose page the verified bins hold."""
         if not self.options.all_projects:
@@ -472,7 +473,8 @@ class _Sync:
             listed = await self.listed(self.profile.page_project)
             names = [project for project, target in listed if not marked_private(target.custom)]
         else:
-            data = None if root_pages[0] is None else self.read_page(root_pages[0])
+            json_list = root_pages[PageFormat.JSON]
+            data = None if json_list is None else self.read_page(json_list)
             if data is None:
                 raise MirrorError("the root project list could not be mirrored: --all needs it")
             try:
